@@ -1,0 +1,83 @@
+"""``trtpipe build``: run the stages of one recipe in order, reusing unchanged results.
+
+quantize (ModelOpt) → engine (tensorrt | pytorch | cpu) → triton_repo. Each stage writes
+``<build dir>/<stage>/`` atomically with a manifest; a stage whose cache key (hash of its recipe
+sections, its upstream manifests and library versions) is unchanged is reused, not rebuilt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from pipeline import artifacts
+from pipeline.artifacts import StageResult
+from pipeline.errors import UserError
+from pipeline.recipe import Recipe, dump_recipe
+
+STAGE_ORDER = ("quantize", "engine", "triton_repo")
+#: CLI spelling of --stage → stage directory name
+STAGE_ALIASES = {"quantize": "quantize", "engine": "engine", "repo": "triton_repo", "triton_repo": "triton_repo"}
+
+
+@dataclasses.dataclass
+class BuildResult:
+    """The build directory and the result of every stage that ran (or was reused)."""
+
+    build_dir: Path
+    stages: dict[str, StageResult]
+
+
+def run_build(
+    recipe: Recipe,
+    build_dir: Path,
+    *,
+    recipe_dir: Path,
+    until: str | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+    on_stage: Callable[[str, StageResult], None] | None = None,
+) -> BuildResult:
+    """Run quantize → engine → triton_repo for ``recipe`` into ``build_dir``.
+
+    Args:
+        recipe: the validated recipe.
+        build_dir: where stage directories go (created).
+        recipe_dir: directory of the recipe file; relative paths in the recipe resolve against it.
+        until: stop after this stage (``quantize``, ``engine`` or ``repo``); default: all.
+        force: rebuild every stage even when its cache key matches.
+        dry_run: write commands and configs only (no ModelOpt run, no trtllm-build).
+        on_stage: called after each stage with its name and result (for the CLI's progress lines).
+
+    Raises:
+        UserError: unknown ``until``; any stage's own errors propagate unchanged.
+    """
+    from pipeline import quantize, triton_repo
+    from pipeline.engine import run as run_engine
+
+    last = STAGE_ALIASES.get(until or "triton_repo")
+    if last is None:
+        raise UserError(f"--stage {until!r}: expected one of quantize, engine, repo")
+    build_dir = Path(build_dir)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    (build_dir / "recipe.yaml").write_text(dump_recipe(recipe))
+    results: dict[str, StageResult] = {}
+
+    def done(name: str, res: StageResult) -> bool:
+        results[name] = res
+        if on_stage:
+            on_stage(name, res)
+        return name == last
+
+    q = quantize.run(recipe, build_dir / "quantize", recipe_dir=recipe_dir, force=force, dry_run=dry_run)
+    if done("quantize", q):
+        return BuildResult(build_dir, results)
+    e = run_engine(recipe, build_dir / "engine", quantized=q, force=force, dry_run=dry_run)
+    if done("engine", e):
+        return BuildResult(build_dir, results)
+    r = triton_repo.run(recipe, build_dir / "triton_repo", quantized=q, engine=e, force=force)
+    done("triton_repo", r)
+    if not dry_run:
+        artifacts.record_last_build(build_dir)
+    return BuildResult(build_dir, results)

@@ -1,0 +1,54 @@
+"""``trtpipe`` console script: a thin typer shell over the stage functions.
+
+Commands: ``build``, ``serve``, ``bench`` (+ ``bench compare``), ``plan``, ``recipe``
+(``validate``/``schema``/``show``). Each lives in :mod:`pipeline.commands`; errors map to exit
+codes in :func:`pipeline.commands.common.handle_errors` (user mistakes: 2, no traceback).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from pipeline import __version__
+from pipeline.commands import bench as bench_cmd
+from pipeline.commands import build as build_cmd
+from pipeline.commands import plan as plan_cmd
+from pipeline.commands import recipe as recipe_cmd
+from pipeline.commands import serve as serve_cmd
+
+app = typer.Typer(
+    name="trtpipe",
+    help="HF checkpoint → ModelOpt quantization → TensorRT-LLM engine → Triton repo → serve → ISL/OSL benchmark.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"trtpipe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """trtpipe: recipe-driven TensorRT-LLM + Triton deployments, verified end to end on CPU."""
+
+
+app.command("build")(build_cmd.build)
+app.command("serve")(serve_cmd.serve)
+app.add_typer(bench_cmd.app, name="bench")
+app.command("plan")(plan_cmd.plan)
+app.add_typer(recipe_cmd.app, name="recipe")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

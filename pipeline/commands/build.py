@@ -1,0 +1,42 @@
+"""``trtpipe build RECIPE``: quantize → engine → Triton model repository."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pipeline.commands.common import console, handle_errors
+
+
+@handle_errors
+def build(
+    recipe_file: Annotated[Path, typer.Argument(metavar="RECIPE", help="Recipe YAML, e.g. recipes/smollm2_135m_cpu_fp8.yaml.")],
+    out: Annotated[Path | None, typer.Option("--out", help="Build directory (default: artifacts/<recipe name>).")] = None,
+    stage: Annotated[str | None, typer.Option("--stage", help="Stop after this stage: quantize | engine | repo (default: all).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild every stage even if its inputs are unchanged.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Write commands and configs only (no ModelOpt run, no trtllm-build).")] = False,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override KEY=VALUE (dotted key), e.g. build.max_batch_size=64.")] = None,
+) -> None:
+    """Build a deployment from a recipe. Reruns reuse every stage whose inputs did not change."""
+    from pipeline import artifacts
+    from pipeline.build import run_build
+    from pipeline.recipe import load_recipe
+
+    recipe = load_recipe(recipe_file, set_)
+    build_dir = out or artifacts.default_build_dir(recipe.name or recipe_file.stem)
+    console.print(
+        f"[bold]trtpipe build[/] {recipe_file} → {build_dir}  ({recipe.model.source} on {recipe.target.gpu}, "
+        f"qformat {recipe.quantization.qformat}, engine {recipe.build.engine}{', dry run' if dry_run else ''})",
+        highlight=False,
+    )
+    t0 = time.perf_counter()
+
+    def on_stage(name: str, res: artifacts.StageResult) -> None:
+        how = "[dim]reused (inputs unchanged)[/]" if res.cached else f"built in {res.manifest.get('timings_s', {}).get('total', 0):.1f} s"
+        console.print(f"  [green]✓[/] {name:<12} {res.path}  {how}", highlight=False)
+
+    result = run_build(recipe, build_dir, recipe_dir=recipe_file.resolve().parent, until=stage, force=force, dry_run=dry_run, on_stage=on_stage)
+    console.print(f"[bold green]done[/] in {time.perf_counter() - t0:.1f} s: {result.build_dir}", highlight=False)

@@ -1,0 +1,53 @@
+"""Shared CLI plumbing: consoles and the error → exit-code mapping."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from pipeline.errors import TrtpipeError
+
+console = Console()
+err_console = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def handle_errors(fn: F) -> F:
+    """Run a command body; a :class:`TrtpipeError` becomes one red line on stderr and its exit code.
+
+    User mistakes never show a traceback. Ctrl-C exits 130 after the command's own cleanup ran.
+    Set ``TRTPIPE_DEBUG=1`` to re-raise with the traceback.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TrtpipeError as e:
+            if _debug():
+                raise
+            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted[/]")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _debug() -> bool:
+    import os
+
+    return os.environ.get("TRTPIPE_DEBUG", "") not in ("", "0")
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one error line and exit with ``code`` (for checks done in the CLI layer itself)."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)

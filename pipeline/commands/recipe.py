@@ -1,0 +1,69 @@
+"""``trtpipe recipe validate|schema|show``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pipeline.commands.common import console, err_console, handle_errors
+
+app = typer.Typer(help="Validate recipes and print their JSON Schema.", no_args_is_help=True)
+
+
+@app.command()
+@handle_errors
+def validate(
+    files: Annotated[list[Path], typer.Argument(help="Recipe YAML files.")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override KEY=VALUE (dotted key), e.g. build.max_batch_size=64.")] = None,
+) -> None:
+    """Validate recipe files; print one line per file. Exit 2 if any is invalid."""
+    from pipeline.errors import RecipeError
+    from pipeline.recipe import load_recipe
+
+    bad = 0
+    for f in files:
+        try:
+            r = load_recipe(f, set_)
+        except RecipeError as e:
+            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            bad += 1
+            continue
+        q = r.quantization
+        console.print(
+            f"[green]ok[/] {f}: {r.model.source} → {r.target.gpu} ({r.build.engine} engine), "
+            f"qformat {q.qformat}, kv_cache_dtype {q.kv_cache_dtype}",
+            highlight=False,
+        )
+    if bad:
+        raise typer.Exit(2)
+
+
+@app.command()
+@handle_errors
+def schema(
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")] = None,
+) -> None:
+    """Print the recipe JSON Schema (for editor autocompletion via yaml-language-server)."""
+    from pipeline.recipe import recipe_json_schema
+
+    text = json.dumps(recipe_json_schema(), indent=2) + "\n"
+    if output:
+        output.write_text(text)
+        console.print(f"wrote {output}")
+    else:
+        typer.echo(text, nl=False)
+
+
+@app.command()
+@handle_errors
+def show(
+    file: Annotated[Path, typer.Argument(help="Recipe YAML file.")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override KEY=VALUE.")] = None,
+) -> None:
+    """Print the fully resolved recipe, every default filled in."""
+    from pipeline.recipe import dump_recipe, load_recipe
+
+    typer.echo(dump_recipe(load_recipe(file, set_)), nl=False)

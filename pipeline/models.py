@@ -1,0 +1,90 @@
+"""Model geometry (layers, hidden size, heads, …) from a config.json or the known-model table.
+
+Used by recipe validation (AWQ block size must divide the Linear input dims; heads must divide
+by tp_size) and by the planner. ``pipeline/data/models.yaml`` holds the geometry of the shipped
+recipes' models so that validation and planning work without the checkpoint on disk.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+
+class ModelGeometry(BaseModel):
+    """Shape of a decoder-only transformer, in the names of HF ``config.json``."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    architecture: str
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int | None = None
+    source: str = ""
+
+    @property
+    def linear_input_dims(self) -> tuple[int, ...]:
+        """Input dims of the Linear layers ModelOpt quantizes: q/k/v/gate/up take hidden_size,
+        o_proj takes heads×head_dim, down_proj takes intermediate_size."""
+        return (self.hidden_size, self.num_attention_heads * self.head_dim, self.intermediate_size)
+
+
+@functools.cache
+def _known() -> dict[str, dict]:
+    return yaml.safe_load(resources.files("pipeline").joinpath("data/models.yaml").read_text())
+
+
+def known_geometry(source: str) -> ModelGeometry | None:
+    """Geometry from the known-model table for a recipe ``model.source`` spelling, or ``None``."""
+    entry = _known().get(source.strip())
+    return ModelGeometry(**entry) if entry else None
+
+
+def geometry_from_config(config_json: Path) -> ModelGeometry:
+    """Geometry from an HF ``config.json`` (``head_dim`` defaults to hidden/heads).
+
+    Raises ``KeyError``/``ValueError`` when the file lacks a required field.
+    """
+    cfg = json.loads(Path(config_json).read_text())
+    cfg = cfg.get("text_config", cfg)
+    heads = cfg["num_attention_heads"]
+    return ModelGeometry(
+        architecture=(cfg.get("architectures") or ["unknown"])[0],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        hidden_size=cfg["hidden_size"],
+        num_attention_heads=heads,
+        num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        intermediate_size=cfg["intermediate_size"],
+        vocab_size=cfg["vocab_size"],
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_position_embeddings=cfg.get("max_position_embeddings"),
+        source=str(config_json),
+    )
+
+
+def geometry_for_source(source: str, base_dir: Path | None = None) -> ModelGeometry | None:
+    """Best-effort geometry for a recipe source: known table first, then a local dir's config.json."""
+    known = known_geometry(source)
+    if known:
+        return known
+    path = Path(source).expanduser()
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    if path.is_dir() and (path / "config.json").is_file():
+        try:
+            return geometry_from_config(path / "config.json")
+        except (KeyError, ValueError, TypeError):
+            return None
+    return None

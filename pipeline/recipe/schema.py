@@ -1,0 +1,171 @@
+"""The root :class:`Recipe` and its cross-field checks."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from pipeline import gpus
+from pipeline.models import geometry_for_source
+from pipeline.recipe.base import StrictModel
+from pipeline.recipe.bench import BenchSpec
+from pipeline.recipe.build import BuildSpec
+from pipeline.recipe.model import ModelSpec, TargetSpec
+from pipeline.recipe.quant import AWQ_QFORMATS, FP8_QFORMATS, QuantSpec
+from pipeline.recipe.serve import ServingSpec
+
+
+class RecipeCheckError(ValueError):
+    """A cross-field rule failed; ``loc`` is the dotted field path the message is about."""
+
+    def __init__(self, loc: str, message: str):
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
+class Recipe(StrictModel):
+    """A deployment recipe: one model on one target, from quantization to benchmark."""
+
+    name: str | None = Field(default=None, description="Recipe name (default: the file name without .yaml); names the build dir.")
+    description: str = Field(default="", description="Free text.")
+    model: ModelSpec
+    target: TargetSpec
+    quantization: QuantSpec = Field(default_factory=QuantSpec)
+    build: BuildSpec = Field(default_factory=BuildSpec)
+    serving: ServingSpec = Field(default_factory=ServingSpec)
+    bench: BenchSpec = Field(default_factory=BenchSpec)
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def gpu(self) -> gpus.GpuSpec | None:
+        """The catalog entry of ``target.gpu`` (``None`` for the cpu target)."""
+        return None if self.target.gpu == gpus.CPU_TARGET else gpus.lookup(self.target.gpu)
+
+    @property
+    def triton_max_batch_size(self) -> int:
+        """``serving.triton_max_batch_size`` or, when unset, ``build.max_batch_size``."""
+        return self.serving.triton_max_batch_size or self.build.max_batch_size
+
+    # ------------------------------------------------------------------ cross-field checks
+    @model_validator(mode="after")
+    def _check(self) -> "Recipe":
+        for check in (self._check_target, self._check_formats, self._check_lengths, self._check_parallel, self._check_awq):
+            check()
+        return self
+
+    def _check_target(self) -> None:
+        t, engine = self.target.gpu, self.build.engine
+        if t != gpus.CPU_TARGET and gpus.lookup(t) is None:
+            known = ", ".join(sorted(gpus.catalog()))
+            raise RecipeCheckError("target.gpu", f"'{t}' is not in the GPU catalog ({known}) nor 'cpu'")
+        if (t == gpus.CPU_TARGET) != (engine == "cpu"):
+            raise RecipeCheckError(
+                "build.engine",
+                f"engine '{engine}' does not run on target '{t}': use engine cpu with target cpu, "
+                "and tensorrt or pytorch with a GPU",
+            )
+
+    def _check_formats(self) -> None:
+        q = self.quantization
+        gpu = self.gpu
+        if self.target.gpu == gpus.CPU_TARGET:
+            if q.qformat == "nvfp4":
+                raise RecipeCheckError(
+                    "quantization.qformat",
+                    "'nvfp4' cannot be evaluated on CPU (ModelOpt's NVFP4 fake-quant needs CUDA); use fp8 or int4_awq",
+                )
+            return
+        assert gpu is not None
+        if q.qformat == "nvfp4" and not gpu.fp4:
+            raise RecipeCheckError(
+                "quantization.qformat", f"'nvfp4' needs a Blackwell GPU; {gpu.key} is {gpu.arch.capitalize()}: use fp8"
+                if gpu.fp8 else f"'nvfp4' needs a Blackwell GPU; {gpu.key} is {gpu.arch.capitalize()}: use int8_sq or int4_awq"
+            )
+        if q.qformat in FP8_QFORMATS and not gpu.fp8:
+            raise RecipeCheckError(
+                "quantization.qformat",
+                f"'{q.qformat}' needs FP8 tensor cores (Ada, Hopper or Blackwell); {gpu.key} is "
+                f"{gpu.arch.capitalize()} (SM {gpu.compute_capability}): use int8_sq (or int4_awq for memory)",
+            )
+        if q.kv_cache_dtype == "fp8" and not gpu.fp8:
+            raise RecipeCheckError(
+                "quantization.kv_cache_dtype",
+                f"'fp8' KV cache needs Ada, Hopper or Blackwell; {gpu.key} is {gpu.arch.capitalize()}: use int8",
+            )
+
+    def _check_lengths(self) -> None:
+        b = self.build
+        max_seq = b.max_seq_len
+        geo = geometry_for_source(self.model.source)
+        if max_seq is None and geo is not None:
+            max_seq = geo.max_position_embeddings
+        if max_seq is not None and b.max_input_len > max_seq:
+            raise RecipeCheckError(
+                "build.max_input_len", f"{b.max_input_len} exceeds max_seq_len {max_seq} (prompt + output must fit)"
+            )
+        if geo is not None and geo.max_position_embeddings and b.max_seq_len and b.max_seq_len > geo.max_position_embeddings:
+            raise RecipeCheckError(
+                "build.max_seq_len",
+                f"{b.max_seq_len} exceeds the model's max_position_embeddings {geo.max_position_embeddings}",
+            )
+        if b.max_num_tokens < b.max_input_len and not b.enable_chunked_prefill:
+            raise RecipeCheckError(
+                "build.max_num_tokens",
+                f"{b.max_num_tokens} is smaller than max_input_len {b.max_input_len}: a full prompt would not fit one "
+                "batch; raise it or set build.enable_chunked_prefill: true",
+            )
+        if b.kv_cache_type != "paged":
+            raise RecipeCheckError(
+                "build.kv_cache_type",
+                f"'{b.kv_cache_type}' does not support in-flight batching (batching_strategy inflight_fused_batching needs paged)",
+            )
+        if self.bench.model != "tensorrt_llm" and not self.serving.decoupled_mode:
+            raise RecipeCheckError("serving.decoupled_mode", "false, but the benchmark streams: set it to true")
+        for i, sc in enumerate(self.bench.scenarios):
+            if sc.isl > b.max_input_len:
+                raise RecipeCheckError(
+                    f"bench.scenarios.{i}.isl", f"{sc.isl} exceeds build.max_input_len {b.max_input_len}"
+                )
+            if max_seq is not None and sc.isl + sc.osl > max_seq:
+                raise RecipeCheckError(
+                    f"bench.scenarios.{i}.osl",
+                    f"isl {sc.isl} + osl {sc.osl} = {sc.isl + sc.osl} exceeds max_seq_len {max_seq}",
+                )
+
+    def _check_parallel(self) -> None:
+        t = self.target
+        if t.world_size > t.num_gpus:
+            raise RecipeCheckError(
+                "target.tp_size",
+                f"tp_size {t.tp_size} × pp_size {t.pp_size} = {t.world_size} exceeds num_gpus {t.num_gpus}",
+            )
+        if t.gpu == gpus.CPU_TARGET and t.world_size != 1:
+            raise RecipeCheckError("target.tp_size", "the cpu target runs one rank: tp_size and pp_size must be 1")
+        geo = geometry_for_source(self.model.source)
+        if geo is not None:
+            if geo.num_attention_heads % t.tp_size or geo.num_key_value_heads % t.tp_size and t.tp_size % geo.num_key_value_heads:
+                raise RecipeCheckError(
+                    "target.tp_size",
+                    f"{t.tp_size} does not divide the model's {geo.num_attention_heads} attention / "
+                    f"{geo.num_key_value_heads} KV heads",
+                )
+            if geo.num_hidden_layers < t.pp_size:
+                raise RecipeCheckError("target.pp_size", f"{t.pp_size} exceeds the model's {geo.num_hidden_layers} layers")
+
+    def _check_awq(self) -> None:
+        q = self.quantization
+        if q.qformat not in AWQ_QFORMATS:
+            return
+        geo = geometry_for_source(self.model.source)
+        if geo is None:
+            return
+        tp = self.target.tp_size
+        bad = sorted({d for d in geo.linear_input_dims if (d // tp if d % tp == 0 else d) % q.awq_block_size})
+        if bad:
+            good = [bs for bs in (128, 64, 32) if all((d // tp) % bs == 0 for d in geo.linear_input_dims)]
+            hint = f"; use {good[0]}" if good else ""
+            raise RecipeCheckError(
+                "quantization.awq_block_size",
+                f"{q.awq_block_size} does not divide the model's Linear input dims {bad} "
+                f"(per tensor-parallel rank){hint}",
+            )
