@@ -1,0 +1,1 @@
+"""CPU inference engine behind the Triton ``tensorrt_llm`` model (see :mod:`.engine`)."""
