@@ -38,6 +38,7 @@ def run_build(
     force: bool = False,
     dry_run: bool = False,
     on_stage: Callable[[str, StageResult], None] | None = None,
+    warn: Callable[[str], None] = print,
 ) -> BuildResult:
     """Run quantize → engine → triton_repo for ``recipe`` into ``build_dir``.
 
@@ -49,16 +50,27 @@ def run_build(
         force: rebuild every stage even when its cache key matches.
         dry_run: write commands and configs only (no ModelOpt run, no trtllm-build).
         on_stage: called after each stage with its name and result (for the CLI's progress lines).
+        warn: receives planner warnings (one line each).
 
     Raises:
-        UserError: unknown ``until``; any stage's own errors propagate unchanged.
+        UserError: unknown ``until``, or the planner (:func:`pipeline.plan.check_fits`) finds that
+            the recipe cannot fit its target; any stage's own errors propagate unchanged.
     """
     from pipeline import quantize, triton_repo
     from pipeline.engine import run as run_engine
+    from pipeline.plan import check_fits
 
     last = STAGE_ALIASES.get(until or "triton_repo")
     if last is None:
         raise UserError(f"--stage {until!r}: expected one of quantize, engine, repo")
+    verdict = check_fits(recipe, recipe_dir=recipe_dir)
+    if not verdict.ok:
+        raise UserError(
+            "the recipe does not fit its target (trtpipe plan): " + "; ".join(verdict.errors)
+            + " — fix the recipe, or set build.allow_kv_oversubscription: true to accept KV oversubscription"
+        )
+    for w in verdict.warnings:
+        warn(f"plan: {w}")
     build_dir = Path(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
     (build_dir / "recipe.yaml").write_text(dump_recipe(recipe))

@@ -31,6 +31,7 @@ class ModelGeometry(BaseModel):
     vocab_size: int
     tie_word_embeddings: bool = False
     max_position_embeddings: int | None = None
+    torch_dtype: str | None = None
     source: str = ""
 
     @property
@@ -38,6 +39,30 @@ class ModelGeometry(BaseModel):
         """Input dims of the Linear layers ModelOpt quantizes: q/k/v/gate/up take hidden_size,
         o_proj takes heads×head_dim, down_proj takes intermediate_size."""
         return (self.hidden_size, self.num_attention_heads * self.head_dim, self.intermediate_size)
+
+    @property
+    def layer_linear_shapes(self) -> tuple[tuple[str, int, int], ...]:
+        """``(name, in_features, out_features)`` of the 7 Linear layers of one decoder layer
+        (Llama/Mistral layout: q, k, v, o projections and the gated MLP gate, up, down)."""
+        h, q, kv, i = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim, self.intermediate_size
+        return (
+            ("q_proj", h, q), ("k_proj", h, kv), ("v_proj", h, kv), ("o_proj", q, h),
+            ("gate_proj", h, i), ("up_proj", h, i), ("down_proj", i, h),
+        )
+
+    @property
+    def layer_linear_params(self) -> int:
+        """Parameters in the Linear layers of one decoder layer (no biases: Llama/Mistral have none)."""
+        return sum(i * o for _, i, o in self.layer_linear_shapes)
+
+    @property
+    def num_parameters(self) -> int:
+        """All parameters, counting a tied lm_head once: embedding + layers × (Linear + 2 norms) +
+        final norm (+ lm_head when untied). Llama-3.1-8B: 8,030,261,248."""
+        h = self.hidden_size
+        embed = self.vocab_size * h
+        lm_head = 0 if self.tie_word_embeddings else embed
+        return embed + lm_head + self.num_hidden_layers * (self.layer_linear_params + 2 * h) + h
 
 
 @functools.cache
@@ -70,6 +95,7 @@ def geometry_from_config(config_json: Path) -> ModelGeometry:
         vocab_size=cfg["vocab_size"],
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_position_embeddings=cfg.get("max_position_embeddings"),
+        torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
         source=str(config_json),
     )
 

@@ -180,3 +180,13 @@ def test_cli_show_prints_resolved_recipe(tmp_path):
     data = yaml.safe_load(res.stdout)
     assert data["build"]["max_batch_size"] == 8
     assert data["build"]["plugins"]["context_fmha"] is True  # defaults are filled in
+
+
+def test_recipe_reference_doc_is_current():
+    from pipeline.recipe.reference import recipe_reference_markdown
+
+    text = recipe_reference_markdown()
+    assert "| `quantization.qformat` |" in text and "| `build.kv_cache_config.free_gpu_memory_fraction` |" in text
+    assert (REPO / "docs" / "recipe-reference.md").read_text() == text, (
+        "docs/recipe-reference.md is stale: run `trtpipe recipe reference -o docs/recipe-reference.md`"
+    )

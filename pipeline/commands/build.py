@@ -35,8 +35,20 @@ def build(
     t0 = time.perf_counter()
 
     def on_stage(name: str, res: artifacts.StageResult) -> None:
-        how = "[dim]reused (inputs unchanged)[/]" if res.cached else f"built in {res.manifest.get('timings_s', {}).get('total', 0):.1f} s"
+        status = res.manifest.get("status")
+        if res.cached:
+            how = "[dim]reused (inputs unchanged)[/]"
+        elif status in ("dry_run", "not_built"):
+            how = f"[yellow]{status.replace('_', ' ')}[/]: commands and configs written"
+        else:
+            how = f"built in {res.manifest.get('timings_s', {}).get('total', 0):.1f} s"
         console.print(f"  [green]✓[/] {name:<12} {res.path}  {how}", highlight=False)
 
-    result = run_build(recipe, build_dir, recipe_dir=recipe_file.resolve().parent, until=stage, force=force, dry_run=dry_run, on_stage=on_stage)
+    def warn(msg: str) -> None:
+        console.print(f"  [yellow]warning:[/] {msg}", highlight=False)
+
+    result = run_build(
+        recipe, build_dir, recipe_dir=recipe_file.resolve().parent, until=stage, force=force, dry_run=dry_run,
+        on_stage=on_stage, warn=warn,
+    )
     console.print(f"[bold green]done[/] in {time.perf_counter() - t0:.1f} s: {result.build_dir}", highlight=False)

@@ -112,4 +112,11 @@ class BuildSpec(StrictModel):
     enable_chunked_prefill: bool = Field(
         default=False, description="Chunked context/prefill (LLM-API enable_chunked_prefill; Triton enable_chunked_context; default False)."
     )
+    allow_kv_oversubscription: bool = Field(
+        default=False,
+        description=(
+            "Build even when `trtpipe plan` estimates that the KV cache cannot hold one max_seq_len sequence or "
+            "that kv_cache_config.max_tokens exceeds what fits (turns those refusals into warnings)."
+        ),
+    )
     cpu: CpuEngineSpec = Field(default_factory=CpuEngineSpec, description="CPU-engine settings (engine: cpu only).")

@@ -28,12 +28,12 @@ class Recipe(StrictModel):
 
     name: str | None = Field(default=None, description="Recipe name (default: the file name without .yaml); names the build dir.")
     description: str = Field(default="", description="Free text.")
-    model: ModelSpec
-    target: TargetSpec
-    quantization: QuantSpec = Field(default_factory=QuantSpec)
-    build: BuildSpec = Field(default_factory=BuildSpec)
-    serving: ServingSpec = Field(default_factory=ServingSpec)
-    bench: BenchSpec = Field(default_factory=BenchSpec)
+    model: ModelSpec = Field(description="The source checkpoint.")
+    target: TargetSpec = Field(description="The GPU (or cpu) the deployment is for, and its parallelism.")
+    quantization: QuantSpec = Field(default_factory=QuantSpec, description="ModelOpt PTQ: qformat, KV-cache dtype, calibration.")
+    build: BuildSpec = Field(default_factory=BuildSpec, description="Engine kind and TensorRT-LLM build/KV/scheduler knobs.")
+    serving: ServingSpec = Field(default_factory=ServingSpec, description="Triton model-repository parameters.")
+    bench: BenchSpec = Field(default_factory=BenchSpec, description="Default ISL/OSL scenarios and load points of `trtpipe bench`.")
 
     # ------------------------------------------------------------------ derived values
     @property

@@ -1,0 +1,219 @@
+"""The TensorRT-LLM 1.2.1 contract as data, and the rules trtpipe applies before calling the tools.
+
+Everything version-specific lives in ``pipeline/data/trtllm_1.2.1_contract.yaml`` (flag table, BuildConfig,
+PluginConfig, PretrainedConfig and QuantConfig keys, LLM-API field names, version pins); this module only
+reads it. The fake ``tests/fakes/fake_trtllm_build`` reads the same file to build its own argparse parser,
+so the generated command is checked against the table by an independent consumer.
+
+Sources of the table are marked [S] (TensorRT-LLM source copies not tagged v1.2.1) or [V] (verified from
+the 1.2.1 PyPI sdist); see docs/engine-paths.md.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from pipeline.models import ModelGeometry
+from pipeline.recipe import Recipe
+
+CONTRACT_RESOURCE = "data/trtllm_1.2.1_contract.yaml"
+
+
+@functools.cache
+def contract() -> dict[str, Any]:
+    """The parsed contract table (read once). Raises ``FileNotFoundError`` if the package data is missing."""
+    return yaml.safe_load(resources.files("pipeline").joinpath(CONTRACT_RESOURCE).read_text())
+
+
+def pins() -> dict[str, str]:
+    """Pinned versions: ``tensorrt_llm`` 1.2.1, ``tensorrt`` 10.14.1.48, ``triton_container``, ``modelopt``."""
+    return dict(contract()["pins"])
+
+
+def build_flag_names() -> frozenset[str]:
+    """Every ``--flag`` spelling ``trtllm-build`` 1.2.1 accepts (general, aliases and plugin flags)."""
+    tb = contract()["trtllm_build"]
+    names = set()
+    for f in tb["flags"] + tb["plugin_flags"]:
+        names.add(f"--{f['name']}")
+        names.update(f"--{a}" for a in f.get("aliases", []))
+    return frozenset(names)
+
+
+def plugin_choices(name: str) -> list[str] | None:
+    """The CLI choices of plugin flag ``name`` (``None`` for an int flag such as tokens_per_block)."""
+    tb = contract()["trtllm_build"]
+    for f in tb["plugin_flags"]:
+        if f["name"] == name:
+            return tb["choice_sets"][f["choices"]] if "choices" in f else None
+    raise KeyError(f"{name!r} is not a trtllm-build plugin flag in the 1.2.1 contract")
+
+
+def plugin_cli_value(name: str, value: Any) -> str:
+    """Spell a PluginConfig value as its CLI argument: bool → ``enable``/``disable``, None → ``disable``."""
+    choices = plugin_choices(name)
+    if choices is None:
+        return str(int(value))
+    if choices == contract()["trtllm_build"]["choice_sets"]["bool"]:
+        return "enable" if value else "disable"
+    return "disable" if value in (None, False) else str(value)
+
+
+def plugin_config_value(name: str, cli_value: str | int | None) -> Any:
+    """The PluginConfig (JSON) value of a CLI spelling: ``enable`` → True, ``disable`` → None/False."""
+    choices = plugin_choices(name)
+    if choices is None or cli_value is None:
+        return cli_value
+    if choices == contract()["trtllm_build"]["choice_sets"]["bool"]:
+        return cli_value == "enable"
+    return None if cli_value == "disable" else cli_value
+
+
+def plugin_defaults() -> dict[str, Any]:
+    """The full PluginConfig of TensorRT-LLM 1.2.1 as JSON values (CLI fields + JSON-only fields)."""
+    tb = contract()["trtllm_build"]
+    out = {f["name"]: plugin_config_value(f["name"], f["default"]) for f in tb["plugin_flags"]}
+    out.update(tb["plugin_json_only"])
+    return out
+
+
+def compute_capability_sm(cc: str | None) -> int | None:
+    """``"9.0"`` → 90, ``"8.9"`` → 89; ``None`` stays ``None``."""
+    if not cc:
+        return None
+    major, _, minor = str(cc).partition(".")
+    return int(major) * 10 + int(minor or 0)
+
+
+def _adjust(p: dict[str, Any], knob: str, value: Any, reason: str, out: list[dict[str, Any]]) -> None:
+    if p[knob] != value:
+        out.append({"knob": f"plugins.{knob}", "requested": p[knob], "effective": value, "reason": reason})
+        p[knob] = value
+
+
+def effective_plugins(recipe: Recipe, *, architecture: str, sm: int | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The recipe's plugin knobs after the silent adjustments ``trtllm-build`` 1.2.1 would make.
+
+    trtpipe passes these values explicitly so that the command says what the engine will contain.
+
+    Args:
+        recipe: the recipe (``build.plugins``, ``quantization``, ``target.tp_size``).
+        architecture: checkpoint ``architecture`` (``LlamaForCausalLM`` …).
+        sm: target compute capability as an int (90 for Hopper), ``None`` when unknown.
+
+    Returns:
+        ``(plugins, adjustments)``: recipe-field-named values (``PluginSpec`` names) and one dict per
+        changed knob ``{knob, requested, effective, reason}``. Rules and sources: the contract file's
+        ``trtllm_build.adjustments_source`` (builder.py ``build()``, commands/build.py ``main()``) [S].
+    """
+    tb = contract()["trtllm_build"]
+    p = recipe.build.plugins.model_dump()
+    q = recipe.quantization
+    algo, kv = q.quant_algo, q.kv_cache_quant_algo
+    adj: list[dict[str, Any]] = []
+    if p["reduce_fusion"] and (recipe.target.tp_size == 1 or architecture not in tb["reduce_fusion_architectures"]):
+        _adjust(p, "reduce_fusion", False, "reduce_fusion needs tp_size > 1 and a Llama/Gemma2/Medusa model", adj)
+    if p["norm_quant_fusion"] and (p["reduce_fusion"] or architecture != "LlamaForCausalLM" or algo != "NVFP4"):
+        _adjust(p, "norm_quant_fusion", False, "norm_quant_fusion needs NVFP4 Llama without reduce_fusion", adj)
+    fp8_kv = kv == "FP8"
+    if not p["context_fmha"]:
+        _adjust(p, "use_fp8_context_fmha", False, "context_fmha is disabled", adj)
+        _adjust(p, "use_paged_context_fmha", False, "context_fmha is disabled", adj)
+    elif algo not in tb["fp8_context_fmha_quant_algos"]:
+        _adjust(p, "use_fp8_context_fmha", False, f"FP8 context FMHA needs quant_algo FP8/W4A8_AWQ/NVFP4 (got {algo})", adj)
+        if p["use_paged_context_fmha"] and fp8_kv:
+            _adjust(p, "use_paged_context_fmha", False,
+                    f"paged context FMHA with an FP8 KV cache needs FP8 context FMHA, which {algo} cannot use", adj)
+    elif sm is not None and sm < tb["fp8_context_fmha_min_sm"]:
+        _adjust(p, "use_fp8_context_fmha", False, f"FP8 context FMHA needs SM >= 89 (target SM {sm})", adj)
+        if p["use_paged_context_fmha"] and fp8_kv:
+            _adjust(p, "use_paged_context_fmha", False, "paged context FMHA with FP8 KV needs FP8 context FMHA", adj)
+    elif p["use_paged_context_fmha"]:
+        if not fp8_kv:
+            _adjust(p, "use_fp8_context_fmha", False, "FP8 paged context FMHA needs an FP8 KV cache", adj)
+        else:
+            _adjust(p, "use_fp8_context_fmha", True, "an FP8 KV cache with paged context FMHA forces FP8 context FMHA", adj)
+    if p["use_paged_context_fmha"] and kv == "INT8":
+        _adjust(p, "use_paged_context_fmha", False, "paged context FMHA does not work with an INT8 KV cache", adj)
+    if algo and algo not in tb["fused_mlp_quant_algos"]:
+        _adjust(p, "use_fused_mlp", False, f"fused MLP is only for FP8/MIXED_PRECISION (got {algo})", adj)
+    return p, adj
+
+
+def quant_config(recipe: Recipe) -> dict[str, Any]:
+    """The checkpoint ``quantization`` dict ModelOpt's TensorRT-LLM export writes for ``recipe``.
+
+    Only QuantConfig field names (an unknown key is a TypeError in 1.2.1). AWQ formats carry
+    ``group_size`` = awq_block_size and ``pre_quant_scale`` True; ``lm_head`` stays unquantized
+    (ModelOpt's default exclusion) [S].
+    """
+    q = recipe.quantization
+    awq = q.qformat in ("int4_awq", "w4a8_awq")
+    out = {
+        "quant_algo": q.quant_algo,
+        "kv_cache_quant_algo": q.kv_cache_quant_algo,
+        "group_size": q.awq_block_size if awq else contract()["quant_config"]["fields"]["group_size"],
+        "has_zero_point": False,
+        "pre_quant_scale": awq,
+        "exclude_modules": ["lm_head"] if q.quant_algo else None,
+    }
+    return out
+
+
+def synthesize_checkpoint_config(recipe: Recipe, geo: ModelGeometry) -> dict[str, Any]:
+    """A TensorRT-LLM checkpoint ``config.json`` (PretrainedConfig keys, contract §5) from model geometry.
+
+    Used for dry runs and ``--model_config`` builds without weights (the quantize stage did not run).
+    ``dtype`` ``auto`` becomes the model's own ``torch_dtype`` (bfloat16 when unknown); ``hidden_act``
+    ``silu`` and ``position_embedding_type`` ``rope_gpt_neox`` (Llama/Mistral family).
+    """
+    t = recipe.target
+    dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (getattr(geo, "torch_dtype", None) or "bfloat16")
+    return {
+        "architecture": geo.architecture,
+        "dtype": dtype,
+        "logits_dtype": "float32",
+        "vocab_size": geo.vocab_size,
+        "hidden_size": geo.hidden_size,
+        "num_hidden_layers": geo.num_hidden_layers,
+        "num_attention_heads": geo.num_attention_heads,
+        "num_key_value_heads": geo.num_key_value_heads,
+        "head_size": geo.head_dim,
+        "intermediate_size": geo.intermediate_size,
+        "max_position_embeddings": geo.max_position_embeddings,
+        "hidden_act": "silu",
+        "norm_epsilon": 1e-05,
+        "position_embedding_type": "rope_gpt_neox",
+        "use_parallel_embedding": False,
+        "embedding_sharding_dim": 0,
+        "mapping": {"world_size": t.world_size, "tp_size": t.tp_size, "pp_size": t.pp_size},
+        "quantization": quant_config(recipe),
+    }
+
+
+def checkpoint_config_problems(cfg: dict[str, Any], recipe: Recipe) -> list[str]:
+    """What in a checkpoint ``config.json`` would make ``trtllm-build`` 1.2.1 fail or mismatch the recipe.
+
+    Checks: required PretrainedConfig keys; ``quantization`` keys ⊆ QuantConfig fields and algos valid;
+    ``mapping`` world/tp/pp equal the recipe's target. Returns human-readable lines (empty = fine).
+    """
+    c = contract()
+    out = [f"missing required key {k!r}" for k in c["pretrained_config"]["required"] if k not in cfg]
+    quant = cfg.get("quantization") or {}
+    unknown = sorted(set(quant) - set(c["quant_config"]["fields"]))
+    if unknown:
+        out.append(f"quantization keys {unknown} are not QuantConfig fields (TypeError in 1.2.1)")
+    if quant.get("quant_algo") not in (None, *c["quant_config"]["quant_algos"]):
+        out.append(f"quantization.quant_algo {quant['quant_algo']!r} is not a QuantAlgo")
+    if quant.get("kv_cache_quant_algo") not in (None, *c["quant_config"]["kv_cache_quant_algos"]):
+        out.append(f"quantization.kv_cache_quant_algo {quant['kv_cache_quant_algo']!r} is not in KV_CACHE_QUANT_ALGO_LIST")
+    m = cfg.get("mapping") or {}
+    t = recipe.target
+    for key, want in (("tp_size", t.tp_size), ("pp_size", t.pp_size)):
+        if m.get(key, 1) != want:
+            out.append(f"mapping.{key} is {m.get(key, 1)} but the recipe's target.{key} is {want}")
+    return out

@@ -1,0 +1,389 @@
+"""``build.engine: tensorrt``: the exact ``trtllm-build`` command, its BuildConfig, and the engine manifest.
+
+Stage directory (``<build>/engine/``)::
+
+    trtllm_build.sh         the command, shell-quoted; runs from this directory (relative paths below)
+    build_config.json       the BuildConfig dict incl. plugin_config (the form ``--build_config`` reads)
+    checkpoint_config.json  only when no checkpoint exists: synthesized PretrainedConfig for ``--model_config``
+    config.json             engine config {"version", "pretrained_config", "build_config"} (when built)
+    rank{N}.engine          one serialized TensorRT engine per rank (when built)
+    build.log               trtllm-build's output (when built)
+    timing.cache            --output_timing_cache (when built)
+    manifest.json           status built | dry_run | not_built, versions, GPU, sha256 of every engine file
+
+``--output_dir`` is the stage directory itself, so the stage directory is what the Triton ``tensorrt_llm``
+model's ``gpt_model_path`` points at (the backend reads only ``config.json`` and ``rank{N}.engine``).
+
+Every knob is passed explicitly (defaults moved between TensorRT-LLM versions). Knobs the tool would
+silently override (:func:`pipeline.engine.contract.effective_plugins`) are passed with the value the engine
+will really get, and listed under ``adjustments`` in the manifest. ``tensorrt_llm`` is never imported here:
+versions come from package metadata, the engine's ``config.json`` and ``nvidia-smi``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from pipeline.artifacts import (
+    StageResult, atomic_dir, base_manifest, cached_result, file_hashes, library_versions, peak_rss_bytes,
+    stable_hash, write_manifest,
+)
+from pipeline.engine import contract
+from pipeline.errors import MissingToolError, StageError, UserError
+from pipeline.models import geometry_for_source, geometry_from_config
+from pipeline.recipe import Recipe
+
+TOOL = "trtllm-build"
+ENGINE_DIR = "."
+SCRIPT = "trtllm_build.sh"
+BUILD_CONFIG = "build_config.json"
+MODEL_CONFIG = "checkpoint_config.json"
+BUILD_LOG = "build.log"
+TIMING_CACHE = "timing.cache"
+#: Files trtpipe writes next to the engine; everything else in the stage dir is trtllm-build output.
+OWN_FILES = frozenset({SCRIPT, BUILD_CONFIG, MODEL_CONFIG, BUILD_LOG, TIMING_CACHE, "manifest.json"})
+#: Seconds to wait for trtllm-build to exit after SIGTERM (Ctrl-C) before SIGKILL.
+TERMINATE_GRACE_S = 10.0
+#: Seconds allowed for ``nvidia-smi`` / a version probe subprocess.
+PROBE_TIMEOUT_S = 20.0
+
+
+# ----------------------------------------------------------------------------------------------- plan
+def _checkpoint(recipe: Recipe, quantized: StageResult) -> tuple[Path, dict[str, Any], bool]:
+    """``(source, checkpoint config, synthesized?)``: the quantize stage's ``trtllm_ckpt`` or a synthesized config."""
+    ckpt = Path(quantized.path).resolve() / "trtllm_ckpt"
+    if (ckpt / "config.json").is_file():
+        try:
+            cfg = json.loads((ckpt / "config.json").read_text())
+        except ValueError as e:
+            raise StageError(f"{ckpt / 'config.json'}: not valid JSON ({e})") from None
+        problems = contract.checkpoint_config_problems(cfg, recipe)
+        if problems:
+            raise StageError(f"{ckpt / 'config.json'}: " + "; ".join(problems))
+        return ckpt, cfg, False
+    hf_cfg = Path(quantized.path) / "hf_ckpt" / "config.json"
+    geo = geometry_from_config(hf_cfg) if hf_cfg.is_file() else geometry_for_source(recipe.model.source)
+    if geo is None:
+        raise UserError(
+            f"model.source {recipe.model.source!r}: no TensorRT-LLM checkpoint at {ckpt} and the model geometry is "
+            "unknown (not in pipeline/data/models.yaml), so no checkpoint config can be synthesized"
+        )
+    return Path(MODEL_CONFIG), contract.synthesize_checkpoint_config(recipe, geo), True
+
+
+def resolve_max_seq_len(recipe: Recipe, ckpt_cfg: dict[str, Any]) -> int:
+    """``build.max_seq_len``, or the checkpoint's ``max_position_embeddings`` when unset (tokens).
+
+    Raises:
+        UserError: unset and the model does not state max_position_embeddings, or max_input_len exceeds it.
+    """
+    b = recipe.build
+    max_seq = b.max_seq_len or ckpt_cfg.get("max_position_embeddings")
+    if not max_seq:
+        raise UserError("build.max_seq_len: unset and the checkpoint has no max_position_embeddings; set it")
+    if b.max_input_len > max_seq:
+        raise UserError(f"build.max_input_len: {b.max_input_len} exceeds max_seq_len {max_seq} (trtllm-build would clip it)")
+    if b.opt_num_tokens is not None and b.plugins.multiple_profiles:
+        raise UserError("build.opt_num_tokens: trtllm-build refuses it together with plugins.multiple_profiles: true")
+    return int(max_seq)
+
+
+def build_command(recipe: Recipe, *, source: Path, from_model_config: bool, plugins: dict[str, Any], max_seq_len: int) -> list[str]:
+    """The ``trtllm-build`` argv (program name first), every knob explicit, flag spellings of contract §2.
+
+    Paths inside the stage directory are relative: the command runs with the stage directory as cwd.
+    ``plugins`` are the effective plugin values (:func:`contract.effective_plugins`).
+    """
+    b = recipe.build
+    argv = [TOOL, "--model_config" if from_model_config else "--checkpoint_dir", str(source), "--output_dir", ENGINE_DIR]
+    sizes = [("max_batch_size", b.max_batch_size), ("max_input_len", b.max_input_len), ("max_seq_len", max_seq_len),
+             ("max_num_tokens", b.max_num_tokens), ("max_beam_width", b.max_beam_width)]
+    if b.opt_num_tokens is not None:
+        sizes.append(("opt_num_tokens", b.opt_num_tokens))
+    for name, value in sizes:
+        argv += [f"--{name}", str(value)]
+    argv += ["--kv_cache_type", b.kv_cache_type, "--tokens_per_block", str(b.tokens_per_block)]
+    for name, value in plugins.items():
+        argv += [f"--{name}", contract.plugin_cli_value(name, value)]
+    argv += ["--profiling_verbosity", "layer_names_only", "--output_timing_cache", TIMING_CACHE,
+             "--workers", str(b.workers), "--log_level", "info"]
+    return argv
+
+
+def build_config_dict(recipe: Recipe, *, plugins: dict[str, Any], max_seq_len: int, dtype: str) -> dict[str, Any]:
+    """The BuildConfig dict (contract §3) incl. the full ``plugin_config``, as ``--build_config`` reads it."""
+    c = contract.contract()["build_config"]
+    b = recipe.build
+    cfg = dict(c["fields"])
+    cfg.update(max_input_len=b.max_input_len, max_seq_len=max_seq_len, max_batch_size=b.max_batch_size,
+               max_beam_width=b.max_beam_width, max_num_tokens=b.max_num_tokens, opt_num_tokens=b.opt_num_tokens,
+               kv_cache_type=c["kv_cache_type_names"][b.kv_cache_type], output_timing_cache=TIMING_CACHE)
+    plugin_config = contract.plugin_defaults()
+    plugin_config.update({k: contract.plugin_config_value(k, contract.plugin_cli_value(k, v)) for k, v in plugins.items()})
+    plugin_config.update(tokens_per_block=b.tokens_per_block, dtype=dtype, paged_kv_cache=b.kv_cache_type == "paged")
+    cfg["plugin_config"] = plugin_config
+    return cfg
+
+
+def plan(recipe: Recipe, quantized: StageResult) -> dict[str, Any]:
+    """Everything the build needs, computed without side effects.
+
+    Returns a dict: ``argv``, ``build_config``, ``checkpoint_config``, ``synthesized`` (bool), ``max_seq_len``,
+    ``plugins`` (effective), ``adjustments``, ``runtime_conflicts`` (recipe runtime knobs the engine cannot
+    honour, e.g. chunked prefill without paged context FMHA), ``world_size``. Raises UserError/StageError for unusable inputs.
+    """
+    source, ckpt_cfg, synthesized = _checkpoint(recipe, quantized)
+    max_seq = resolve_max_seq_len(recipe, ckpt_cfg)
+    gpu = recipe.gpu
+    plugins, adjustments = contract.effective_plugins(
+        recipe, architecture=ckpt_cfg["architecture"], sm=contract.compute_capability_sm(gpu.compute_capability if gpu else None)
+    )
+    b = recipe.build
+    conflicts = []
+    if not plugins["use_paged_context_fmha"]:
+        for knob, on in (("build.enable_chunked_prefill", b.enable_chunked_prefill),
+                         ("build.kv_cache_config.enable_block_reuse", b.kv_cache_config.enable_block_reuse)):
+            if on:
+                conflicts.append(f"{knob}: true needs paged context FMHA, which this engine will not have "
+                                 "(contract §2 use_paged_context_fmha); the runtime must turn it off")
+    return {
+        "plugins": plugins,
+        "runtime_conflicts": conflicts,
+        "argv": build_command(recipe, source=source, from_model_config=synthesized, plugins=plugins, max_seq_len=max_seq),
+        "build_config": build_config_dict(recipe, plugins=plugins, max_seq_len=max_seq, dtype=ckpt_cfg["dtype"]),
+        "checkpoint_config": ckpt_cfg,
+        "synthesized": synthesized,
+        "max_seq_len": max_seq,
+        "adjustments": adjustments,
+        "world_size": recipe.target.world_size,
+    }
+
+
+def script_text(argv: list[str]) -> str:
+    """``trtllm_build.sh``: bash that cds to its own directory and runs ``argv`` (shell-quoted)."""
+    lines = ["#!/usr/bin/env bash", "# Generated by trtpipe: the exact trtllm-build command of this engine (TensorRT-LLM 1.2.1).",
+             "set -euo pipefail", 'cd "$(dirname "$0")"', shlex.join(argv)]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ runtime
+def _dist_version(*names: str) -> str | None:
+    for n in names:
+        try:
+            return metadata.version(n)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _import_version(module: str) -> str | None:
+    """``module.__version__`` from a child interpreter (keeps heavy imports out of this process)."""
+    if importlib.util.find_spec(module) is None:
+        return None
+    try:
+        out = subprocess.run([sys.executable, "-c", f"import {module}; print({module}.__version__)"],
+                             capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else None
+
+
+def gpu_facts() -> list[dict[str, str]]:
+    """``[{name, compute_capability}]`` per visible GPU from ``nvidia-smi``; ``[]`` without it or on error."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = []
+    for line in out.stdout.splitlines():
+        name, _, cc = line.rpartition(",")
+        if name.strip():
+            gpus.append({"name": name.strip(), "compute_capability": cc.strip()})
+    return gpus
+
+
+def runtime_facts() -> dict[str, Any]:
+    """What this machine offers an engine: ``tensorrt_llm`` and ``tensorrt`` versions (``None`` when absent)
+    and ``gpus`` (``[{name, compute_capability}]``, empty on CPU). Nothing heavy is imported here."""
+    return {
+        "tensorrt_llm": _dist_version("tensorrt_llm", "tensorrt-llm") or _import_version("tensorrt_llm"),
+        "tensorrt": _dist_version("tensorrt", "tensorrt-cu13", "tensorrt-cu12") or _import_version("tensorrt"),
+        "gpus": gpu_facts(),
+    }
+
+
+def check_engine_compatible(manifest: dict[str, Any], runtime: dict[str, Any], *, stage_dir: Path | None = None) -> list[str]:
+    """Why the engine of ``manifest`` cannot be served on ``runtime`` (:func:`runtime_facts`); ``[]`` = compatible.
+
+    Checks: the engine was built; TensorRT-LLM and TensorRT versions equal the build's; at least
+    world_size GPUs with the build GPU's compute capability; and, when ``stage_dir`` (the engine stage
+    directory) is given, every recorded engine file still has its sha256.
+    """
+    problems: list[str] = []
+    status = manifest.get("status")
+    if status != "built":
+        problems.append(f"the engine was not built (status {status!r}); run `trtpipe build` where trtllm-build exists")
+        return problems
+    versions = manifest.get("versions") or {}
+    for key, label in (("tensorrt_llm", "TensorRT-LLM"), ("tensorrt", "TensorRT")):
+        want, have = versions.get(key), runtime.get(key)
+        if want and have is None:
+            problems.append(f"{label} is not installed here; the engine was built with {label} {want}")
+        elif want and have != want:
+            problems.append(f"engine built with {label} {want}, this runtime has {have}: rebuild the engine")
+    want_cc = (manifest.get("gpu") or {}).get("compute_capability")
+    gpus = runtime.get("gpus") or []
+    world = int(manifest.get("world_size") or 1)
+    if not gpus:
+        problems.append("no NVIDIA GPU is visible (nvidia-smi)")
+    elif len(gpus) < world:
+        problems.append(f"the engine needs {world} GPUs (tp×pp), {len(gpus)} visible")
+    for i, g in enumerate(gpus[:world]):
+        if want_cc and g.get("compute_capability") != want_cc:
+            problems.append(f"GPU {i} ({g.get('name')}) has compute capability {g.get('compute_capability')}, "
+                            f"the engine was built for {want_cc}: rebuild on this GPU type")
+    if stage_dir is not None:
+        engine_dir = Path(stage_dir) / manifest.get("engine_dir", ENGINE_DIR)
+        have_files = engine_file_hashes(engine_dir) if engine_dir.is_dir() else {}
+        for rel, sha in sorted((manifest.get("engine_files") or {}).items()):
+            if rel not in have_files:
+                problems.append(f"engine file {engine_dir / rel} is missing")
+            elif have_files[rel] != sha:
+                problems.append(f"engine file {engine_dir / rel} changed on disk since the build (sha256 differs)")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------- run
+def engine_file_hashes(engine_dir: Path) -> dict[str, str]:
+    """``{relative path: sha256}`` of trtllm-build's output in ``engine_dir`` (trtpipe's own files excluded)."""
+    return {rel: sha for rel, sha in file_hashes(Path(engine_dir)).items() if rel not in OWN_FILES}
+
+
+def _run_tool(tool: str, argv: list[str], cwd: Path, failed_log: Path) -> None:
+    """Run ``tool argv[1:]`` in ``cwd``, streaming output to ``cwd/build.log`` and stderr; raise on failure."""
+    log_path = cwd / BUILD_LOG
+    tail: list[str] = []
+    with open(log_path, "w") as log:
+        log.write(f"$ {shlex.join([tool, *argv[1:]])}\n")
+        log.flush()
+        proc = subprocess.Popen([tool, *argv[1:]], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                sys.stderr.write(f"[trtllm-build] {line}")
+                tail = (tail + [line.rstrip()])[-20:]
+            rc = proc.wait()
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=TERMINATE_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    if rc != 0:
+        shutil.copyfile(log_path, failed_log)
+        last = "\n".join(tail[-10:])
+        raise StageError(f"trtllm-build exited with status {rc}; full log: {failed_log}\n{last}")
+
+
+def _engine_config(engine_dir: Path, world_size: int) -> dict[str, Any]:
+    """The built engine's ``config.json``; StageError when it or a ``rank{N}.engine`` is missing."""
+    try:
+        cfg = json.loads((engine_dir / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise StageError(f"trtllm-build succeeded but {engine_dir / 'config.json'} is unreadable ({e})") from None
+    missing = [f"rank{r}.engine" for r in range(world_size) if not (engine_dir / f"rank{r}.engine").is_file()]
+    if missing:
+        raise StageError(f"trtllm-build succeeded but {engine_dir} lacks {', '.join(missing)}")
+    return cfg
+
+
+def _write_plan(tmp: Path, p: dict[str, Any]) -> None:
+    (tmp / BUILD_CONFIG).write_text(json.dumps(p["build_config"], indent=2, sort_keys=True) + "\n")
+    if p["synthesized"]:
+        (tmp / MODEL_CONFIG).write_text(json.dumps(p["checkpoint_config"], indent=2, sort_keys=True) + "\n")
+    script = tmp / SCRIPT
+    script.write_text(script_text(p["argv"]))
+    script.chmod(0o755)
+
+
+def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = False, dry_run: bool = False) -> StageResult:
+    """Build the TensorRT-LLM engine of ``recipe`` into ``out_dir`` (layout in the module docstring).
+
+    Reuses ``out_dir`` when its cache key matches and it was built (or, for a dry run, dry-run).
+
+    Raises:
+        UserError: unusable recipe values, or a real build requested without a quantized checkpoint.
+        StageError: bad checkpoint config, trtllm-build failed (log kept next to ``out_dir``) or left no engine.
+        MissingToolError: ``trtllm-build`` is not on PATH; ``out_dir`` then holds the command,
+            build_config.json and a manifest with status ``not_built``.
+    """
+    t0 = time.monotonic()
+    out_dir = Path(out_dir)
+    p = plan(recipe, quantized)
+    key = stable_hash({
+        "recipe": recipe.model_dump(mode="json", include={"model", "target", "quantization", "build"}),
+        "quantize": quantized.manifest.get("cache_key"), "checkpoint_config": p["checkpoint_config"],
+        "argv": p["argv"], "build_config": p["build_config"], "pins": contract.pins(),
+    })
+    if not force:
+        hit = cached_result("engine", out_dir, key)
+        if hit and (hit.manifest.get("status") == "built" or (dry_run and hit.manifest.get("status") == "dry_run")):
+            return hit
+    tool = shutil.which(TOOL)
+    if p["synthesized"] and tool and not dry_run:
+        raise UserError(f"{Path(quantized.path) / 'trtllm_ckpt'}: no TensorRT-LLM checkpoint; run the quantize stage "
+                        "first (an engine from --model_config alone would have no weights)")
+    status = "dry_run" if dry_run else ("built" if tool else "not_built")
+    manifest = base_manifest(
+        "engine", key, engine_kind="tensorrt", status=status, engine_dir=ENGINE_DIR, world_size=p["world_size"],
+        tp_size=recipe.target.tp_size, pp_size=recipe.target.pp_size, max_seq_len=p["max_seq_len"],
+        command=p["argv"], script=SCRIPT, build_config=BUILD_CONFIG, build_config_sha256=stable_hash(p["build_config"]),
+        checkpoint={"source": "synthesized" if p["synthesized"] else "quantize", "path": p["argv"][2],
+                    "config_sha256": stable_hash(p["checkpoint_config"])},
+        adjustments=p["adjustments"], effective_plugins=p["plugins"], runtime_conflicts=p["runtime_conflicts"],
+        pins=contract.pins(), inputs={"quantize_cache_key": quantized.manifest.get("cache_key")},
+        target_gpu={"key": recipe.target.gpu, "compute_capability": recipe.gpu.compute_capability if recipe.gpu else None},
+        versions=library_versions(),
+    )
+    for a in p["adjustments"]:
+        sys.stderr.write(f"trtpipe: {a['knob']} {a['requested']} -> {a['effective']}: {a['reason']}\n")
+    for c in p["runtime_conflicts"]:
+        sys.stderr.write(f"trtpipe: warning: {c}\n")
+    with atomic_dir(out_dir) as tmp:
+        _write_plan(tmp, p)
+        if status == "built":
+            assert tool is not None
+            _run_tool(tool, p["argv"], tmp, failed_log=out_dir.parent / f"{out_dir.name}.build-failed.log")
+            engine_cfg = _engine_config(tmp / ENGINE_DIR, p["world_size"])
+            facts = runtime_facts()
+            manifest["versions"].update(tensorrt_llm=engine_cfg.get("version"), tensorrt=facts["tensorrt"])
+            manifest["gpus"] = facts["gpus"]
+            manifest["gpu"] = facts["gpus"][0] if facts["gpus"] else {"name": None, "compute_capability": None}
+            manifest["engine_files"] = engine_file_hashes(tmp / ENGINE_DIR)
+            if engine_cfg.get("version") != contract.pins()["tensorrt_llm"]:
+                manifest["notes"] = [f"built with TensorRT-LLM {engine_cfg.get('version')}, trtpipe pins "
+                                     f"{contract.pins()['tensorrt_llm']}"]
+        manifest["timings_s"] = {"total": round(time.monotonic() - t0, 3)}
+        manifest["peak_rss_bytes"] = peak_rss_bytes()
+        write_manifest(tmp, manifest)
+    if status == "not_built":
+        raise MissingToolError(
+            f"{TOOL} is not on PATH (TensorRT-LLM {contract.pins()['tensorrt_llm']} is GPU-only); the exact command is in "
+            f"{out_dir / SCRIPT} and {out_dir / BUILD_CONFIG}: run it in {contract.pins()['triton_container']}"
+        )
+    return StageResult(stage="engine", path=out_dir, manifest=manifest)
