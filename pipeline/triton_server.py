@@ -12,7 +12,10 @@ Two installations are supported (:func:`find_triton`):
 
 :func:`triton_command` builds the argv, including the ``mpirun -n 1 … : -n 1 …`` form of
 TensorRT-LLM's ``launch_triton_server.py`` for world size > 1 (reference
-triton-model-repository.md §3.5).
+triton-model-repository.md §3.5). The rest are process helpers: port checks before launch
+(:func:`check_ports_free`), stopping a server with its stubs and ``/dev/shm`` regions
+(:func:`terminate_tree`), log excerpts without the harmless CPU warnings (:func:`log_tail`) and
+small HTTP probes (:func:`http_ok`, :func:`repository_index`).
 """
 
 from __future__ import annotations
@@ -20,16 +23,21 @@ from __future__ import annotations
 import dataclasses
 import errno
 import importlib.util
+import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
-import time
 import sys
 import sysconfig
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import MissingToolError, UserError
 
@@ -138,6 +146,21 @@ def cpu_triton(cache_root: Path | None = None) -> TritonInstall:
     return TritonInstall(kind="cpu", binary=ts / "bin" / "tritonserver", backend_dir=backend_dir, cache_dir=ts / "caches", env=env)
 
 
+def die_with_parent() -> None:
+    """``preexec_fn``: have the kernel send SIGTERM to the child when its parent dies (Linux).
+
+    A test or a foreground ``trtpipe serve`` that is killed outright then cannot leave an orphaned
+    server behind; Triton's SIGTERM handling stops it gracefully. Not used for ``--detach``.
+    """
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+    except OSError:
+        pass
+
+
 def triton_command(
     binary: Path | str,
     model_repository: Path | str,
@@ -201,15 +224,43 @@ def is_harmless(line: str) -> bool:
 
 
 def log_tail(log_file: Path | None, lines: int = 25, *, drop_harmless: bool = True) -> str:
-    """The last ``lines`` lines of a server log (harmless CPU warnings removed), or ``""``."""
+    """The last ``lines`` lines of a server log, or ``""``.
+
+    Blank lines, Triton's ASCII tables (``+---``/``| …``) and, with ``drop_harmless``, the harmless
+    CPU warnings are left out, so that the tail shows the error (e.g. a protobuf parse error).
+    """
     if log_file is None:
         return ""
     try:
         text = Path(log_file).read_text(errors="replace")
     except OSError:
         return ""
-    kept: Iterable[str] = (ln for ln in text.splitlines() if ln.strip() and not (drop_harmless and is_harmless(ln)))
+    kept: Iterable[str] = (
+        ln for ln in text.splitlines()
+        if ln.strip() and ln[:1] not in "+|" and not (drop_harmless and is_harmless(ln))
+    )
     return "\n".join(list(kept)[-lines:])
+
+
+_LOADING = re.compile(r'"loading: ([^:"]+):\d+"')
+_LOADED = re.compile(r"successfully loaded '([^']+)'|failed to load '([^']+)'")
+
+
+def models_still_loading(log_file: Path | None) -> list[str]:
+    """Models the log shows as ``loading`` but neither loaded nor failed (in log order).
+
+    Before all models are loaded (model-control mode ``none``) Triton's endpoints are not up
+    yet, so the log is the only place that tells which model a stuck start waits for.
+    """
+    try:
+        text = Path(log_file).read_text(errors="replace") if log_file else ""
+    except OSError:
+        return []
+    loading = dict.fromkeys(_LOADING.findall(text))
+    for done in _LOADED.findall(text):
+        for name in done:
+            loading.pop(name, None)
+    return list(loading)
 
 
 def shm_regions(prefix: str, shm_dir: Path = Path("/dev/shm")) -> list[Path]:
@@ -255,10 +306,17 @@ def terminate_tree(pid: int, *, grace_s: float, proc: subprocess.Popen | None = 
     The python-backend stubs (children of ``pid``) are recorded first and killed if they outlive
     the server; ``/dev/shm`` regions starting with ``shm_prefix`` are removed afterwards (a killed
     server cannot remove them itself). ``proc`` (when we are the parent) is used to reap the exit
-    status. Returns the server's exit status when known (negative = killed by that signal).
+    status; if it has already exited, only its leftovers are cleaned. Returns the server's exit
+    status when known (negative = killed by that signal; ``None`` for a process we did not start).
     """
     import psutil
 
+    if proc is not None and proc.poll() is not None:
+        # Already exited and reaped: never signal its PID again (it may be reused), but its process
+        # group cannot be reused while a member (a stray stub) still lives.
+        _killpg(pid)
+        _remove_shm(shm_prefix)
+        return proc.returncode
     try:
         main = psutil.Process(pid)
         children = main.children(recursive=True)
@@ -281,13 +339,16 @@ def terminate_tree(pid: int, *, grace_s: float, proc: subprocess.Popen | None = 
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=2.0)
-    if shm_prefix:
-        for region in shm_regions(shm_prefix):
-            try:
-                region.unlink()
-            except OSError:
-                pass
+    _remove_shm(shm_prefix)
     return rc
+
+
+def _remove_shm(shm_prefix: str | None) -> None:
+    for region in shm_regions(shm_prefix) if shm_prefix else []:
+        try:
+            region.unlink()
+        except OSError:
+            pass
 
 
 def _wait(main, proc: subprocess.Popen | None, timeout: float) -> int | None:
@@ -309,3 +370,47 @@ def _killpg(pgid: int) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     time.sleep(0.05)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now (for tests; the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    """True when ``GET url`` answers 200 within ``timeout`` seconds."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def repository_index(http_url: str) -> list[dict[str, Any]]:
+    """Triton's ``POST /v2/repository/index`` at ``host:port``: ``[{name, version, state, reason}]``; ``[]`` on error."""
+    req = urllib.request.Request(f"http://{http_url}/v2/repository/index", data=b"{}", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=2.0) as r:
+            return list(json.loads(r.read()))
+    except (urllib.error.URLError, OSError, ValueError):
+        return []
+
+
+def tree_rss(pid: int) -> int:
+    """Resident memory of ``pid`` and all its descendants now, in bytes (0 when gone)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        procs = [p, *p.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for q in procs:
+        try:
+            total += q.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total

@@ -10,7 +10,7 @@ import typer
 
 from pipeline.commands.common import console, err_console, handle_errors
 
-app = typer.Typer(help="Validate recipes and print their JSON Schema.", no_args_is_help=True)
+app = typer.Typer(help="Validate, show and document recipes.", no_args_is_help=True)
 
 
 @app.command()
@@ -67,3 +67,19 @@ def show(
     from pipeline.recipe import dump_recipe, load_recipe
 
     typer.echo(dump_recipe(load_recipe(file, set_)), nl=False)
+
+
+@app.command()
+@handle_errors
+def reference(
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")] = None,
+) -> None:
+    """Print the recipe reference (Markdown tables generated from the schema's field docs)."""
+    from pipeline.recipe.reference import recipe_reference_markdown
+
+    text = recipe_reference_markdown()
+    if output:
+        output.write_text(text)
+        console.print(f"wrote {output}")
+    else:
+        typer.echo(text, nl=False)

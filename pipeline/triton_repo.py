@@ -1,0 +1,373 @@
+"""Triton model-repository stage: the recipe's engine behind the TensorRT-LLM Triton interface.
+
+``run(recipe, out_dir, quantized=..., engine=...)`` writes ``out_dir`` (atomically, with a manifest)
+as a complete Triton model repository for ``build.engine``:
+
+- ``tensorrt``: ``ensemble``, ``preprocessing``, ``tensorrt_llm`` (C++ ``tensorrtllm`` backend, empty
+  ``1/``), ``postprocessing``, ``tensorrt_llm_bls`` — the TensorRT-LLM ≤1.2 ``inflight_batcher_llm`` layout.
+- ``cpu``: the same layout and tensors; ``tensorrt_llm`` is a decoupled python model that runs
+  :class:`pipeline.cpu_runtime.engine.CpuEngine` on ``engine.path``.
+- ``pytorch``: the LLM-API layout: one python ``tensorrt_llm`` model configured by ``1/model.yaml``
+  (``LLM()`` kwargs from the engine stage's ``llm_api_config.yaml``). Its ``model.py``/``helpers.py``
+  are symlinks to the TensorRT-LLM Triton container's copies (``/app/all_models/llmapi/…``), so they
+  always match the container's TensorRT-LLM; outside the container those links dangle by design.
+
+Every ``config.pbtxt`` is rendered from a jinja2 template in the ``triton_repo`` package
+(``StrictUndefined``), parsed into ``ModelConfig`` (unknown fields fail here, not in Triton) and written
+back with ``text_format``. The recipe → Triton parameter-name translation lives only in
+:func:`tensorrt_llm_parameters`. The tokenizer files are copied into ``preprocessing/tokenizer/`` and
+every python model's ``tokenizer_dir`` is ``../preprocessing/tokenizer`` (relative to its model dir).
+
+Streaming text: ``tensorrt_llm_bls`` detokenizes incrementally per request in its own process. The
+``ensemble``'s ``postprocessing`` sees every streamed step as a separate request, so it keeps one
+incremental detokenizer per stream keyed by the request id (copied by the ensemble scheduler onto
+each composing request; clients must set a unique ``request_id``) and runs as ONE instance when
+``serving.decoupled_mode`` (state must live in one process; its dynamic batching keeps throughput).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline import artifacts
+from pipeline.artifacts import StageResult
+from pipeline.errors import StageError, UserError
+from pipeline.recipe import Recipe
+
+STAGE = "triton_repo"
+PLACEHOLDER_MARKERS = ("${", "{{", "{%", "{#")
+
+
+@functools.cache
+def package_dir() -> Path:
+    """Directory of the ``triton_repo`` package (works for an editable install made before it had an
+    ``__init__.py``, where it imports as a namespace package)."""
+    import triton_repo
+
+    return Path(next(iter(triton_repo.__path__))).resolve()
+
+
+@functools.cache
+def layouts() -> dict[str, Any]:
+    """The parsed ``triton_repo/layouts.yaml`` (models per engine kind and fixed values)."""
+    return yaml.safe_load((package_dir() / "layouts.yaml").read_text())
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path) -> dict[str, str]:
+    """The ``parameters`` of the ``tensorrt_llm`` model: the ONE recipe → Triton name translation.
+
+    ``build.kv_cache_config.free_gpu_memory_fraction`` → ``kv_cache_free_gpu_mem_fraction``,
+    ``max_tokens`` → ``max_tokens_in_paged_kv_cache``, ``enable_block_reuse`` → ``enable_kv_cache_reuse``,
+    ``max_attention_window`` → ``max_attention_window_size``, ``host_cache_size`` → ``kv_cache_host_memory_bytes``,
+    ``scheduler_config.capacity_scheduler_policy`` → ``batch_scheduler_policy`` (lower case),
+    ``build.enable_chunked_prefill`` → ``enable_chunked_context``; names and meanings from
+    tensorrtllm_backend docs/model_config.md (reference §3.2). Optional knobs left unset in the recipe
+    are omitted (never left as ``${…}``). The CPU engine adds ``cpu_num_threads``.
+
+    Args:
+        recipe: the validated recipe.
+        engine_dir: the engine directory (``gpt_model_path``), made absolute.
+
+    Returns:
+        ``{parameter key: string value}`` in template order.
+    """
+    b, s, kv = recipe.build, recipe.serving, recipe.build.kv_cache_config
+    params: dict[str, str] = {
+        "max_beam_width": str(b.max_beam_width),
+        "gpt_model_type": s.batching_strategy,
+        "gpt_model_path": str(Path(engine_dir).resolve()),
+        "batch_scheduler_policy": b.scheduler_config.capacity_scheduler_policy.lower(),
+        "kv_cache_free_gpu_mem_fraction": repr(float(kv.free_gpu_memory_fraction)),
+        "enable_kv_cache_reuse": _bool(kv.enable_block_reuse),
+        "enable_chunked_context": _bool(b.enable_chunked_prefill),
+        "exclude_input_in_output": _bool(s.exclude_input_in_output),
+        "cancellation_check_period_ms": str(s.cancellation_check_period_ms),
+        "stats_check_period_ms": str(s.stats_check_period_ms),
+    }
+    optional = {
+        "max_tokens_in_paged_kv_cache": kv.max_tokens,
+        "max_attention_window_size": kv.max_attention_window,
+        "kv_cache_host_memory_bytes": kv.host_cache_size,
+    }
+    params.update({k: str(v) for k, v in optional.items() if v is not None})
+    if b.engine == "cpu":
+        if b.cpu.num_threads is not None:
+            params["cpu_num_threads"] = str(b.cpu.num_threads)
+    else:
+        cpp = layouts()["cpp"]
+        params["FORCE_CPU_ONLY_INPUT_TENSORS"] = cpp["force_cpu_only_input_tensors"]
+        params["executor_worker_path"] = cpp["executor_worker_path"]
+    return params
+
+
+# ---------------------------------------------------------------------------------------- configs
+@functools.cache
+def _jinja_env():
+    import jinja2
+    from google.protobuf import text_encoding
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(package_dir() / "templates")),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["pbstr"] = lambda v: text_encoding.CEscape(str(v), as_utf8=True)
+    return env
+
+
+def render_model_config(template: str, **context: Any):
+    """Render ``templates/<template>.pbtxt.j2`` and parse it into a ``ModelConfig``.
+
+    Raises:
+        StageError: a template variable is missing, a placeholder survived, or the text is not a
+            valid ``ModelConfig`` (unknown field, bad enum, …); the message names the template.
+    """
+    import jinja2
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    try:
+        text = _jinja_env().get_template(f"{template}.pbtxt.j2").render(**context)
+    except jinja2.UndefinedError as e:
+        raise StageError(f"triton_repo/templates/{template}.pbtxt.j2: {e}") from None
+    left = [m for m in PLACEHOLDER_MARKERS if m in text]
+    if left:
+        raise StageError(f"triton_repo/templates/{template}.pbtxt.j2: placeholder {left[0]!r} left after rendering")
+    cfg = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, cfg)
+    except text_format.ParseError as e:
+        raise StageError(f"triton_repo/templates/{template}.pbtxt.j2: not a valid ModelConfig ({e})") from None
+    return cfg
+
+
+def write_model_config(path: Path, cfg) -> None:
+    """Write ``cfg`` as protobuf text to ``path`` (``config.pbtxt``)."""
+    from google.protobuf import text_format
+
+    Path(path).write_text(text_format.MessageToString(cfg, as_utf8=True))
+
+
+def load_model_config(path: str | Path):
+    """Parse a ``config.pbtxt`` (or a model dir containing one) into ``tritonclient``'s ``ModelConfig``.
+
+    Raises:
+        UserError: the file is missing or is not a valid ``ModelConfig``.
+    """
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.pbtxt"
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read model config ({e.strerror})") from None
+    cfg = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, cfg)
+    except text_format.ParseError as e:
+        raise UserError(f"{path}: not a valid Triton model config ({e})") from None
+    return cfg
+
+
+def model_configs(recipe: Recipe, engine_dir: Path) -> dict[str, Any]:
+    """``{model name: ModelConfig}`` of every model the repository for ``recipe`` contains."""
+    s, lay = recipe.serving, layouts()
+    kind = recipe.build.engine
+    common = dict(
+        max_batch_size=recipe.triton_max_batch_size,
+        decoupled=s.decoupled_mode,
+        max_queue_delay_microseconds=s.max_queue_delay_microseconds,
+        max_queue_size=s.max_queue_size,
+        logits_datatype=lay["logits_datatype"],
+    )
+    if lay["layouts"][kind]["tensorrt_llm"] == "llmapi":
+        ctx = dict(common, max_batch_size=lay["llmapi"]["triton_max_batch_size"])
+        return {"tensorrt_llm": render_model_config("llmapi_tensorrt_llm", **ctx)}
+    tok = lay["tokenizer"]["param_value"]
+    post_count = lay["streaming_postprocessing_instance_count"] if s.decoupled_mode else s.postprocessing_instance_count
+    backend = lay["cpp"]["triton_backend"] if kind == "tensorrt" else "python"
+    return {
+        "ensemble": render_model_config("ensemble", **common),
+        "preprocessing": render_model_config(
+            "preprocessing", **common, instance_count=s.preprocessing_instance_count,
+            parameters={"tokenizer_dir": tok, "add_special_tokens": _bool(s.add_special_tokens)},
+        ),
+        "tensorrt_llm": render_model_config(
+            "tensorrt_llm", **common, backend=backend, parameters=tensorrt_llm_parameters(recipe, engine_dir)
+        ),
+        "postprocessing": render_model_config(
+            "postprocessing", **common, instance_count=post_count,
+            parameters={"tokenizer_dir": tok, "skip_special_tokens": _bool(s.skip_special_tokens)},
+        ),
+        "tensorrt_llm_bls": render_model_config(
+            "tensorrt_llm_bls", **common, instance_count=s.bls_instance_count,
+            parameters={
+                "tokenizer_dir": tok,
+                "add_special_tokens": _bool(s.add_special_tokens),
+                "skip_special_tokens": _bool(s.skip_special_tokens),
+                "accumulate_tokens": _bool(s.accumulate_tokens),
+                "tensorrt_llm_model_name": "tensorrt_llm",
+            },
+        ),
+    }
+
+
+# ---------------------------------------------------------------------------------------- files
+def template_hashes() -> dict[str, str]:
+    """sha256 of every template/model file of the ``triton_repo`` package (part of the cache key)."""
+    return {
+        k: v for k, v in artifacts.file_hashes(package_dir()).items()
+        if "__pycache__" not in k and not k.endswith(".pyc")
+    }
+
+
+def _install_python_model(model_dir: Path, source: str) -> None:
+    """Copy ``models/<source>/model.py`` and the shared modules into ``model_dir/1/``."""
+    version = model_dir / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(package_dir() / "models" / source / "model.py", version / "model.py")
+    for rel in layouts()["shared_python"]:
+        shutil.copy2(package_dir() / rel, version / Path(rel).name)
+
+
+def _copy_tokenizer(hf_ckpt: Path, dest: Path) -> list[str]:
+    """Copy the tokenizer files found in ``hf_ckpt`` into ``dest``; returns their names.
+
+    Raises:
+        StageError: ``hf_ckpt`` holds no tokenizer file.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for name in layouts()["tokenizer"]["files"]:
+        if (hf_ckpt / name).is_file():
+            shutil.copy2(hf_ckpt / name, dest / name)
+            copied.append(name)
+    if not any(n.startswith("tokenizer") or n in ("vocab.json",) for n in copied):
+        raise StageError(f"{hf_ckpt}: no tokenizer files (tokenizer.json / tokenizer.model) to put in the Triton repository")
+    return copied
+
+
+def _llmapi_kwargs(recipe: Recipe, quantized: StageResult, engine: StageResult) -> dict[str, Any]:
+    """``LLM()`` kwargs for model.yaml: the engine stage's ``llm_api_config.yaml`` or, if absent,
+    ``pipeline.engine.pytorch.llm_api_kwargs``. Raises StageError when neither is available."""
+    path = Path(engine.path) / layouts()["llmapi"]["engine_config_file"]
+    if path.is_file():
+        data = yaml.safe_load(path.read_text())
+        if not isinstance(data, dict):
+            raise StageError(f"{path}: expected a mapping of LLM() arguments")
+        return data
+    try:
+        from pipeline.engine.pytorch import llm_api_kwargs
+    except ImportError:
+        raise StageError(f"{path}: missing (run the pytorch engine stage first)") from None
+    return dict(llm_api_kwargs(recipe, Path(quantized.path) / "hf_ckpt"))
+
+
+def _write_llmapi_files(recipe: Recipe, model_dir: Path, quantized: StageResult, engine: StageResult) -> str:
+    """Write ``1/model.yaml`` and link ``model.py``/``helpers.py`` to the container's llmapi model."""
+    lay = layouts()["llmapi"]
+    version = model_dir / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    kwargs = _llmapi_kwargs(recipe, quantized, engine)
+    kwargs["triton_config"] = {
+        "max_batch_size": lay["triton_max_batch_size"],
+        "decoupled": recipe.serving.decoupled_mode,
+        "cancellation_check_period_ms": recipe.serving.cancellation_check_period_ms,
+    }
+    (version / "model.yaml").write_text(yaml.safe_dump(kwargs, sort_keys=False))
+    for name in lay["linked_files"]:
+        os.symlink(f"{lay['container_model_dir']}/{name}", version / name)
+    return lay["container_model_dir"]
+
+
+# ---------------------------------------------------------------------------------------- stage
+def cache_key(recipe: Recipe, *, quantized: StageResult, engine: StageResult) -> str:
+    """Hash of the serving + build sections, both upstream cache keys, the engine path and the templates."""
+    return artifacts.stable_hash({
+        "serving": recipe.serving.model_dump(mode="json"),
+        "build": recipe.build.model_dump(mode="json"),
+        "triton_max_batch_size": recipe.triton_max_batch_size,
+        "quantize": quantized.manifest.get("cache_key"),
+        "engine": engine.manifest.get("cache_key"),
+        "engine_dir": str(Path(engine.path).resolve()),
+        "templates": template_hashes(),
+    })
+
+
+def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, engine: StageResult, force: bool = False) -> StageResult:
+    """Write the Triton model repository for ``recipe`` into ``out_dir`` (reused when unchanged).
+
+    Args:
+        recipe: the validated recipe (``build.engine`` selects the layout).
+        out_dir: the repository directory (replaced atomically).
+        quantized: the quantize stage result (tokenizer files come from ``<path>/hf_ckpt``).
+        engine: the engine stage result (``gpt_model_path`` / CPU engine dir / ``llm_api_config.yaml``).
+        force: rebuild even when the cache key matches.
+
+    Returns:
+        The :class:`StageResult`; ``manifest["models"]`` lists the models written.
+
+    Raises:
+        StageError: missing tokenizer/engine config, or a template that renders an invalid config.
+    """
+    out_dir = Path(out_dir)
+    key = cache_key(recipe, quantized=quantized, engine=engine)
+    if not force and (hit := artifacts.cached_result(STAGE, out_dir, key)):
+        return hit
+    t0 = time.perf_counter()
+    kind = recipe.build.engine
+    lay = layouts()
+    configs = model_configs(recipe, Path(engine.path))
+    extra: dict[str, Any] = {}
+    with artifacts.atomic_dir(out_dir) as tmp:
+        for name, cfg in configs.items():
+            (tmp / name).mkdir()
+            write_model_config(tmp / name / "config.pbtxt", cfg)
+        impl = lay["layouts"][kind]["tensorrt_llm"]
+        if impl == "llmapi":
+            extra["llmapi_model_py_source"] = _write_llmapi_files(recipe, tmp / "tensorrt_llm", quantized, engine)
+        else:
+            extra["tokenizer_files"] = _copy_tokenizer(Path(quantized.path) / "hf_ckpt", tmp / lay["tokenizer"]["repo_subdir"])
+            (tmp / "ensemble" / "1").mkdir()
+            (tmp / "tensorrt_llm" / "1").mkdir()
+            sources = lay["python_models"]
+            for name in configs:
+                src = sources.get(f"{name}@{impl}", sources.get(name))
+                if src:
+                    _install_python_model(tmp / name, src)
+            if recipe.serving.decoupled_mode and recipe.serving.postprocessing_instance_count != 1:
+                extra["notes"] = [
+                    "postprocessing runs 1 instance (not serving.postprocessing_instance_count="
+                    f"{recipe.serving.postprocessing_instance_count}): streamed-text state must live in one process"
+                ]
+        manifest = artifacts.base_manifest(
+            STAGE, key,
+            engine_kind=kind,
+            models=sorted(configs),
+            inputs={"quantize": quantized.manifest.get("cache_key"), "engine": engine.manifest.get("cache_key"),
+                    "engine_dir": str(Path(engine.path).resolve())},
+            templates=template_hashes(),
+            versions=artifacts.library_versions("tritonclient", "jinja2", "protobuf", "transformers"),
+            files=artifacts.file_hashes(tmp),
+            timings_s={"total": round(time.perf_counter() - t0, 3)},
+            peak_rss_bytes=artifacts.peak_rss_bytes(),
+            **extra,
+        )
+        artifacts.write_manifest(tmp, manifest)
+    return StageResult(stage=STAGE, path=out_dir, manifest=json.loads(json.dumps(manifest, default=str)), cached=False)

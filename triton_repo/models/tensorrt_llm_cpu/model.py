@@ -1,0 +1,252 @@
+"""trtpipe's CPU ``tensorrt_llm`` model: the TensorRT-LLM tensorrt_llm interface on the CPU engine.
+
+Same inputs/outputs as the C++ ``tensorrtllm`` backend (config generated from the same template):
+input_ids, input_lengths, request_output_len, end_id, pad_id, streaming, min_tokens, stop,
+stop_words_list, exclude_input_in_output, return_num_input_tokens / return_num_output_tokens /
+return_perf_metrics, … → output_ids [beam=1, n], sequence_length [1], num_input_tokens,
+num_output_tokens (tokens generated in THIS response), arrival/first_scheduled/first_token/
+last_token_time_ns. Decoding is greedy (sampling inputs are accepted and ignored); beam_width and
+num_return_sequences must be 1; bad_words_list and embedding_bias are rejected.
+
+Decoupled: ``execute`` only submits requests to :class:`pipeline.cpu_runtime.engine.CpuEngine`; the
+engine's dispatcher thread calls back with new tokens and this model sends one response per engine
+step when streaming (the last one carries TRITONSERVER_RESPONSE_COMPLETE_FINAL), or one response with
+every token otherwise. end_id absent or -1 never stops on EOS. A request with ``stop=true`` cancels the
+running request with the same request id. A watcher thread cancels requests whose client went away
+(``request.is_cancelled()``) every ``cancellation_check_period_ms``. Every error becomes a
+``TritonError`` response with the final flag: a client is never left waiting.
+
+Parameters (strict): gpt_model_path (engine dir), exclude_input_in_output, max_beam_width (must be
+1), cancellation_check_period_ms, cpu_num_threads (optional). GPU-only parameters are accepted and
+not used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from _common import ParameterError, array, get_param, parse_bool, parse_int, parse_word_list, raw_parameters, scalar
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """Parsed model parameters."""
+
+    engine_dir: str
+    exclude_input_in_output: bool
+    cancellation_check_period_ms: int
+    num_threads: int | None
+
+
+@dataclasses.dataclass
+class Job:
+    """One in-flight request."""
+
+    request: object
+    sender: object
+    triton_id: str
+    input_ids: list[int]
+    streaming: bool
+    exclude_input: bool
+    want_in: bool
+    want_out: bool
+    want_perf: bool
+    stop_words: list[list[int]]
+    arrival_ns: int
+    engine_id: str | None = None
+    generated: list[int] = dataclasses.field(default_factory=list)
+    first_token_ns: int = 0
+    sent_any: bool = False
+    done: bool = False
+
+
+class TritonPythonModel:
+    """Decoupled CPU-engine model."""
+
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        raw = raw_parameters(config)
+        self.params = Params(
+            engine_dir=get_param(raw, "gpt_model_path", lambda n, v: v),
+            exclude_input_in_output=get_param(raw, "exclude_input_in_output", parse_bool, False),
+            cancellation_check_period_ms=get_param(
+                raw, "cancellation_check_period_ms", lambda n, v: parse_int(n, v, minimum=1), 100
+            ),
+            num_threads=get_param(raw, "cpu_num_threads", lambda n, v: parse_int(n, v, minimum=1), None),
+        )
+        beam = get_param(raw, "max_beam_width", lambda n, v: parse_int(n, v, minimum=1), 1)
+        if beam != 1:
+            raise ParameterError(f"parameter max_beam_width={beam}: the CPU engine decodes greedily (1 beam)")
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise ParameterError("the CPU tensorrt_llm model needs model_transaction_policy { decoupled: true }")
+        from pipeline.cpu_runtime.engine import CpuEngine
+
+        self.engine = CpuEngine(self.params.engine_dir, num_threads=self.params.num_threads)
+        self.lock = threading.Lock()
+        self.jobs: dict[int, Job] = {}  # keyed by id(job)
+        self.closing = threading.Event()
+        self.watcher = threading.Thread(target=self._watch_cancellations, name="cancel-watch", daemon=True)
+        self.watcher.start()
+
+    # ------------------------------------------------------------------ responses
+    def _finish(self, job: Job, tensors=None, error: str | None = None) -> None:
+        """Send the last response (or just the final flag) exactly once."""
+        with self.lock:
+            if job.done:
+                return
+            job.done = True
+            self.jobs.pop(id(job), None)
+        try:
+            if error is not None:
+                job.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error)), flags=FINAL)
+            elif tensors is not None:
+                job.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL)
+            else:
+                job.sender.send(flags=FINAL)
+        except Exception as e:  # client gone: nothing else to do
+            pb_utils.Logger.log_warn(f"tensorrt_llm: could not send final response: {e}")
+
+    def _tensors(self, job: Job, new: list[int]):
+        ids = new
+        if not job.exclude_input and not job.sent_any:
+            ids = job.input_ids + new
+        now = time.time_ns()
+        out = [
+            pb_utils.Tensor("output_ids", np.array([[ids]], dtype=np.int32)),
+            pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)),
+        ]
+        if job.want_out:
+            out.append(pb_utils.Tensor("num_output_tokens", np.array([[len(new)]], dtype=np.int32)))
+        if job.want_in:
+            out.append(pb_utils.Tensor("num_input_tokens", np.array([[len(job.input_ids)]], dtype=np.int32)))
+        if job.want_perf:
+            for name, value in (("arrival_time_ns", job.arrival_ns), ("first_scheduled_time_ns", job.arrival_ns),
+                                ("first_token_time_ns", job.first_token_ns or now), ("last_token_time_ns", now)):
+                out.append(pb_utils.Tensor(name, np.array([[value]], dtype=np.int64)))
+        job.sent_any = True
+        return out
+
+    def _on_tokens(self, job: Job, new: list[int], finished: bool) -> None:
+        """Engine callback (dispatcher thread): stream or accumulate, then finish."""
+        if job.done:
+            return
+        if new and not job.first_token_ns:
+            job.first_token_ns = time.time_ns()
+        start = len(job.generated)
+        job.generated.extend(new)
+        cut = self._stop_word_end(job.generated, job.stop_words, start)
+        if cut is not None:
+            new = new[: max(cut - start, 0)]
+            job.generated = job.generated[:cut]
+            finished = True
+            if job.engine_id is not None:
+                self.engine.cancel(job.engine_id)
+        if job.streaming:
+            if finished:
+                self._finish(job, self._tensors(job, new) if new else None)
+            elif new:
+                try:
+                    job.sender.send(pb_utils.InferenceResponse(output_tensors=self._tensors(job, new)))
+                except Exception as e:
+                    self._cancel(job, f"send failed: {e}")
+        elif finished:
+            self._finish(job, self._tensors(job, job.generated))
+
+    @staticmethod
+    def _stop_word_end(generated: list[int], words: list[list[int]], start: int) -> int | None:
+        """End index of the first stop word that ends at or after ``start`` (output keeps the word)."""
+        best = None
+        for word in words:
+            for i in range(max(0, start - len(word) + 1), len(generated) - len(word) + 1):
+                if generated[i:i + len(word)] == word:
+                    best = i + len(word) if best is None else min(best, i + len(word))
+                    break
+        return best
+
+    def _cancel(self, job: Job, why: str | None = None) -> None:
+        if job.engine_id is not None:
+            self.engine.cancel(job.engine_id)
+        self._finish(job, error=why)
+
+    # ------------------------------------------------------------------ requests
+    def _submit(self, request) -> None:
+        sender = request.get_response_sender()
+        if scalar(request, "stop", False):
+            rid = request.request_id()
+            with self.lock:
+                targets = [j for j in self.jobs.values() if rid and j.triton_id == rid]
+            for job in targets:
+                self._cancel(job)
+            sender.send(flags=FINAL)
+            return
+        job = None
+        try:
+            for name, limit in (("beam_width", 1), ("num_return_sequences", 1)):
+                if int(scalar(request, name, 1)) > limit:
+                    raise ValueError(f"{name} > 1 is not supported by the CPU engine (greedy, one sequence)")
+            if parse_word_list(array(request, "bad_words_list")):
+                raise ValueError("bad_words_list is not supported by the CPU engine")
+            if array(request, "embedding_bias") is not None and np.any(array(request, "embedding_bias")):
+                raise ValueError("embedding_bias is not supported by the CPU engine")
+            ids = array(request, "input_ids")
+            if ids is None:
+                raise ValueError("input_ids is required")
+            n = int(scalar(request, "input_lengths", ids.size))
+            input_ids = [int(t) for t in ids.reshape(-1)[:n]]
+            end_id = scalar(request, "end_id", None)
+            job = Job(
+                request=request, sender=sender, triton_id=request.request_id(), input_ids=input_ids,
+                streaming=bool(scalar(request, "streaming", False)),
+                exclude_input=bool(scalar(request, "exclude_input_in_output", self.params.exclude_input_in_output)),
+                want_in=bool(scalar(request, "return_num_input_tokens", False)),
+                want_out=bool(scalar(request, "return_num_output_tokens", False)),
+                want_perf=bool(scalar(request, "return_perf_metrics", False)),
+                stop_words=parse_word_list(array(request, "stop_words_list")),
+                arrival_ns=time.time_ns(),
+            )
+            with self.lock:
+                self.jobs[id(job)] = job
+            job.engine_id = self.engine.add_request(
+                input_ids,
+                max_new_tokens=int(scalar(request, "request_output_len")),
+                min_tokens=int(scalar(request, "min_tokens", 0)),
+                end_id=None if end_id is None or int(end_id) < 0 else int(end_id),
+                on_tokens=lambda new, fin, j=job: self._on_tokens(j, list(new), fin),
+                on_error=lambda msg, j=job: self._finish(j, error=msg),
+            )
+        except Exception as e:
+            if job is not None:
+                self._finish(job, error=str(e))
+            else:
+                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(e))), flags=FINAL)
+
+    def execute(self, requests):
+        for request in requests:
+            self._submit(request)
+        return None
+
+    def _watch_cancellations(self) -> None:
+        period = self.params.cancellation_check_period_ms / 1000.0
+        while not self.closing.wait(period):
+            with self.lock:
+                jobs = list(self.jobs.values())
+            for job in jobs:
+                try:
+                    cancelled = job.request.is_cancelled()
+                except Exception:
+                    cancelled = False
+                if cancelled:
+                    self._cancel(job, "request cancelled by the client")
+
+    def finalize(self):
+        self.closing.set()
+        self.engine.shutdown()  # in-flight jobs get on_error → final error response
+        self.watcher.join(timeout=5)
