@@ -1,7 +1,214 @@
-"""``trtpipe bench``: placeholder until its issue lands (owned by the bench work)."""
+"""``trtpipe bench``: ISL/OSL load test of a Triton deployment over gRPC; ``bench compare A B``.
+
+Examples::
+
+    trtpipe bench --isl 100 --osl 2000                      # last build's model, concurrency 1,8,64,256
+    trtpipe bench --model tensorrt_llm --scenario 100:2000 --scenario 100:100 --concurrency 1,8
+    trtpipe bench --request-rate 2,4 --arrival constant --duration 60 --goodput ttft:200,itl:20
+    trtpipe bench --recipe recipes/smollm2.yaml              # the recipe's bench section
+    trtpipe bench compare artifacts/bench/20261122-101500 artifacts/bench/20261122-103000
+
+The work is in :mod:`pipeline.bench`; this module only resolves flags, the recipe's ``bench``
+section and the last build into a :class:`pipeline.bench.run.BenchConfig`.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
 
-app = typer.Typer(help="Triton gRPC load test (not built yet).", invoke_without_command=True)
+from pipeline.commands.common import console, err_console, handle_errors
+
+app = typer.Typer(
+    help="Benchmark a Triton deployment (TTFT, ITL, TPOT, throughput) at exact ISL/OSL; `compare` two runs.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    from pipeline.errors import UserError
+
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,8,64") from None
+    if not values or min(values) < 1:
+        raise UserError(f"{flag} {text!r}: values must be >= 1")
+    return values
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    from pipeline.errors import UserError
+
+    try:
+        values = [float(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected comma-separated numbers, e.g. 0.5,2") from None
+    if not values or min(values) <= 0:
+        raise UserError(f"{flag} {text!r}: values must be > 0")
+    return values
+
+
+def parse_scenario(text: str) -> tuple[int, int]:
+    """``"100:2000"`` → ``(100, 2000)`` (ISL, OSL in tokens)."""
+    from pipeline.errors import UserError
+
+    try:
+        isl, osl = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise UserError(f"--scenario {text!r}: expected ISL:OSL, e.g. 100:2000") from None
+    if isl < 1 or osl < 1:
+        raise UserError(f"--scenario {text!r}: ISL and OSL must be >= 1")
+    return isl, osl
+
+
+def parse_goodput(items: list[str]) -> dict[str, float]:
+    """``["ttft:200,itl:20"]`` or ``["ttft:200", "itl:20"]`` → ``{"ttft": 200.0, "itl": 20.0}`` (ms)."""
+    from pipeline.bench.metrics import SLO_KEYS
+    from pipeline.errors import UserError
+
+    out: dict[str, float] = {}
+    for item in items:
+        for part in item.replace(" ", ",").split(","):
+            if not part:
+                continue
+            key, _, value = part.partition(":")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                raise UserError(f"--goodput {part!r}: expected KEY:MS, e.g. ttft:200") from None
+            if key not in SLO_KEYS:
+                raise UserError(f"--goodput {part!r}: unknown SLO {key!r} (use {', '.join(SLO_KEYS)})")
+    return out
+
+
+def _wide(con: Any) -> Any:
+    """``con`` on a terminal; else a 200-column console, so piped tables are not squeezed to 80."""
+    if con.is_terminal:
+        return con
+    from rich.console import Console
+
+    return Console(width=200)
+
+
+def find_tokenizer(build: Path | None) -> Path | None:
+    """The tokenizer of a build: ``triton_repo/preprocessing/tokenizer`` (written by
+    :mod:`pipeline.triton_repo`), else ``quantize/hf_ckpt``; ``None`` when neither has one."""
+    if build is None:
+        return None
+    for cand in (build / "triton_repo" / "preprocessing" / "tokenizer", build / "quantize" / "hf_ckpt"):
+        if (cand / "tokenizer.json").is_file() or (cand / "tokenizer_config.json").is_file():
+            return cand
+    return None
+
+
+def _bench_spec(recipe: Path | None, build: Path | None) -> Any:
+    """The ``bench`` section to start from: ``--recipe``, else the last build's recipe.yaml, else defaults."""
+    from pipeline.recipe.bench import BenchSpec
+    from pipeline.recipe.load import load_recipe
+
+    if recipe is not None:
+        return load_recipe(recipe).bench
+    if build is not None and (build / "recipe.yaml").is_file():
+        try:
+            return load_recipe(build / "recipe.yaml").bench
+        except Exception:  # noqa: BLE001 - a stale last build must not block an explicit bench
+            pass
+    return BenchSpec()
+
+
+@app.callback(invoke_without_command=True)
+@handle_errors
+def bench(
+    ctx: typer.Context,
+    url: Annotated[str, typer.Option("--url", help="Triton gRPC endpoint host:port.")] = "localhost:8001",
+    model: Annotated[str | None, typer.Option("--model", help="ensemble | tensorrt_llm | tensorrt_llm_bls (default: recipe/last build, else ensemble).")] = None,
+    isl: Annotated[int | None, typer.Option("--isl", min=1, help="Input tokens per request (with --osl).")] = None,
+    osl: Annotated[int | None, typer.Option("--osl", min=1, help="Output tokens per request (with --isl).")] = None,
+    scenario: Annotated[list[str] | None, typer.Option("--scenario", help="ISL:OSL, repeatable (e.g. --scenario 100:2000 --scenario 100:100).")] = None,
+    recipe: Annotated[Path | None, typer.Option("--recipe", help="Take defaults from this recipe's bench section.")] = None,
+    concurrency: Annotated[str | None, typer.Option("--concurrency", help="Closed-loop load points, e.g. 1,8,64,256.")] = None,
+    request_rate: Annotated[str | None, typer.Option("--request-rate", help="Open-loop load points in requests/s, e.g. 0.5,2.")] = None,
+    arrival: Annotated[str | None, typer.Option("--arrival", help="poisson | constant (with --request-rate).")] = None,
+    num_requests: Annotated[int | None, typer.Option("--num-requests", min=1, help="Measured requests per load point (default max(4×load, 16)).")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", min=0.1, help="Measure each load point for this many seconds instead.")] = None,
+    warmup: Annotated[int | None, typer.Option("--warmup", min=0, help="Warmup requests per load point (excluded).")] = None,
+    goodput: Annotated[list[str] | None, typer.Option("--goodput", help="SLOs in ms: ttft:200,itl:20 (keys ttft, itl, tpot, e2e; repeatable).")] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, help="Per-request timeout in seconds.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="HF tokenizer dir (default: the last build's).")] = None,
+    dataset: Annotated[Path | None, typer.Option("--dataset", help="JSONL prompts (text/prompt/input_ids) instead of synthetic ones; the ISL of --isl/--scenario is then only a label (each request records its own input tokens).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Run directory (default artifacts/bench/<YYYYmmdd-HHMMSS>).")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the synthetic prompts and Poisson arrivals.")] = None,
+    server_timestamps: Annotated[bool, typer.Option("--server-timestamps", help="Also request the server's perf timestamps (return_perf_metrics).")] = False,
+) -> None:
+    """Benchmark TTFT / ITL / TPOT / throughput at exact ISL/OSL over Triton gRPC (decoupled streaming)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from pipeline import artifacts
+    from pipeline.bench.console import progress_bar, scenario_tables
+    from pipeline.bench.run import BenchConfig, check_outcome, run_bench
+    from pipeline.errors import UserError
+
+    if (isl is None) != (osl is None):
+        raise UserError("--isl and --osl go together (or use --scenario ISL:OSL)")
+    if concurrency and request_rate:
+        raise UserError("--concurrency and --request-rate exclude each other")
+    build = artifacts.last_build()
+    if recipe is not None:
+        candidate = artifacts.default_build_dir(recipe.stem)
+        build = candidate if candidate.is_dir() else build
+    spec = _bench_spec(recipe, build)
+    scenarios = [parse_scenario(s) for s in scenario or []]
+    if isl is not None and osl is not None:
+        scenarios.append((isl, osl))
+    scenarios = scenarios or [(s.isl, s.osl) for s in spec.scenarios]
+    rates = _floats(request_rate, "--request-rate") if request_rate else (None if concurrency else spec.request_rate)
+    tok = tokenizer or find_tokenizer(build)
+    if tokenizer is not None and not tokenizer.is_dir():
+        raise UserError(f"--tokenizer {tokenizer}: no such directory")
+    cfg = BenchConfig(
+        url=url,
+        model=model or spec.model,
+        scenarios=scenarios,
+        concurrency=_ints(concurrency, "--concurrency") if concurrency else list(spec.concurrency),
+        request_rate=rates,
+        arrival=arrival or spec.arrival,
+        num_requests=num_requests if num_requests is not None else spec.num_requests,
+        duration_s=duration,
+        warmup=warmup if warmup is not None else spec.warmup_requests,
+        goodput=parse_goodput(goodput) if goodput else dict(spec.goodput),
+        timeout_s=timeout if timeout is not None else spec.request_timeout_s,
+        tokenizer=tok,
+        dataset=dataset,
+        out=out,
+        seed=seed if seed is not None else spec.seed,
+        perf_metrics=server_timestamps,
+        build_dir=build,
+    )
+    if cfg.arrival not in ("poisson", "constant"):
+        raise UserError(f"--arrival {cfg.arrival!r}: use poisson or constant")
+    with progress_bar(err_console) as start:
+        run, run_dir = run_bench(cfg, on_progress=start, on_status=lambda s: err_console.print(s, highlight=False))
+    con = _wide(console)
+    for table in scenario_tables(run.load_points, goodput=bool(cfg.goodput)):
+        con.print(table)
+    for w in run.warnings:
+        err_console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    con.print(f"results: {run_dir}", highlight=False)
+    check_outcome(run, run_dir)
+
+
+@app.command("compare")
+@handle_errors
+def compare(
+    run_a: Annotated[Path, typer.Argument(help="Baseline run directory (A).")],
+    run_b: Annotated[Path, typer.Argument(help="New run directory (B).")],
+) -> None:
+    """Per scenario × load point: A, B, change in % and better/worse by each metric's direction."""
+    from pipeline.bench.compare import compare_runs, compare_table
+
+    rows = compare_runs(run_a, run_b)
+    _wide(console).print(compare_table(rows, f"B = {run_b}  vs  A = {run_a}"))

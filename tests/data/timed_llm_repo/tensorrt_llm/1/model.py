@@ -12,8 +12,10 @@ at ``arrival + first_token_ms + i * itl_ms``. Each request runs in its own threa
 its absolute deadline (``time.sleep`` of the remainder, measured on ``time.monotonic_ns``), so
 late wake-ups never accumulate and concurrent requests never serialize. ``first_token_ms = 0``
 and ``itl_ms = 0`` stream as fast as the backend can (the client-ceiling model).
-``max_output_tokens > 0`` caps the output (a model that comes back short); ``tokens_per_response``
-groups tokens into one response. Generated token ids cycle through ``token_ids`` (never ``end_id``).
+``lean = 1`` (default) sends ``sequence_length`` only with the final response, to keep the
+per-response cost of the server low at high concurrency. ``max_output_tokens > 0`` caps the output (a model that comes back short); ``tokens_per_response``
+groups tokens into one response. A cancelled request (client gone) stops within 10 tokens, so
+the server can shut down without waiting for it. Generated token ids cycle through ``token_ids`` (never ``end_id``).
 """
 
 import json
@@ -22,6 +24,10 @@ import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+
+#: tokens between cancellation checks (each check is an IPC round trip to the server)
+CANCEL_CHECK_EVERY = 10
 
 
 def _param(cfg, name, default):
@@ -43,6 +49,8 @@ class TritonPythonModel:
         self.tokens_per_response = max(1, _param(cfg, "tokens_per_response", 1))
         self.token_ids = np.array([int(t) for t in _param(cfg, "token_ids", "1000,2000,3000").split(",")], np.int32)
         self.text_interface = _param(cfg, "text_interface", 0) == 1
+        # lean: sequence_length only on the final response (less per-response work at high load)
+        self.lean = _param(cfg, "lean", 1) == 1
 
     def execute(self, requests):
         arrival_ns = time.monotonic_ns()
@@ -67,7 +75,11 @@ class TritonPythonModel:
             first_epoch = None
             sent = 0
             while sent < n:
+                if sent and sent % CANCEL_CHECK_EVERY == 0 and request.is_cancelled():
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # client gone: stop
+                    return
                 k = min(step, n - sent)
+                final_next = sent + k >= n
                 last_index = sent + k - 1
                 deadline = arrival_ns + self.first_ns + last_index * self.itl_ns
                 delay = deadline - time.monotonic_ns()
@@ -82,7 +94,8 @@ class TritonPythonModel:
                     outs.append(pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)))
                 else:
                     outs.append(pb_utils.Tensor("output_ids", ids.reshape(1, k)))
-                    outs.append(pb_utils.Tensor("sequence_length", np.array([sent + k], np.int32)))
+                    if final_next or not self.lean:
+                        outs.append(pb_utils.Tensor("sequence_length", np.array([sent + k], np.int32)))
                 if want_count:
                     outs.append(pb_utils.Tensor("num_output_tokens", np.array([k], np.int32)))
                 sent += k

@@ -1,0 +1,300 @@
+"""Triton gRPC client for decoupled LLM models: preflight checks and one stream per request.
+
+Readiness, metadata and config come from ``tritonclient.grpc.aio.InferenceServerClient``.
+Streaming uses the same gRPC service (``GRPCInferenceServiceStub.ModelStreamInfer`` from
+``tritonclient.grpc.service_pb2_grpc``) on ``grpc.aio`` channels with requests pre-built as
+protobufs, because ``tritonclient.grpc.aio``'s ``stream_infer`` cannot set
+``triton_enable_empty_final_response`` (needed to see the end of a stream whose model sends
+an empty final response) and decodes every response into an ``InferResult`` — CPU we do not
+spend per token. Each request gets its own bidirectional stream, half-closed after the request.
+After the final response the stream is drained until the server ends it: cancelling a stream
+that already completed leaves Triton 2.51 holding the model on shutdown until its exit timeout
+(measured here). Streams that fail, time out or are interrupted are cancelled, so no stream can
+keep the server from shutting down.
+
+Per response the client does only: take ``perf_counter_ns()``, read the token count (the
+``output_ids`` shape, or the ``num_output_tokens`` value; text without a count keeps its bytes
+for counting after the run), append both, and check ``triton_final_response``.
+
+Tensor names and dtypes: reference triton-model-repository.md §3.4.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import time
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from pipeline.bench.prompts import Prompt
+from pipeline.bench.records import RequestRecord
+from pipeline.errors import UserError
+
+#: streams per gRPC channel before another channel is opened (HTTP/2 concurrent-stream headroom)
+STREAMS_PER_CHANNEL = 128
+#: ``end_id`` that no sampled token can equal, so EOS never ends a request early (NVIDIA's GH200
+#: gptManagerBenchmark recipe used ``--eos_id -1``; benchmark-metrics.md §5.2); min_tokens = OSL too
+NEVER_END_ID = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What preflight learned: interface, declared tensors and the raw metadata/config JSON.
+
+    ``interface`` is ``"tokens"`` (``input_ids`` in, ``output_ids`` out: ``tensorrt_llm``) or
+    ``"text"`` (``text_input`` in, ``text_output`` out: ``ensemble``/``tensorrt_llm_bls``).
+    ``max_batch_size > 0`` means every input carries a leading batch dimension of 1.
+    """
+
+    name: str
+    interface: str
+    inputs: dict[str, str]
+    outputs: tuple[str, ...]
+    max_batch_size: int
+    server: dict[str, Any]
+    metadata: dict[str, Any]
+    config: dict[str, Any]
+
+
+def normalize_url(url: str) -> str:
+    """``host:port`` from ``host:port``, ``grpc://host:port`` or ``http://host:port``."""
+    for scheme in ("grpc://", "http://", "https://"):
+        if url.startswith(scheme):
+            url = url[len(scheme):]
+    return url.rstrip("/")
+
+
+async def preflight(url: str, model: str, timeout_s: float = 5.0) -> ModelInfo:
+    """Check server live/ready, model ready, decoupled, and read metadata/config — before any load.
+
+    Raises:
+        UserError: server unreachable or not ready, model missing/not ready/not decoupled, or a
+            model whose inputs are neither the token (``input_ids``) nor the text (``text_input``)
+            interface. One line naming the URL or model.
+    """
+    import tritonclient.grpc.aio as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        try:
+            if not await client.is_server_live(client_timeout=timeout_s):
+                raise UserError(f"Triton at {url} is not live")
+            if not await client.is_server_ready(client_timeout=timeout_s):
+                raise UserError(f"Triton at {url} is live but not ready (models still loading or failed)")
+        except InferenceServerException as e:
+            raise UserError(f"Triton is not reachable at {url} (gRPC): {_one_line(e)}") from None
+        try:
+            ready = await client.is_model_ready(model, client_timeout=timeout_s)
+        except InferenceServerException as e:
+            raise UserError(f"model {model!r} on {url}: {_one_line(e)}") from None
+        if not ready:
+            index = await client.get_model_repository_index(as_json=True, client_timeout=timeout_s)
+            names = sorted({m.get("name", "?") for m in index.get("models", [])})
+            raise UserError(f"model {model!r} is not ready on {url} (models there: {', '.join(names) or 'none'})")
+        server = await client.get_server_metadata(as_json=True, client_timeout=timeout_s)
+        meta = await client.get_model_metadata(model, as_json=True, client_timeout=timeout_s)
+        config = (await client.get_model_config(model, as_json=True, client_timeout=timeout_s)).get("config", {})
+    finally:
+        await client.close()
+    inputs = {t["name"]: t["datatype"] for t in meta.get("inputs", [])}
+    outputs = tuple(t["name"] for t in meta.get("outputs", []))
+    if "input_ids" in inputs:
+        interface = "tokens"
+    elif "text_input" in inputs:
+        interface = "text"
+    else:
+        raise UserError(f"model {model!r} has neither `input_ids` nor `text_input` inputs: not a TensorRT-LLM LLM model")
+    if not config.get("model_transaction_policy", {}).get("decoupled", False):
+        raise UserError(f"model {model!r} is not decoupled: the bench needs streaming (serving.decoupled_mode: true)")
+    return ModelInfo(model, interface, inputs, outputs, int(config.get("max_batch_size", 0)), server, meta, config)
+
+
+def _one_line(e: BaseException) -> str:
+    text = e.message() if hasattr(e, "message") and callable(e.message) else str(e)
+    return " ".join(str(text).split())[:300]
+
+
+def _add(req: service_pb2.ModelInferRequest, name: str, datatype: str, arr: np.ndarray) -> None:
+    t = req.inputs.add()
+    t.name, t.datatype = name, datatype
+    t.shape.extend(arr.shape)
+    if datatype == "BYTES":
+        req.raw_input_contents.append(b"".join(len(b).to_bytes(4, "little") + b for b in arr.reshape(-1)))
+    else:
+        req.raw_input_contents.append(np.ascontiguousarray(arr).tobytes())
+
+
+def build_request(
+    info: ModelInfo, prompt: Prompt, osl: int, *, request_id: str, ignore_eos: bool = True, perf_metrics: bool = False
+) -> service_pb2.ModelInferRequest:
+    """The streaming inference request for one prompt with exactly ``osl`` output tokens.
+
+    Sends ``request_output_len``/``max_tokens = osl`` and ``min_tokens = osl`` (exact OSL,
+    benchmark-metrics.md §5.2), streaming on, ``return_num_output_tokens`` (text interface: the
+    token interface counts ``output_ids`` itself), ``exclude_input_in_output`` (text), and when
+    ``ignore_eos`` ``end_id = -1`` — each only if the model declares that input.
+    """
+    req = service_pb2.ModelInferRequest(model_name=info.name, id=request_id)
+    req.parameters["triton_enable_empty_final_response"].bool_param = True
+
+    def scalar(name: str, dt: str, value: Any) -> None:
+        if name in info.inputs:
+            arr = np.array([value], dtype={"INT32": np.int32, "BOOL": np.bool_, "BYTES": np.object_}[dt])
+            _add(req, name, dt, arr.reshape(1, 1) if info.max_batch_size > 0 else arr)
+
+    if info.interface == "tokens":
+        if prompt.ids is None:
+            raise UserError(f"model {info.name!r} takes token ids; the prompt has none")
+        ids = prompt.ids.astype(np.int32)
+        _add(req, "input_ids", "INT32", ids.reshape(1, -1) if info.max_batch_size > 0 else ids)
+        scalar("input_lengths", "INT32", len(ids))
+        scalar("request_output_len", "INT32", osl)
+        scalar("streaming", "BOOL", True)
+    else:
+        if prompt.text is None:
+            raise UserError(f"model {info.name!r} takes text; the prompt has none")
+        scalar("text_input", "BYTES", prompt.text.encode())
+        scalar("max_tokens", "INT32", osl)
+        scalar("stream", "BOOL", True)
+        scalar("exclude_input_in_output", "BOOL", True)
+    scalar("min_tokens", "INT32", osl)
+    if info.interface == "text":  # token ids are counted from output_ids; text needs the server's count
+        scalar("return_num_output_tokens", "BOOL", True)
+    if ignore_eos:
+        scalar("end_id", "INT32", NEVER_END_ID)
+    if perf_metrics:
+        scalar("return_perf_metrics", "BOOL", True)
+    return req
+
+
+class StreamClient:
+    """Runs requests as decoupled gRPC streams and records receipt times into records.
+
+    Args:
+        url: ``host:port`` of Triton's gRPC endpoint.
+        info: the model, from :func:`preflight`.
+        timeout_s: per-request deadline in seconds (gRPC deadline; error ``timeout``).
+        max_streams: the most streams in flight at once (sizes the channel pool).
+    """
+
+    def __init__(self, url: str, info: ModelInfo, *, timeout_s: float, max_streams: int = 1) -> None:
+        self.info = info
+        self.timeout_s = timeout_s
+        opts = [("grpc.max_receive_message_length", -1), ("grpc.use_local_subchannel_pool", 1)]
+        n = max(1, math.ceil(max_streams / STREAMS_PER_CHANNEL))
+        self._channels = [grpc.aio.insecure_channel(url, options=opts) for _ in range(n)]
+        self._stubs = [service_pb2_grpc.GRPCInferenceServiceStub(c) for c in self._channels]
+        self._next = 0
+        self._active: set[Any] = set()
+        self._stopping = False
+        self._tokens = info.interface == "tokens"
+
+    async def stream(self, request: service_pb2.ModelInferRequest, rec: RequestRecord) -> None:
+        """Send ``request`` and record every response into ``rec``; never raises for request
+        failures (they become ``rec.error``), only re-raises a cancellation we did not start.
+
+        ``rec.end_ns`` is the receipt of the final response; the call returns once the server
+        closed the stream (right after the final response)."""
+        stub = self._stubs[self._next % len(self._stubs)]
+        self._next += 1
+        rec.start_ns = time.perf_counter_ns()
+        call = stub.ModelStreamInfer(iter((request,)), timeout=self.timeout_s)
+        self._active.add(call)
+        response_ns, response_tokens = rec.response_ns, rec.response_tokens
+        try:
+            async for resp in call:
+                now = time.perf_counter_ns()
+                if rec.end_ns is not None:  # after the final response: only drain the stream
+                    continue
+                if resp.error_message:
+                    rec.end_ns, rec.error = now, "server error: " + " ".join(resp.error_message.split())[:300]
+                    continue
+                ir = resp.infer_response
+                n = self._count(ir, rec)
+                if n:
+                    response_ns.append(now)
+                    response_tokens.append(n)
+                final = ir.parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    rec.end_ns = now
+                    if "last_token_time_ns" in self.info.outputs:
+                        rec.server = _perf_times(ir)
+            if rec.end_ns is None:
+                rec.end_ns = time.perf_counter_ns()
+                rec.error = "stream closed without a final response"
+        except grpc.aio.AioRpcError as e:
+            if rec.end_ns is not None:  # failed while draining a finished request: keep the result
+                return
+            rec.end_ns = time.perf_counter_ns()
+            code = e.code()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                rec.error = f"timeout after {self.timeout_s:g} s"
+            else:
+                rec.error = f"{code.name}: {' '.join(str(e.details()).split())[:300]}"
+        except asyncio.CancelledError:
+            if rec.end_ns is None:
+                rec.end_ns = time.perf_counter_ns()
+                rec.error = "cancelled"
+            if not self._stopping:
+                raise
+        finally:
+            self._active.discard(call)
+            if not call.done():
+                call.cancel()
+            _fix_cumulative_counts(rec)
+
+    def _count(self, ir: Any, rec: RequestRecord) -> int:
+        """Tokens in one response: ``output_ids`` length, ``num_output_tokens``, or ``-1`` (text kept)."""
+        names = [o.name for o in ir.outputs]
+        if self._tokens and "output_ids" in names:
+            shape = ir.outputs[names.index("output_ids")].shape
+            return int(shape[-1]) if shape else 0
+        if "num_output_tokens" in names:
+            i = names.index("num_output_tokens")
+            return int.from_bytes(ir.raw_output_contents[i][:4], "little", signed=True)
+        if "text_output" in names:
+            raw = ir.raw_output_contents[names.index("text_output")]
+            if rec.response_text is None:
+                rec.response_text = []
+            rec.response_text.append(raw[4:])
+            return -1
+        return 0
+
+    def stop(self) -> None:
+        """Cancel every stream in flight (Ctrl-C); their records end with error ``cancelled``."""
+        self._stopping = True
+        for call in list(self._active):
+            call.cancel()
+
+    async def close(self) -> None:
+        """Cancel what is left and close the channels."""
+        self.stop()
+        for c in self._channels:
+            await c.close()
+
+
+def _perf_times(ir: Any) -> dict[str, int]:
+    out = {}
+    for i, o in enumerate(ir.outputs):
+        if o.name.endswith("_time_ns") and i < len(ir.raw_output_contents):
+            out[o.name] = int.from_bytes(ir.raw_output_contents[i][:8], "little", signed=True)
+    return out
+
+
+def _fix_cumulative_counts(rec: RequestRecord) -> None:
+    """Turn cumulative ``num_output_tokens`` into per-response counts (once per request).
+
+    A server may report the running total instead of the tokens in each response. The sum of
+    per-response counts can never exceed what was asked (``max_tokens``), so a strictly
+    increasing series whose sum does proves running totals; it is differenced.
+    """
+    c = rec.response_tokens
+    if len(c) >= 2 and -1 not in c and all(b > a for a, b in zip(c, c[1:])) and sum(c) > rec.requested_tokens >= c[-1]:
+        rec.response_tokens = [c[0]] + [b - a for a, b in zip(c, c[1:])]
+

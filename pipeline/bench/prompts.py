@@ -1,0 +1,146 @@
+"""Prompts of an exact input length (ISL, tokens): synthetic token ids, text, or a JSONL dataset.
+
+* Token interface (``tensorrt_llm``): ISL ids drawn uniformly from the vocabulary with a seeded
+  RNG, special tokens excluded — trtllm-bench's ``token-norm-dist`` with stdev 0
+  (benchmark-metrics.md §5.2). Without a tokenizer the ids come from ``[1000, 32000)``, valid
+  for any vocabulary of at least 32 000 entries (Llama-2 and larger).
+* Text interface (``ensemble``/``tensorrt_llm_bls``): random vocabulary words decoded to text,
+  then re-encoded with the model's tokenizer and fixed up (trim/extend) until the text encodes to
+  exactly ISL tokens (``add_special_tokens=False``, as TensorRT-LLM's preprocessing counts
+  the prompt by default). Raises when it cannot converge.
+* Dataset: JSONL lines with ``"text"``/``"prompt"`` (text) or ``"input_ids"`` (tokens); the
+  length is whatever the line holds (counted with the tokenizer when one is given).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import UserError
+
+#: id range used without a tokenizer (any vocabulary of ≥ 32 000 tokens contains it)
+FALLBACK_ID_RANGE = (1000, 32000)
+_MAX_FIXUPS = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """One prompt: token ids and/or text, and its length in tokens."""
+
+    num_tokens: int
+    ids: np.ndarray | None = None
+    text: str | None = None
+
+
+def _allowed_ids(tokenizer: Any) -> np.ndarray:
+    """Vocabulary ids that are not special tokens (added/control tokens excluded)."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    special |= set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    n = len(tokenizer)
+    return np.array([i for i in range(n) if i not in special], dtype=np.int32)
+
+
+def token_prompts(n: int, isl: int, *, seed: int, tokenizer: Any = None) -> list[Prompt]:
+    """``n`` prompts of exactly ``isl`` random token ids (seeded; special tokens excluded)."""
+    rng = np.random.default_rng(seed)
+    if tokenizer is not None:
+        pool = _allowed_ids(tokenizer)
+        return [Prompt(isl, ids=rng.choice(pool, size=isl).astype(np.int32)) for _ in range(n)]
+    lo, hi = FALLBACK_ID_RANGE
+    return [Prompt(isl, ids=rng.integers(lo, hi, size=isl, dtype=np.int32)) for _ in range(n)]
+
+
+def _word_ids(tokenizer: Any) -> np.ndarray:
+    """Ids of plain word tokens (letters, optionally a leading space) — these re-tokenize stably."""
+    pool = _allowed_ids(tokenizer)
+    words = []
+    for i in pool.tolist():
+        s = tokenizer.decode([i])
+        core = s[1:] if s.startswith(" ") else s
+        if s.startswith(" ") and 2 <= len(core) <= 10 and core.isascii() and core.isalpha():
+            words.append(i)
+    return np.array(words or pool.tolist(), dtype=np.int32)
+
+
+def exact_text(tokenizer: Any, isl: int, rng: np.random.Generator, words: np.ndarray | None = None) -> str:
+    """Text that encodes to exactly ``isl`` tokens with ``tokenizer`` (``add_special_tokens=False``).
+
+    Raises:
+        UserError: no exact text found after 50 fix-ups (a tokenizer that merges everything).
+    """
+    words = _word_ids(tokenizer) if words is None else words
+    ids = rng.choice(words, size=isl).tolist()
+    for _ in range(_MAX_FIXUPS):
+        text = tokenizer.decode(ids).strip()
+        got = tokenizer.encode(text, add_special_tokens=False)
+        if len(got) == isl:
+            return text
+        if len(got) > isl:
+            ids = got[:isl]
+        else:
+            ids = got + rng.choice(words, size=isl - len(got)).tolist()
+    raise UserError(f"could not build a text prompt of exactly {isl} tokens with this tokenizer")
+
+
+def text_prompts(n: int, isl: int, *, seed: int, tokenizer: Any) -> list[Prompt]:
+    """``n`` texts of exactly ``isl`` tokens each (verified by re-encoding)."""
+    rng = np.random.default_rng(seed)
+    words = _word_ids(tokenizer)
+    return [Prompt(isl, text=exact_text(tokenizer, isl, rng, words)) for _ in range(n)]
+
+
+def dataset_prompts(path: Path, *, tokenizer: Any = None, limit: int | None = None) -> list[Prompt]:
+    """Prompts from a JSONL file (``text``/``prompt`` or ``input_ids`` per line).
+
+    Raises:
+        UserError: missing file, bad JSON (names the line), or a line without a prompt field.
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read dataset ({e.strerror})") from None
+    out: list[Prompt] = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise UserError(f"{path}:{lineno}: not valid JSON") from None
+        if isinstance(row, dict) and "input_ids" in row:
+            ids = np.asarray(row["input_ids"], dtype=np.int32)
+            text = tokenizer.decode(ids.tolist()) if tokenizer is not None else None
+            out.append(Prompt(len(ids), ids=ids, text=text))
+        elif isinstance(row, dict) and isinstance(row.get("text", row.get("prompt")), str):
+            text = row.get("text", row.get("prompt"))
+            ids = np.asarray(tokenizer.encode(text, add_special_tokens=False), np.int32) if tokenizer is not None else None
+            out.append(Prompt(len(ids) if ids is not None else -1, ids=ids, text=text))
+        else:
+            raise UserError(f"{path}:{lineno}: expected an object with `text`, `prompt` or `input_ids`")
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise UserError(f"{path}: no prompts in dataset")
+    return out
+
+
+def load_tokenizer(path: Path) -> Any:
+    """A Hugging Face tokenizer from a local directory (offline).
+
+    Raises:
+        UserError: the directory has no loadable tokenizer.
+    """
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # tokenizer-config advisories are noise on a bench console
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - any loader failure is the same user-facing problem
+        raise UserError(f"{path}: no usable tokenizer ({' '.join(str(e).split())[:200]})") from None

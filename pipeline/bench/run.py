@@ -1,0 +1,292 @@
+"""One benchmark run: preflight → prompts → scenarios × load points (warmup, measure) → export.
+
+:func:`run_bench` is the whole ``trtpipe bench``. It talks to the server only after preflight
+(:func:`pipeline.bench.client.preflight`) succeeded, so an unreachable server is one
+:class:`~pipeline.errors.UserError` (exit 2) before any load. Faults during the run:
+
+* a request that fails or times out is recorded (``error``) and counted; the run goes on;
+* the server going away (gRPC ``UNAVAILABLE``) stops the run; partial results are written and
+  :class:`~pipeline.errors.StageError` (exit 1) is raised;
+* Ctrl-C cancels the streams in flight, writes what was measured, then raises
+  ``KeyboardInterrupt`` (exit 130).
+
+The client measures its own CPU time (``time.process_time`` over wall time, all threads incl.
+gRPC's) per load point and warns when it exceeds :data:`CPU_WARN_FRACTION` of one core: the
+client may then have limited the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as _dt
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipeline.bench import client as bclient
+from pipeline.bench import metrics as bmetrics
+from pipeline.bench.loadgen import Schedule, make_schedule, run_concurrency, run_request_rate
+from pipeline.bench.prompts import Prompt, dataset_prompts, load_tokenizer, text_prompts, token_prompts
+from pipeline.bench.records import RequestRecord, count_text_tokens
+from pipeline.errors import StageError, UserError
+
+#: client CPU (fraction of one core) above which the result may be client-bound
+CPU_WARN_FRACTION = 0.7
+#: distinct synthetic prompts per scenario; requests cycle through them
+MAX_UNIQUE_PROMPTS = 512
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    """Everything one run needs (CLI flags, or a recipe's ``bench`` section, resolved).
+
+    Units: ``request_rate`` requests/s, ``duration_s``/``timeout_s`` s, ``goodput`` ms.
+    Exactly one of ``concurrency``/``request_rate`` is used (``request_rate`` wins when set).
+    ``num_requests=None`` means ``max(4 × concurrency, 16)`` per load point (``max(4 × rate,
+    16)`` in rate mode).
+    """
+
+    url: str = "localhost:8001"
+    model: str = "ensemble"
+    scenarios: list[tuple[int, int]] = dataclasses.field(default_factory=lambda: [(100, 2000)])
+    concurrency: list[int] = dataclasses.field(default_factory=lambda: [1, 8, 64, 256])
+    request_rate: list[float] | None = None
+    arrival: str = "poisson"
+    num_requests: int | None = None
+    duration_s: float | None = None
+    warmup: int = 2
+    goodput: dict[str, float] = dataclasses.field(default_factory=dict)
+    timeout_s: float = 600.0
+    tokenizer: Path | None = None
+    dataset: Path | None = None
+    out: Path | None = None
+    seed: int = 0
+    ignore_eos: bool = True
+    perf_metrics: bool = False
+    build_dir: Path | None = None
+
+    def load_points(self) -> list[tuple[Schedule, float]]:
+        """``[(mode, value)]``: concurrency values, or request rates with the arrival schedule."""
+        if self.request_rate:
+            return [(Schedule(self.arrival), float(r)) for r in self.request_rate]
+        return [(Schedule.CONCURRENCY, float(c)) for c in self.concurrency]
+
+    def requests_for(self, value: float) -> int:
+        """Measured requests of one load point (concurrency or rate ``value``)."""
+        return self.num_requests if self.num_requests is not None else max(int(4 * value), 16)
+
+
+def load_label(mode: Schedule, value: float) -> str:
+    """``c8`` for concurrency 8, ``r2.5`` for 2.5 requests/s."""
+    return f"c{int(value)}" if mode is Schedule.CONCURRENCY else f"r{value:g}"
+
+
+@dataclasses.dataclass
+class BenchRun:
+    """The state of a run, filled as it goes; exported even when the run stops early."""
+
+    config: BenchConfig
+    started_at: str
+    t0_ns: int
+    t0_epoch_ns: int = 0
+    info: bclient.ModelInfo | None = None
+    tokenizer_path: str | None = None
+    records: list[RequestRecord] = dataclasses.field(default_factory=list)
+    load_points: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    interrupted: bool = False
+    aborted: str | None = None
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+
+def make_prompts(cfg: BenchConfig, info: bclient.ModelInfo, isl: int, n: int, tokenizer: Any) -> list[Prompt]:
+    """``n`` (≤ :data:`MAX_UNIQUE_PROMPTS`) prompts of exactly ``isl`` tokens for the model's interface."""
+    n = min(n, MAX_UNIQUE_PROMPTS)
+    if cfg.dataset is not None:
+        prompts = dataset_prompts(cfg.dataset, tokenizer=tokenizer)
+        if info.interface == "tokens" and prompts[0].ids is None:
+            raise UserError(f"{cfg.dataset}: text prompts for model {info.name!r} (token ids) need --tokenizer")
+        return prompts
+    if info.interface == "text":
+        if tokenizer is None:
+            raise UserError(
+                f"model {info.name!r} takes text: exact-ISL prompts need its tokenizer — pass --tokenizer DIR "
+                "(no tokenizer found in the last build)"
+            )
+        return text_prompts(n, isl, seed=cfg.seed + isl, tokenizer=tokenizer)
+    return token_prompts(n, isl, seed=cfg.seed + isl, tokenizer=tokenizer)
+
+
+async def _run_async(cfg: BenchConfig, run: BenchRun, tokenizer: Any, on_progress: Callable[..., Any]) -> None:
+    info = run.info
+    assert info is not None
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    points = cfg.load_points()
+    max_streams = max(int(v) for m, v in points) if points[0][0] is Schedule.CONCURRENCY else 1024
+    client = bclient.StreamClient(cfg.url, info, timeout_s=cfg.timeout_s, max_streams=max_streams)
+
+    def on_sigint() -> None:
+        if run.interrupted:  # second Ctrl-C: give up on a clean stop
+            raise KeyboardInterrupt
+        run.interrupted = True
+        stop.set()
+        client.stop()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    except (NotImplementedError, RuntimeError):  # not the main thread (tests): no handler
+        pass
+    try:
+        for isl, osl in cfg.scenarios:
+            scenario = f"{isl}:{osl}"
+            most = max(cfg.warmup + cfg.requests_for(v) for _, v in points)
+            prompts = make_prompts(cfg, info, isl, most, tokenizer)
+            requests = [
+                bclient.build_request(info, p, osl, request_id="", ignore_eos=cfg.ignore_eos, perf_metrics=cfg.perf_metrics)
+                for p in prompts
+            ]
+            for mode, value in points:
+                if stop.is_set():
+                    return
+                await _load_point(cfg, run, client, stop, scenario, isl, osl, mode, value, prompts, requests, on_progress)
+    finally:
+        try:
+            loop.remove_signal_handler(signal.SIGINT)
+        except (NotImplementedError, RuntimeError):
+            pass
+        await client.close()
+
+
+async def _load_point(cfg, run, client, stop, scenario, isl, osl, mode, value, prompts, requests, on_progress) -> None:  # noqa: ANN001
+    label = load_label(mode, value)
+    n_measure = cfg.requests_for(value)
+    total = cfg.warmup + n_measure
+    progress = on_progress(f"{scenario} {label}", total)
+
+    def sender(warmup: bool) -> Callable[[int], Any]:
+        async def send(i: int) -> None:
+            k = i % len(requests)
+            rec = RequestRecord(scenario, label, i, warmup, prompts[k].num_tokens, osl)
+            run.records.append(rec)
+            await client.stream(requests[k], rec)
+            if rec.error and rec.error.startswith("UNAVAILABLE") and not stop.is_set():
+                run.aborted = f"server became unreachable during {scenario} {label}: {rec.error}"
+                stop.set()
+            progress(1)
+
+        return send
+
+    async def phase(warmup: bool, n: int, first: int) -> int:
+        if mode is Schedule.CONCURRENCY:
+            return await run_concurrency(
+                sender(warmup), concurrency=int(value), num_requests=n, duration_s=None if warmup else cfg.duration_s,
+                stop=stop, first_index=first,
+            )
+        sched = make_schedule(mode, value, seed=cfg.seed)
+        return await run_request_rate(
+            sender(warmup), sched, num_requests=n, duration_s=None if warmup else cfg.duration_s, stop=stop, first_index=first
+        )
+
+    if cfg.warmup:
+        await phase(True, cfg.warmup, 0)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    sent = await phase(False, n_measure if cfg.duration_s is None else 10**9, cfg.warmup)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    frac = cpu / wall if wall > 0 else 0.0
+    point = {
+        "scenario": scenario, "isl": isl, "osl": osl, "mode": mode.value, "load": label,
+        "concurrency": int(value) if mode is Schedule.CONCURRENCY else None,
+        "request_rate": value if mode is not Schedule.CONCURRENCY else None,
+        "requests_sent": sent, "client_cpu_s": cpu, "wall_s": wall, "client_cpu_fraction": frac,
+    }
+    if frac > CPU_WARN_FRACTION:
+        run.warnings.append(
+            f"{scenario} {label}: the bench client used {frac:.0%} of one core — it may have limited this result"
+        )
+    run.load_points.append(point)
+
+
+def summarize_run(run: BenchRun) -> None:
+    """Fill each load point's ``summary`` from the records (after text token counting)."""
+    for point in run.load_points:
+        recs = [r for r in run.records if r.scenario == point["scenario"] and r.load == point["load"]]
+        point["summary"] = bmetrics.summarize(recs, run.config.goodput)
+
+
+def run_bench(
+    cfg: BenchConfig,
+    *,
+    on_progress: Callable[[str, int], Callable[[int], None]] | None = None,
+    on_status: Callable[[str], None] | None = None,
+) -> tuple[BenchRun, Path]:
+    """Run the benchmark described by ``cfg`` and write its run directory.
+
+    Args:
+        cfg: the resolved configuration.
+        on_progress: ``(description, total) -> advance(n)`` for a progress display.
+        on_status: receives one-line status messages.
+
+    Returns:
+        The run state and the run directory (``cfg.out`` or ``artifacts/bench/<YYYYmmdd-HHMMSS>``).
+        Failures, a lost server and Ctrl-C are recorded in the run (see :func:`check_outcome`).
+
+    Raises:
+        UserError: unreachable server / model problems (before any load), bad inputs.
+    """
+    from pipeline.bench import exporters
+
+    status = on_status or (lambda s: None)
+    progress = on_progress or (lambda d, t: (lambda n: None))
+    url = bclient.normalize_url(cfg.url)
+    cfg = dataclasses.replace(cfg, url=url)
+    info = asyncio.run(bclient.preflight(url, cfg.model))
+    status(f"{info.name} on {url}: {info.interface} interface, Triton {info.server.get('version', '?')}")
+    if info.interface == "text" and cfg.tokenizer is None and cfg.dataset is None:
+        raise UserError(
+            f"model {info.name!r} takes text: exact-ISL prompts need its tokenizer — pass --tokenizer DIR "
+            "(no tokenizer found in the last build)"
+        )
+    tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer is not None else None
+    now = _dt.datetime.now()
+    out = cfg.out or Path("artifacts") / "bench" / now.strftime("%Y%m%d-%H%M%S")
+    run = BenchRun(cfg, started_at=now.astimezone().isoformat(timespec="seconds"), t0_ns=time.perf_counter_ns(), info=info,
+                   t0_epoch_ns=time.time_ns(),
+                   tokenizer_path=None if cfg.tokenizer is None else str(cfg.tokenizer))
+    try:
+        asyncio.run(_run_async(cfg, run, tokenizer, progress))
+    except KeyboardInterrupt:
+        run.interrupted = True
+    finally:
+        if tokenizer is not None:
+            count_text_tokens(run.records, lambda t: len(tokenizer.encode(t, add_special_tokens=False)))
+        elif any(-1 in r.response_tokens for r in run.records):
+            run.warnings.append("text responses without num_output_tokens and no tokenizer: output tokens not counted")
+        summarize_run(run)
+        short = sum(p["summary"]["counts"]["short"] for p in run.load_points)
+        if short:
+            run.warnings.append(f"{short} request(s) came back with fewer than OSL tokens (see `short` per load point)")
+        exporters.write_run(out, run)
+    return run, out
+
+
+def check_outcome(run: BenchRun, out: Path) -> None:
+    """Raise for a run that did not complete cleanly (call after showing the results).
+
+    Raises:
+        KeyboardInterrupt: the run was stopped with Ctrl-C (exit 130).
+        StageError: the server went away, or measured requests failed (exit 1).
+    """
+    if run.interrupted:
+        raise KeyboardInterrupt
+    if run.aborted:
+        raise StageError(f"{run.aborted}; partial results in {out}")
+    failed = sum(p["summary"]["counts"]["failed"] for p in run.load_points)
+    if failed:
+        raise StageError(f"{failed} request(s) failed (first: {_first_error(run)}); results in {out}")
+
+
+def _first_error(run: BenchRun) -> str:
+    return next((r.error for r in run.records if r.error and not r.warmup), "?") or "?"

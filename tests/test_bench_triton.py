@@ -1,0 +1,185 @@
+"""``trtpipe bench`` against the real Triton 2.51 (CPU, nvidia-pytriton) on ``tests/data/timed_llm_repo``.
+
+The timed ``tensorrt_llm`` model emits its first token 50 ms after a request arrives and then
+one every 10 ms (deadline-scheduled, a thread per request), and reports its own timeline; see
+:mod:`pipeline.bench.fidelity` for how the truth and the error are defined.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.bench.fidelity import fidelity_report, reference_response_path, tolerance_ms
+from pipeline.bench.run import BenchConfig, check_outcome, run_bench
+from pipeline.errors import StageError
+from pipeline.serve import TritonServer, free_port
+
+pytestmark = pytest.mark.triton
+
+REPO = Path(__file__).resolve().parents[1]
+TIMED_REPO = REPO / "tests" / "data" / "timed_llm_repo"
+TRTPIPE = str(Path(sys.executable).parent / "trtpipe")
+TMP_SMOLLM2 = Path("/tmp/smollm2_hf")
+
+
+def _server(log: Path) -> TritonServer:
+    return TritonServer(TIMED_REPO, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                        log_file=log, ready_timeout_s=90)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with _server(tmp_path_factory.mktemp("triton") / "server.log") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def response_floor(server):
+    return reference_response_path(server.grpc_url)
+
+
+def _fidelity(server, floor, c, out):
+    cfg = BenchConfig(url=server.grpc_url, model="tensorrt_llm", scenarios=[(32, 20)], concurrency=[c],
+                      num_requests=max(3 * c, 16), warmup=min(c, 8), out=out, timeout_s=60, perf_metrics=True, seed=c)
+    run, out = run_bench(cfg)
+    check_outcome(run, out)
+    (row,) = fidelity_report(json.loads((out / "bench.json").read_text()), response_floor_ms=floor)
+    return row
+
+
+@pytest.mark.parametrize("concurrency", [1, 16])
+def test_ttft_and_itl_match_the_truth(server, response_floor, concurrency, tmp_path):
+    row = _fidelity(server, response_floor, concurrency, tmp_path / "run")
+    assert abs(row["ttft_error"]) <= tolerance_ms(row["truth_ttft"]), row
+    assert abs(row["itl_error"]) <= tolerance_ms(row["truth_itl"]), row
+    assert abs(row["model_ttft"] - 50.0) < 2.0 and abs(row["truth_itl"] - 10.0) < 0.5, row  # the model kept time
+
+
+@pytest.mark.slow
+def test_ttft_and_itl_match_the_truth_at_64(server, response_floor, tmp_path):
+    """Needs a server that can send 6 400 responses/s: saturated on a busy 2-core machine."""
+    row = _fidelity(server, response_floor, 64, tmp_path / "run")
+    assert abs(row["ttft_error"]) <= tolerance_ms(row["truth_ttft"]), row
+    assert abs(row["itl_error"]) <= tolerance_ms(row["truth_itl"]), row
+
+
+def test_short_requests_are_detected(server, tmp_path):
+    cfg = BenchConfig(url=server.grpc_url, model="tensorrt_llm_short", scenarios=[(16, 8)], concurrency=[2],
+                      num_requests=6, warmup=1, out=tmp_path / "run")
+    run, out = run_bench(cfg)
+    check_outcome(run, out)  # short is a warning, not a failure
+    counts = run.load_points[0]["summary"]["counts"]
+    assert counts["short"] == 6 and counts["completed"] == 6 and counts["output_tokens"] == 30
+    assert any("fewer than OSL" in w for w in run.warnings)
+    row = next(csv_row for csv_row in (out / "summary.csv").read_text().splitlines()[1:])
+    assert ",6,6,0,6," in row  # requests, completed, failed, short
+
+
+def test_text_interface_exact_isl_and_counted_osl(server, tmp_path):
+    tok = TMP_SMOLLM2 if (TMP_SMOLLM2 / "tokenizer.json").is_file() else None
+    if tok is None:
+        from pipeline.sources import embedded_smollm2_dir
+
+        tok = embedded_smollm2_dir()
+    cfg = BenchConfig(url=server.grpc_url, model="ensemble", scenarios=[(40, 6)], concurrency=[4], num_requests=8,
+                      warmup=0, tokenizer=tok, out=tmp_path / "run", goodput={"ttft": 1000, "itl": 100})
+    run, out = run_bench(cfg)
+    check_outcome(run, out)
+    s = run.load_points[0]["summary"]
+    assert s["metrics"]["input_sequence_length"]["min"] == s["metrics"]["input_sequence_length"]["max"] == 40
+    assert s["counts"]["output_tokens"] == 48 and s["counts"]["short"] == 0 and s["counts"]["good"] == 8
+
+
+def test_request_timeout_fails_requests_and_closes_streams(server, tmp_path):
+    cfg = BenchConfig(url=server.grpc_url, model="tensorrt_llm", scenarios=[(8, 50)], concurrency=[4], num_requests=4,
+                      warmup=0, timeout_s=0.2, out=tmp_path / "run")
+    run, out = run_bench(cfg)
+    assert run.load_points[0]["summary"]["counts"]["failed"] == 4
+    assert all(r.error == "timeout after 0.2 s" for r in run.records)
+    with pytest.raises(StageError, match="4 request\\(s\\) failed"):
+        check_outcome(run, out)
+
+
+def test_cli_run_writes_table_json_csv_and_plots(server, tmp_path):
+    out = tmp_path / "run"
+    p = subprocess.run([TRTPIPE, "bench", "--url", server.grpc_url, "--model", "tensorrt_llm", "--scenario", "16:8",
+                        "--scenario", "8:4", "--concurrency", "1,4", "--num-requests", "8", "--warmup", "1",
+                        "--goodput", "ttft:200,itl:20", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120, env={"COLUMNS": "250", "PATH": str(Path(sys.executable).parent)})
+    assert p.returncode == 0, p.stderr
+    assert "ISL:OSL 16:8" in p.stdout and "ISL:OSL 8:4" in p.stdout and "goodput" in p.stdout
+    rows = (out / "summary.csv").read_text().splitlines()
+    assert len(rows) == 1 + 4
+    assert len(list((out / "plots").glob("*.png"))) == 4
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["environment"]["triton_server"]["version"] == "2.51.0"
+    assert len([r for r in doc["requests"] if not r["warmup"]]) == 32
+
+
+def test_cli_text_model_without_tokenizer_is_one_clear_error(server, tmp_path):
+    # cwd without artifacts/.last_build: the default model `ensemble` takes text and no tokenizer is known
+    p = subprocess.run([TRTPIPE, "bench", "--url", server.grpc_url, "--isl", "8", "--osl", "4", "--out", str(tmp_path / "r")],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert "model 'ensemble' takes text" in p.stderr and "--tokenizer" in p.stderr
+    assert len([ln for ln in p.stderr.splitlines() if "error" in ln]) == 1 and not (tmp_path / "r").exists()
+
+
+def test_cli_request_rate_mode(server, tmp_path):
+    out = tmp_path / "run"
+    p = subprocess.run([TRTPIPE, "bench", "--url", server.grpc_url, "--model", "tensorrt_llm", "--isl", "8", "--osl", "4",
+                        "--request-rate", "20", "--arrival", "constant", "--num-requests", "10", "--warmup", "0",
+                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((out / "bench.json").read_text())
+    starts = sorted(r["start_ns"] for r in doc["requests"])
+    assert (starts[-1] - starts[0]) / 1e9 == pytest.approx(9 / 20, abs=0.05)  # 9 gaps of 50 ms
+    assert doc["load_points"][0]["request_rate"] == 20.0
+
+
+def _bench_proc(url: str, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([TRTPIPE, "bench", "--url", url, "--model", "tensorrt_llm", "--isl", "8", "--osl", "300",
+                             "--concurrency", "4", "--num-requests", "12", "--warmup", "0", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_load(proc: subprocess.Popen, seconds: float = 4.0) -> None:
+    time.sleep(seconds)  # CLI start + preflight, then ~1 s into 3 s requests
+    assert proc.poll() is None, proc.communicate()
+
+
+def test_server_dying_mid_run_writes_partial_results_and_exits_1(tmp_path):
+    out = tmp_path / "run"
+    with _server(tmp_path / "server.log") as srv:
+        proc = _bench_proc(srv.grpc_url, out)
+        _wait_for_load(proc)
+        srv.stop(grace_s=0)  # SIGKILL: the server dies
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    assert "server became unreachable" in stderr
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["status"]["aborted"] and not doc["status"]["complete"]
+    assert doc["load_points"][0]["summary"]["counts"]["failed"] >= 4
+
+
+def test_ctrl_c_stops_cleanly_writes_results_and_releases_the_server(tmp_path):
+    out = tmp_path / "run"
+    with _server(tmp_path / "server.log") as srv:
+        proc = _bench_proc(srv.grpc_url, out)
+        _wait_for_load(proc)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+        t0 = time.monotonic()
+        rc = srv.stop()  # streams must be closed: no wait for --exit-timeout-secs
+        stop_s = time.monotonic() - t0
+    assert proc.returncode == 130, stderr
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["status"]["interrupted"] and doc["load_points"][0]["summary"]["counts"]["requests"] >= 4
+    assert rc == 0 and stop_s < 4.0, (rc, stop_s)
