@@ -94,6 +94,27 @@ def test_text_tokens_are_counted_after_the_run():
     assert n == 1 and r.response_tokens == [2, 1] and r.output_tokens == 3 and r.response_text is None
 
 
+def _word_ends(text):
+    import re
+
+    return [m.end() for m in re.finditer(r"\S+", text)]
+
+
+@pytest.mark.parametrize(("with_offsets", "expected"), [(True, [1, 0, 1, 0, 2]), (False, [1, 1, 0, 0, 2])])
+def test_cumulative_text_is_counted_once_per_request(with_offsets, expected):
+    """LLM-API responses carry the whole text so far; only the last text and the lengths are kept.
+
+    With token end offsets a response gets the tokens of the final text that end inside it ("bé"
+    is not complete after 4 bytes); without, each prefix is re-tokenized on its own ("b" counts)."""
+    final = "a bé c dë".encode()
+    r = rec(0, [(50, -1), (60, -1), (70, -1), (80, -1), (90, -1)], 8)
+    r.text_len = [1, 4, 5, 5, len(final)]  # 4 bytes cuts "é" in half: "bé" is not complete there
+    r.text_last = len(final).to_bytes(4, "little") + final
+    n = count_text_tokens([r], lambda t: len(t.split()), token_ends=_word_ends if with_offsets else None)
+    assert n == 1 and r.response_tokens == expected and r.output_tokens == 4
+    assert r.text_last is None and r.text_len is None
+
+
 def test_cumulative_server_counts_are_differenced():
     r = rec(0, [(50, 1), (60, 2), (70, 3)], 3)  # running totals 1, 2, 3: sum 6 > 3 asked
     _fix_cumulative_counts(r)

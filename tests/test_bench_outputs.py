@@ -100,3 +100,22 @@ def test_cli_unreachable_server_is_one_line_and_exit_2(tmp_path):
 def test_cli_flag_mistakes_exit_2(args, message):
     p = subprocess.run([TRTPIPE, "bench", "--url", "127.0.0.1:1", *args], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and message in p.stderr, p.stderr
+
+
+def test_find_tokenizer_reads_the_llmapi_model_yaml(tmp_path):
+    import yaml
+
+    from pipeline.commands.bench import find_tokenizer
+
+    build, tok = tmp_path / "build", tmp_path / "ckpt"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{}")
+    version = build / "triton_repo" / "tensorrt_llm" / "1"
+    version.mkdir(parents=True)
+    (version / "model.yaml").write_text(yaml.safe_dump({"model": "/nonexistent", "tokenizer": str(tok), "backend": "pytorch"}))
+    assert find_tokenizer(build) == tok
+    (build / "quantize" / "hf_ckpt").mkdir(parents=True)
+    (version / "model.yaml").write_text(yaml.safe_dump({"model": "/nonexistent"}))
+    assert find_tokenizer(build) is None
+    (build / "quantize" / "hf_ckpt" / "tokenizer_config.json").write_text("{}")
+    assert find_tokenizer(build) == build / "quantize" / "hf_ckpt"

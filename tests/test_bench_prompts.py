@@ -59,3 +59,65 @@ def test_dataset_prompts(tmp_path, tokenizer):
     path.write_text('{"other": 1}\n')
     with pytest.raises(UserError, match="expected an object"):
         dataset_prompts(path)
+
+
+class _BosTokenizer:
+    """SmolLM2's tokenizer plus a BOS on ``add_special_tokens=True`` (as Llama 3's adds one)."""
+
+    def __init__(self, tok):
+        self._tok = tok
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def __len__(self):
+        return len(self._tok)
+
+    def encode(self, text, add_special_tokens=True):
+        ids = self._tok.encode(text, add_special_tokens=False)
+        return [self._tok.bos_token_id or 0] + ids if add_special_tokens else ids
+
+
+def _llmapi_info():
+    from pipeline.bench.client import ModelInfo
+
+    inputs = {"text_input": "BYTES", "streaming": "BOOL", "sampling_param_max_tokens": "INT32"}
+    return ModelInfo("tensorrt_llm", "llmapi", inputs, ("text_output",), 0, {}, {}, {})
+
+
+def test_llmapi_prompts_leave_room_for_the_special_tokens_the_server_adds(tokenizer):
+    from pipeline.bench.run import BenchConfig, added_special_tokens, make_prompts
+
+    bos = _BosTokenizer(tokenizer)
+    assert added_special_tokens(bos) == 1 and added_special_tokens(tokenizer) == 0
+    prompts = make_prompts(BenchConfig(), _llmapi_info(), 20, 3, bos)
+    assert [p.num_tokens for p in prompts] == [20] * 3  # what the model sees: BOS + 19
+    assert [len(bos.encode(p.text)) for p in prompts] == [20] * 3
+    with pytest.raises(UserError, match="ISL 1: model 'tensorrt_llm' adds 1 special token"):
+        make_prompts(BenchConfig(), _llmapi_info(), 1, 3, bos)
+
+
+def test_llmapi_request_sends_only_declared_llmapi_inputs():
+    from pipeline.bench.client import build_request, detect_interface
+    from pipeline.bench.prompts import Prompt
+
+    declared = {"text_input": "BYTES", "streaming": "BOOL", "sampling_param_max_tokens": "INT32",
+                "sampling_param_exclude_input_from_output": "BOOL", "sampling_param_top_k": "INT32",
+                "sampling_param_return_perf_metrics": "BOOL", "sampling_param_temperature": "FP32"}
+    assert detect_interface("m", declared) == "llmapi"
+    assert detect_interface("m", {"text_input": "BYTES", "max_tokens": "INT32"}) == "text"
+    assert detect_interface("m", {"input_ids": "INT32"}) == "tokens"
+    info = _llmapi_info()
+    info = type(info)(info.name, "llmapi", declared, info.outputs, 0, {}, {}, {})
+    req = build_request(info, Prompt(3, text="a b c"), 7, request_id="r")
+    got = {t.name: (list(t.shape), raw) for t, raw in zip(req.inputs, req.raw_input_contents)}
+    assert got == {
+        "text_input": ([1], (5).to_bytes(4, "little") + b"a b c"),
+        "streaming": ([1], b"\x01"),
+        "sampling_param_max_tokens": ([1], (7).to_bytes(4, "little")),
+        "sampling_param_exclude_input_from_output": ([1], b"\x01"),
+        "sampling_param_top_k": ([1], (1).to_bytes(4, "little")),
+    }
+    assert req.parameters["triton_enable_empty_final_response"].bool_param
+    with_perf = build_request(info, Prompt(3, text="a b c"), 7, request_id="r", perf_metrics=True)
+    assert "sampling_param_return_perf_metrics" in [t.name for t in with_perf.inputs]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.bench.client import LLMAPI_OSL_WARNING
 from pipeline.bench.fidelity import fidelity_report, reference_response_path, tolerance_ms
 from pipeline.bench.run import BenchConfig, check_outcome, run_bench
 from pipeline.errors import StageError
@@ -82,12 +83,16 @@ def test_short_requests_are_detected(server, tmp_path):
     assert ",6,6,0,6," in row  # requests, completed, failed, short
 
 
-def test_text_interface_exact_isl_and_counted_osl(server, tmp_path):
-    tok = TMP_SMOLLM2 if (TMP_SMOLLM2 / "tokenizer.json").is_file() else None
-    if tok is None:
-        from pipeline.sources import embedded_smollm2_dir
+def _smollm2_tokenizer() -> Path:
+    if (TMP_SMOLLM2 / "tokenizer.json").is_file():
+        return TMP_SMOLLM2
+    from pipeline.sources import embedded_smollm2_dir
 
-        tok = embedded_smollm2_dir()
+    return embedded_smollm2_dir()
+
+
+def test_text_interface_exact_isl_and_counted_osl(server, tmp_path):
+    tok = _smollm2_tokenizer()
     cfg = BenchConfig(url=server.grpc_url, model="ensemble", scenarios=[(40, 6)], concurrency=[4], num_requests=8,
                       warmup=0, tokenizer=tok, out=tmp_path / "run", goodput={"ttft": 1000, "itl": 100})
     run, out = run_bench(cfg)
@@ -95,6 +100,37 @@ def test_text_interface_exact_isl_and_counted_osl(server, tmp_path):
     s = run.load_points[0]["summary"]
     assert s["metrics"]["input_sequence_length"]["min"] == s["metrics"]["input_sequence_length"]["max"] == 40
     assert s["counts"]["output_tokens"] == 48 and s["counts"]["short"] == 0 and s["counts"]["good"] == 8
+
+
+def test_llmapi_test_model_declares_the_template_tensors():
+    from pipeline.triton_repo import load_model_config, render_model_config
+
+    def tensors(cfg):
+        return [[(t.name, t.data_type, list(t.dims), getattr(t, "optional", None)) for t in ts] for ts in (cfg.input, cfg.output)]
+
+    ours = render_model_config("llmapi_tensorrt_llm", max_batch_size=0, decoupled=True)
+    test_model = load_model_config(TIMED_REPO / "llmapi_echo")
+    assert tensors(test_model) == tensors(ours)
+    assert test_model.max_batch_size == ours.max_batch_size == 0 and test_model.model_transaction_policy.decoupled
+
+
+def test_llmapi_interface_counts_cumulative_text_and_reports_short(server, tmp_path):
+    """The LLM-API model streams the whole text so far (pieces of 1, 1, 4, 2, 2 SmolLM2 tokens)."""
+    status: list[str] = []
+    cfg = BenchConfig(url=server.grpc_url, model="llmapi_echo", scenarios=[(24, 16), (24, 10)], concurrency=[2],
+                      num_requests=4, warmup=1, tokenizer=_smollm2_tokenizer(), out=tmp_path / "run")
+    run, out = run_bench(cfg, on_status=status.append)
+    check_outcome(run, out)  # every request accepted by the model (Triton checks names/dtypes/shapes)
+    assert run.info.interface == "llmapi"
+    assert [s for s in status if s.startswith("warning:")] == ["warning: " + LLMAPI_OSL_WARNING]
+    assert all(r.response_tokens == [1, 1, 4, 2, 2] and r.error is None for r in run.records), run.records[0]
+    short, full = (p["summary"] for p in run.load_points)
+    assert short["counts"]["output_tokens"] == 40 and short["counts"]["short"] == 4 and short["counts"]["failed"] == 0
+    assert full["counts"]["output_tokens"] == 40 and full["counts"]["short"] == 0 and full["counts"]["completed"] == 4
+    assert short["metrics"]["input_sequence_length"]["min"] == short["metrics"]["input_sequence_length"]["max"] == 24
+    assert any("4 request(s) came back with fewer than OSL" in w for w in run.warnings)
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["status"]["notes"] == [LLMAPI_OSL_WARNING] and doc["environment"]["model"]["interface"] == "llmapi"
 
 
 def test_request_timeout_fails_requests_and_closes_streams(server, tmp_path):

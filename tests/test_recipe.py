@@ -100,6 +100,7 @@ def test_missing_file(tmp_path):
         (["build.max_seq_len=200000"], "build.max_seq_len", "max_position_embeddings 131072"),
         (["bench.scenarios=[{isl: 5000, osl: 10}]"], "bench.scenarios.0.isl", "exceeds build.max_input_len"),
         (["build.max_num_tokens=512", "build.enable_chunked_prefill=false"], "build.max_num_tokens", "enable_chunked_prefill"),
+        (["build.engine=pytorch"], "bench.model", "its only model is tensorrt_llm"),
     ],
 )
 def test_cross_field_rules(overrides, field, fragment):

@@ -16,7 +16,19 @@ Per response the client does only: take ``perf_counter_ns()``, read the token co
 ``output_ids`` shape, or the ``num_output_tokens`` value; text without a count keeps its bytes
 for counting after the run), append both, and check ``triton_final_response``.
 
-Tensor names and dtypes: reference triton-model-repository.md §3.4.
+Three interfaces, told apart by the model's declared inputs (:func:`detect_interface`):
+
+* ``tokens``: TensorRT-LLM's ``tensorrt_llm`` model (``input_ids``, ``request_output_len``, …).
+* ``text``: ``ensemble``/``tensorrt_llm_bls`` (``text_input``, ``max_tokens``, ``min_tokens``, …).
+* ``llmapi``: the LLM-API (PyTorch backend) ``tensorrt_llm`` python model (``text_input``,
+  ``streaming``, ``sampling_param_max_tokens``, …). It declares no ``min_tokens``/``ignore_eos``
+  input, so OSL is only an upper bound there (a request may stop at EOS and come back short), and
+  it returns no token count: every streamed ``text_output`` holds the WHOLE text so far
+  (``CompletionOutput.text``, not ``text_diff``, in TensorRT-LLM's
+  ``triton_backend/all_models/llmapi/tensorrt_llm/1/model.py``), so the client keeps only the
+  latest text and its length per response, and the tokens are counted after the run.
+
+Tensor names and dtypes: reference triton-model-repository.md §3.4 (token/text) and §3.7 (llmapi).
 """
 
 from __future__ import annotations
@@ -40,14 +52,23 @@ STREAMS_PER_CHANNEL = 128
 #: ``end_id`` that no sampled token can equal, so EOS never ends a request early (NVIDIA's GH200
 #: gptManagerBenchmark recipe used ``--eos_id -1``; benchmark-metrics.md §5.2); min_tokens = OSL too
 NEVER_END_ID = -1
+#: interfaces whose requests carry text (``text_input``) and need a tokenizer for exact-ISL prompts
+TEXT_INTERFACES = ("text", "llmapi")
+#: one-line notice printed at the start of a run on the LLM-API interface
+LLMAPI_OSL_WARNING = (
+    "exact OSL is not enforceable on the LLM-API interface (no min_tokens input in TensorRT-LLM 1.2.1's llmapi "
+    "model): OSL is sent as max_tokens, output tokens are counted from text_output after the run, early stops show as short"
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelInfo:
     """What preflight learned: interface, declared tensors and the raw metadata/config JSON.
 
-    ``interface`` is ``"tokens"`` (``input_ids`` in, ``output_ids`` out: ``tensorrt_llm``) or
-    ``"text"`` (``text_input`` in, ``text_output`` out: ``ensemble``/``tensorrt_llm_bls``).
+    ``interface`` is ``"tokens"`` (``input_ids`` in, ``output_ids`` out: ``tensorrt_llm``),
+    ``"text"`` (``text_input`` in, ``text_output`` out: ``ensemble``/``tensorrt_llm_bls``) or
+    ``"llmapi"`` (``text_input``/``sampling_param_*`` in, cumulative ``text_output`` out: the
+    LLM-API ``tensorrt_llm`` model); see :func:`detect_interface`.
     ``max_batch_size > 0`` means every input carries a leading batch dimension of 1.
     """
 
@@ -59,6 +80,27 @@ class ModelInfo:
     server: dict[str, Any]
     metadata: dict[str, Any]
     config: dict[str, Any]
+
+    @property
+    def takes_text(self) -> bool:
+        """Requests carry a prompt text (``text``/``llmapi``), not token ids."""
+        return self.interface in TEXT_INTERFACES
+
+
+def detect_interface(model: str, inputs: dict[str, str]) -> str:
+    """The request interface of a model from its declared input names.
+
+    ``input_ids`` → ``"tokens"``; ``text_input`` with ``sampling_param_max_tokens`` → ``"llmapi"``;
+    other ``text_input`` models (``max_tokens``) → ``"text"``.
+
+    Raises:
+        UserError: neither ``input_ids`` nor ``text_input`` is declared (names the model).
+    """
+    if "input_ids" in inputs:
+        return "tokens"
+    if "text_input" in inputs:
+        return "llmapi" if "sampling_param_max_tokens" in inputs else "text"
+    raise UserError(f"model {model!r} has neither `input_ids` nor `text_input` inputs: not a TensorRT-LLM LLM model")
 
 
 def normalize_url(url: str) -> str:
@@ -104,12 +146,7 @@ async def preflight(url: str, model: str, timeout_s: float = 5.0) -> ModelInfo:
         await client.close()
     inputs = {t["name"]: t["datatype"] for t in meta.get("inputs", [])}
     outputs = tuple(t["name"] for t in meta.get("outputs", []))
-    if "input_ids" in inputs:
-        interface = "tokens"
-    elif "text_input" in inputs:
-        interface = "text"
-    else:
-        raise UserError(f"model {model!r} has neither `input_ids` nor `text_input` inputs: not a TensorRT-LLM LLM model")
+    interface = detect_interface(model, inputs)
     if not config.get("model_transaction_policy", {}).get("decoupled", False):
         raise UserError(f"model {model!r} is not decoupled: the bench needs streaming (serving.decoupled_mode: true)")
     return ModelInfo(model, interface, inputs, outputs, int(config.get("max_batch_size", 0)), server, meta, config)
@@ -139,6 +176,13 @@ def build_request(
     benchmark-metrics.md §5.2), streaming on, ``return_num_output_tokens`` (text interface: the
     token interface counts ``output_ids`` itself), ``exclude_input_in_output`` (text), and when
     ``ignore_eos`` ``end_id = -1`` — each only if the model declares that input.
+
+    LLM-API interface (``llmapi``, reference §3.7): ``text_input``, ``streaming = true``,
+    ``sampling_param_max_tokens = osl`` (an upper bound only: no min_tokens input exists),
+    ``sampling_param_exclude_input_from_output = true``, greedy decoding as
+    ``sampling_param_top_k = 1`` (greedy in every TensorRT-LLM sampler; ``temperature = 0`` is
+    not: older PyTorch samplers assert ``temperature > 0``) and, with ``perf_metrics``,
+    ``sampling_param_return_perf_metrics`` — again only inputs the model declares.
     """
     req = service_pb2.ModelInferRequest(model_name=info.name, id=request_id)
     req.parameters["triton_enable_empty_final_response"].bool_param = True
@@ -148,6 +192,17 @@ def build_request(
             arr = np.array([value], dtype={"INT32": np.int32, "BOOL": np.bool_, "BYTES": np.object_}[dt])
             _add(req, name, dt, arr.reshape(1, 1) if info.max_batch_size > 0 else arr)
 
+    if info.interface == "llmapi":
+        if prompt.text is None:
+            raise UserError(f"model {info.name!r} takes text; the prompt has none")
+        scalar("text_input", "BYTES", prompt.text.encode())
+        scalar("streaming", "BOOL", True)
+        scalar("sampling_param_max_tokens", "INT32", osl)
+        scalar("sampling_param_exclude_input_from_output", "BOOL", True)
+        scalar("sampling_param_top_k", "INT32", 1)
+        if perf_metrics:
+            scalar("sampling_param_return_perf_metrics", "BOOL", True)
+        return req
     if info.interface == "tokens":
         if prompt.ids is None:
             raise UserError(f"model {info.name!r} takes token ids; the prompt has none")
@@ -194,6 +249,7 @@ class StreamClient:
         self._active: set[Any] = set()
         self._stopping = False
         self._tokens = info.interface == "tokens"
+        self._cumulative = info.interface == "llmapi"
 
     async def stream(self, request: service_pb2.ModelInferRequest, rec: RequestRecord) -> None:
         """Send ``request`` and record every response into ``rec``; never raises for request
@@ -224,7 +280,7 @@ class StreamClient:
                 if final is not None and final.bool_param:
                     rec.end_ns = now
                     if "last_token_time_ns" in self.info.outputs:
-                        rec.server = _perf_times(ir)
+                        rec.server = _perf_times(ir) or None
             if rec.end_ns is None:
                 rec.end_ns = time.perf_counter_ns()
                 rec.error = "stream closed without a final response"
@@ -250,8 +306,20 @@ class StreamClient:
             _fix_cumulative_counts(rec)
 
     def _count(self, ir: Any, rec: RequestRecord) -> int:
-        """Tokens in one response: ``output_ids`` length, ``num_output_tokens``, or ``-1`` (text kept)."""
+        """Tokens in one response: ``output_ids`` length, ``num_output_tokens``, or ``-1`` (text kept).
+
+        LLM-API (cumulative text): keeps a reference to the latest ``text_output`` bytes and the
+        text's length; no copy, no decoding."""
         names = [o.name for o in ir.outputs]
+        if self._cumulative:
+            if "text_output" not in names:
+                return 0
+            raw = ir.raw_output_contents[names.index("text_output")]
+            if rec.text_len is None:
+                rec.text_len = []
+            rec.text_len.append(len(raw) - 4)
+            rec.text_last = raw
+            return -1
         if self._tokens and "output_ids" in names:
             shape = ir.outputs[names.index("output_ids")].shape
             return int(shape[-1]) if shape else 0
@@ -280,10 +348,19 @@ class StreamClient:
 
 
 def _perf_times(ir: Any) -> dict[str, int]:
+    """``*_time_ns`` outputs of the final response: INT64, or a number as text (the LLM-API model
+    builds these tensors with ``text_output``'s STRING dtype)."""
     out = {}
     for i, o in enumerate(ir.outputs):
         if o.name.endswith("_time_ns") and i < len(ir.raw_output_contents):
-            out[o.name] = int.from_bytes(ir.raw_output_contents[i][:8], "little", signed=True)
+            raw = ir.raw_output_contents[i]
+            if o.datatype == "BYTES":
+                try:
+                    out[o.name] = int(float(raw[4:4 + int.from_bytes(raw[:4], "little")]))
+                except ValueError:
+                    continue
+            else:
+                out[o.name] = int.from_bytes(raw[:8], "little", signed=True)
     return out
 
 

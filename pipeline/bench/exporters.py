@@ -100,7 +100,7 @@ def run_document(run: Any) -> dict[str, Any]:
         "config": cfg,
         "environment": environment(run),
         "status": {"complete": not (run.interrupted or run.aborted), "interrupted": run.interrupted,
-                   "aborted": run.aborted, "warnings": run.warnings},
+                   "aborted": run.aborted, "warnings": run.warnings, "notes": getattr(run, "notes", [])},
         "units": {tag: spec.unit for tag, spec in METRICS.items()} | {"times": "ns since run start (perf_counter_ns)"},
         "load_points": run.load_points,
         "requests": [r.to_json(run.t0_ns) for r in run.records],

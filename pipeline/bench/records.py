@@ -4,14 +4,18 @@ A record holds what the client saw for one request, as ``time.perf_counter_ns()`
 (CLOCK_MONOTONIC, ns) taken on receipt. During the run only two appends happen per response:
 the receipt timestamp and the token count of that response. Text responses whose token count
 the server did not return keep their raw bytes and are counted after the run
-(:func:`count_text_tokens`), so no tokenizer runs inside the measured loop.
+(:func:`count_text_tokens`), so no tokenizer runs inside the measured loop. Servers that stream
+the whole text so far in every response (TensorRT-LLM's LLM-API model) keep only the latest
+text and each response's text length, so memory stays linear in the output length.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+import numpy as np
 
 
 @dataclasses.dataclass(slots=True)
@@ -29,6 +33,10 @@ class RequestRecord:
         response_ns: receipt time of each response (ns), in order.
         response_tokens: tokens carried by each response; ``-1`` = not known yet (text).
         response_text: raw text bytes per response when its token count was not returned.
+        text_len: cumulative text (LLM-API): byte length of the text so far at each response whose
+            count is ``-1``, in order; ``None`` otherwise.
+        text_last: cumulative text (LLM-API): the latest ``text_output`` tensor as received (a
+            4-byte little-endian length, then the UTF-8 text); ``None`` otherwise.
         end_ns: receipt time of the final response, or of the failure.
         error: ``None`` on success, else a one-line reason (timeout, server error, cancelled).
         server: server-reported perf timestamps when returned (ns since epoch), else ``None``.
@@ -44,6 +52,8 @@ class RequestRecord:
     response_ns: list[int] = dataclasses.field(default_factory=list)
     response_tokens: list[int] = dataclasses.field(default_factory=list)
     response_text: list[bytes] | None = None
+    text_len: list[int] | None = None
+    text_last: bytes | None = None
     end_ns: int | None = None
     error: str | None = None
     server: dict[str, int] | None = None
@@ -105,24 +115,84 @@ class RequestRecord:
         )
 
 
-def count_text_tokens(records: Iterable[RequestRecord], count: Callable[[str], int]) -> int:
-    """Fill unknown (``-1``) token counts of text responses after the run; returns how many.
+def count_text_tokens(
+    records: Iterable[RequestRecord],
+    count: Callable[[str], int],
+    token_ends: Callable[[str], Sequence[int]] | None = None,
+) -> int:
+    """Fill unknown (``-1``) token counts of text responses after the run; returns how many requests.
 
     Each response's text is counted on its own with ``count`` (e.g. ``len(tok.encode(t,
     add_special_tokens=False))``); the last response of a request absorbs the difference to the
     count of the whole concatenated text, so the request total equals re-tokenizing the full
     output (how genai-perf counts, benchmark-metrics.md §5.1 "Token counting").
+
+    Cumulative text (``text_len``/``text_last`` set, see :func:`cumulative_counts`): the final
+    text is tokenized once and each response gets the tokens that end inside the text it added;
+    the total again equals re-tokenizing the full output. ``token_ends(text)`` (the end character
+    offset of every token, from a fast tokenizer's offset mapping) makes this one tokenization per
+    request; without it every distinct prefix is counted with ``count``.
     """
     filled = 0
     for r in records:
-        if r.response_text is None or -1 not in r.response_tokens:
+        if -1 not in r.response_tokens:
+            r.response_text = r.text_last = r.text_len = None
             continue
-        texts = [b.decode("utf-8", errors="replace") for b in r.response_text]
-        parts = [count(t) for t in texts]
-        total = count("".join(texts))
-        if parts:
-            parts[-1] += total - sum(parts)
-        r.response_tokens = [max(p, 0) for p in parts]
-        r.response_text = None
+        if r.text_len is not None and r.text_last is not None:
+            size = int.from_bytes(r.text_last[:4], "little")
+            counts = iter(cumulative_counts(r.text_last[4:4 + size], r.text_len, count, token_ends))
+            r.response_tokens = [next(counts, 0) if t == -1 else t for t in r.response_tokens]
+        elif r.response_text is not None:
+            texts = [b.decode("utf-8", errors="replace") for b in r.response_text]
+            parts = [count(t) for t in texts]
+            total = count("".join(texts))
+            if parts:
+                parts[-1] += total - sum(parts)
+            r.response_tokens = [max(p, 0) for p in parts]
+        else:
+            continue
+        r.response_text = r.text_last = r.text_len = None
         filled += 1
     return filled
+
+
+def cumulative_counts(
+    final: bytes,
+    lengths: Sequence[int],
+    count: Callable[[str], int],
+    token_ends: Callable[[str], Sequence[int]] | None = None,
+) -> list[int]:
+    """Tokens added by each response of a stream whose responses carry the whole text so far.
+
+    Args:
+        final: the UTF-8 text of the last response (the full output).
+        lengths: byte length of the text at each response, in order (non-decreasing for a
+            well-behaved stream; a shorter length than before counts as no new tokens).
+        count: tokens in a text (used only without ``token_ends``).
+        token_ends: end character offset of every token of a text (offset mapping), or ``None``.
+
+    Returns:
+        One count per entry of ``lengths``: the tokens of ``final`` that end within that
+        response's text but not within the previous one's; the last entry also gets every token
+        not yet counted, so the sum is the token count of ``final``.
+    """
+    if not lengths:
+        return []
+    text = final.decode("utf-8", errors="replace")
+    size = np.minimum(np.maximum.accumulate(np.asarray(lengths, dtype=np.int64)), len(final))
+    if final.isascii():
+        chars = size
+    else:  # byte length of each prefix → characters fully inside it
+        byte_end = np.cumsum([len(c.encode("utf-8")) for c in text])
+        chars = np.searchsorted(byte_end, size, side="right")
+    if token_ends is not None:
+        ends = np.maximum.accumulate(np.asarray(token_ends(text), dtype=np.int64)) if text else np.zeros(0, np.int64)
+        total = len(ends)
+        cum = np.searchsorted(ends, chars, side="right")
+    else:
+        by_len = {int(c): count(text[: int(c)]) for c in np.unique(chars)}
+        total = count(text)
+        cum = np.maximum.accumulate(np.asarray([by_len[int(c)] for c in chars], dtype=np.int64))
+    cum = np.minimum(cum, total)
+    cum[-1] = total
+    return np.diff(cum, prepend=0).tolist()

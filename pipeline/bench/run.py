@@ -10,6 +10,10 @@
 * Ctrl-C cancels the streams in flight, writes what was measured, then raises
   ``KeyboardInterrupt`` (exit 130).
 
+On the LLM-API interface (``llmapi``, see :mod:`pipeline.bench.client`) OSL cannot be forced
+(no ``min_tokens`` input): the run prints one warning line at its start, needs the model's
+tokenizer to count the returned text, and reports requests that stop early as ``short``.
+
 The client measures its own CPU time (``time.process_time`` over wall time, all threads incl.
 gRPC's) per load point and warns when it exceeds :data:`CPU_WARN_FRACTION` of one core: the
 client may then have limited the result.
@@ -99,23 +103,44 @@ class BenchRun:
     interrupted: bool = False
     aborted: str | None = None
     warnings: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def added_special_tokens(tokenizer: Any) -> int:
+    """Tokens the tokenizer adds to a text by default (e.g. Llama 3's BOS ``<|begin_of_text|>``: 1)."""
+    return max(0, len(tokenizer.encode("a")) - len(tokenizer.encode("a", add_special_tokens=False)))
 
 
 def make_prompts(cfg: BenchConfig, info: bclient.ModelInfo, isl: int, n: int, tokenizer: Any) -> list[Prompt]:
-    """``n`` (≤ :data:`MAX_UNIQUE_PROMPTS`) prompts of exactly ``isl`` tokens for the model's interface."""
+    """``n`` (≤ :data:`MAX_UNIQUE_PROMPTS`) prompts of exactly ``isl`` tokens for the model's interface.
+
+    LLM-API: the server tokenizes with the tokenizer's special tokens (``SamplingParams
+    .add_special_tokens`` defaults to true), so the text has ``isl`` minus those tokens (the
+    BOS of Llama 3) and the prompt is recorded as ``isl`` — what the model sees.
+
+    Raises:
+        UserError: a text model without a tokenizer, token-id dataset prompts without a tokenizer,
+            or an ISL smaller than the special tokens the LLM-API server adds.
+    """
     n = min(n, MAX_UNIQUE_PROMPTS)
+    extra = added_special_tokens(tokenizer) if info.interface == "llmapi" and tokenizer is not None else 0
     if cfg.dataset is not None:
         prompts = dataset_prompts(cfg.dataset, tokenizer=tokenizer)
         if info.interface == "tokens" and prompts[0].ids is None:
             raise UserError(f"{cfg.dataset}: text prompts for model {info.name!r} (token ids) need --tokenizer")
+        if extra:
+            prompts = [dataclasses.replace(p, num_tokens=p.num_tokens + extra) if p.num_tokens >= 0 else p for p in prompts]
         return prompts
-    if info.interface == "text":
+    if info.takes_text:
         if tokenizer is None:
             raise UserError(
                 f"model {info.name!r} takes text: exact-ISL prompts need its tokenizer — pass --tokenizer DIR "
                 "(no tokenizer found in the last build)"
             )
-        return text_prompts(n, isl, seed=cfg.seed + isl, tokenizer=tokenizer)
+        if isl - extra < 1:
+            raise UserError(f"ISL {isl}: model {info.name!r} adds {extra} special token(s) to every prompt; use ISL > {extra}")
+        prompts = text_prompts(n, isl - extra, seed=cfg.seed + isl, tokenizer=tokenizer)
+        return [dataclasses.replace(p, num_tokens=isl) for p in prompts] if extra else prompts
     return token_prompts(n, isl, seed=cfg.seed + isl, tokenizer=tokenizer)
 
 
@@ -244,24 +269,34 @@ def run_bench(
     cfg = dataclasses.replace(cfg, url=url)
     info = asyncio.run(bclient.preflight(url, cfg.model))
     status(f"{info.name} on {url}: {info.interface} interface, Triton {info.server.get('version', '?')}")
+    if info.interface == "llmapi" and cfg.tokenizer is None:
+        raise UserError(
+            f"model {info.name!r} (LLM-API) returns text without token counts: counting output tokens needs its "
+            "tokenizer — pass --tokenizer DIR (no tokenizer found in the last build)"
+        )
     if info.interface == "text" and cfg.tokenizer is None and cfg.dataset is None:
         raise UserError(
             f"model {info.name!r} takes text: exact-ISL prompts need its tokenizer — pass --tokenizer DIR "
             "(no tokenizer found in the last build)"
         )
+    notes = []
+    if info.interface == "llmapi":
+        notes.append(bclient.LLMAPI_OSL_WARNING)
+        status(f"warning: {bclient.LLMAPI_OSL_WARNING}")
     tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer is not None else None
     now = _dt.datetime.now()
     out = cfg.out or Path("artifacts") / "bench" / now.strftime("%Y%m%d-%H%M%S")
     run = BenchRun(cfg, started_at=now.astimezone().isoformat(timespec="seconds"), t0_ns=time.perf_counter_ns(), info=info,
                    t0_epoch_ns=time.time_ns(),
-                   tokenizer_path=None if cfg.tokenizer is None else str(cfg.tokenizer))
+                   tokenizer_path=None if cfg.tokenizer is None else str(cfg.tokenizer), notes=notes)
     try:
         asyncio.run(_run_async(cfg, run, tokenizer, progress))
     except KeyboardInterrupt:
         run.interrupted = True
     finally:
         if tokenizer is not None:
-            count_text_tokens(run.records, lambda t: len(tokenizer.encode(t, add_special_tokens=False)))
+            count_text_tokens(run.records, lambda t: len(tokenizer.encode(t, add_special_tokens=False)),
+                              token_ends=_token_ends(tokenizer))
         elif any(-1 in r.response_tokens for r in run.records):
             run.warnings.append("text responses without num_output_tokens and no tokenizer: output tokens not counted")
         summarize_run(run)
@@ -270,6 +305,18 @@ def run_bench(
             run.warnings.append(f"{short} request(s) came back with fewer than OSL tokens (see `short` per load point)")
         exporters.write_run(out, run)
     return run, out
+
+
+def _token_ends(tokenizer: Any) -> Callable[[str], list[int]] | None:
+    """End character offset of every token of a text (fast tokenizers' offset mapping), else ``None``."""
+    if not getattr(tokenizer, "is_fast", False):
+        return None
+
+    def ends(text: str) -> list[int]:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return [e for _, e in enc["offset_mapping"]]
+
+    return ends
 
 
 def check_outcome(run: BenchRun, out: Path) -> None:

@@ -96,10 +96,24 @@ def _wide(con: Any) -> Any:
 
 def find_tokenizer(build: Path | None) -> Path | None:
     """The tokenizer of a build: ``triton_repo/preprocessing/tokenizer`` (written by
-    :mod:`pipeline.triton_repo`), else ``quantize/hf_ckpt``; ``None`` when neither has one."""
+    :mod:`pipeline.triton_repo` for the tensorrt/cpu layouts), else the ``tokenizer`` (or ``model``)
+    directory named in ``triton_repo/tensorrt_llm/1/model.yaml`` (the LLM-API layout, whose
+    server loads the tokenizer from there), else ``quantize/hf_ckpt``; ``None`` when none has one."""
     if build is None:
         return None
-    for cand in (build / "triton_repo" / "preprocessing" / "tokenizer", build / "quantize" / "hf_ckpt"):
+    cands = [build / "triton_repo" / "preprocessing" / "tokenizer"]
+    model_yaml = build / "triton_repo" / "tensorrt_llm" / "1" / "model.yaml"
+    if model_yaml.is_file():
+        import yaml
+
+        try:
+            data = yaml.safe_load(model_yaml.read_text())
+        except (OSError, yaml.YAMLError):
+            data = None
+        if isinstance(data, dict):
+            cands += [Path(str(data[k])) for k in ("tokenizer", "model") if isinstance(data.get(k), str)]
+    cands.append(build / "quantize" / "hf_ckpt")
+    for cand in cands:
         if (cand / "tokenizer.json").is_file() or (cand / "tokenizer_config.json").is_file():
             return cand
     return None
@@ -125,7 +139,7 @@ def _bench_spec(recipe: Path | None, build: Path | None) -> Any:
 def bench(
     ctx: typer.Context,
     url: Annotated[str, typer.Option("--url", help="Triton gRPC endpoint host:port.")] = "localhost:8001",
-    model: Annotated[str | None, typer.Option("--model", help="ensemble | tensorrt_llm | tensorrt_llm_bls (default: recipe/last build, else ensemble).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="ensemble | tensorrt_llm | tensorrt_llm_bls (default: recipe/last build, else ensemble); the LLM-API (build.engine: pytorch) repository has only tensorrt_llm.")] = None,
     isl: Annotated[int | None, typer.Option("--isl", min=1, help="Input tokens per request (with --osl).")] = None,
     osl: Annotated[int | None, typer.Option("--osl", min=1, help="Output tokens per request (with --isl).")] = None,
     scenario: Annotated[list[str] | None, typer.Option("--scenario", help="ISL:OSL, repeatable (e.g. --scenario 100:2000 --scenario 100:100).")] = None,

@@ -13,14 +13,23 @@ class ScenarioSpec(StrictModel):
     """One input/output sequence-length pair, in tokens."""
 
     isl: int = Field(ge=1, description="Input sequence length: prompt tokens per request (exact).")
-    osl: int = Field(ge=1, description="Output sequence length: generated tokens per request (exact: min_tokens = OSL).")
+    osl: int = Field(
+        ge=1,
+        description=(
+            "Output sequence length: generated tokens per request (exact via min_tokens = OSL on the TensorRT-LLM and "
+            "CPU interfaces; the LLM-API model has no min_tokens input, so short requests are reported there)."
+        ),
+    )
 
 
 class BenchSpec(StrictModel):
     """Default benchmark of the deployment; every field can be overridden by a ``trtpipe bench`` flag."""
 
     model: Literal["ensemble", "tensorrt_llm", "tensorrt_llm_bls"] = Field(
-        default="ensemble", description="Triton model: `ensemble`/`tensorrt_llm_bls` (text) or `tensorrt_llm` (token ids)."
+        default="ensemble", description=(
+            "Triton model: `ensemble`/`tensorrt_llm_bls` (text) or `tensorrt_llm` (token ids; with build.engine "
+            "pytorch it is the LLM-API text model)."
+        )
     )
     scenarios: list[ScenarioSpec] = Field(
         default_factory=lambda: [ScenarioSpec(isl=100, osl=2000)], min_length=1, description="ISL/OSL pairs."

@@ -119,6 +119,12 @@ class Recipe(StrictModel):
                 "build.kv_cache_type",
                 f"'{b.kv_cache_type}' does not support in-flight batching (batching_strategy inflight_fused_batching needs paged)",
             )
+        if self.build.engine == "pytorch" and self.bench.model != "tensorrt_llm":
+            raise RecipeCheckError(
+                "bench.model",
+                f"'{self.bench.model}' does not exist in the LLM-API (pytorch) model repository: its only model is "
+                "tensorrt_llm (text interface)",
+            )
         if self.bench.model != "tensorrt_llm" and not self.serving.decoupled_mode:
             raise RecipeCheckError("serving.decoupled_mode", "false, but the benchmark streams: set it to true")
         for i, sc in enumerate(self.bench.scenarios):

@@ -25,7 +25,14 @@ class ServingSpec(StrictModel):
         default=True, description="Return only generated tokens (backend default false; triton_cli and trtpipe use true)."
     )
     preprocessing_instance_count: int = Field(default=1, ge=1, description="Instances of the preprocessing model.")
-    postprocessing_instance_count: int = Field(default=1, ge=1, description="Instances of the postprocessing model.")
+    postprocessing_instance_count: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Instances of the postprocessing model (kept at 1 when decoupled_mode is on: it holds each stream's "
+            "incremental detokenizer; its dynamic batching keeps throughput)."
+        ),
+    )
     bls_instance_count: int = Field(default=1, ge=1, description="Instances of the tensorrt_llm_bls model.")
     accumulate_tokens: bool = Field(
         default=True, description="BLS streaming detokenizes all accumulated tokens (correct spaces and multi-byte UTF-8)."
