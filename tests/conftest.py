@@ -41,3 +41,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def repo_root() -> Path:
     """The repository root (where recipes/ and triton_repo/ live)."""
     return REPO
+
+
+# --- quantize fixtures ---
+# Shared by tests/test_sources.py, tests/test_calib.py, tests/test_quantize.py (owner: the quantize stage).
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The converted SmolLM2-135M-Instruct HF checkpoint in TRTPIPE_CACHE_DIR (converted once, ~35–60 s)."""
+    from pipeline.sources import embedded_smollm2_dir
+
+    return embedded_smollm2_dir()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_dir: Path):
+    """The SmolLM2 tokenizer (fast; eos = pad = id 2 ``<|im_end|>``)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir, local_files_only=True)
+
+
+@pytest.fixture(scope="session")
+def quant_one_thread():
+    """One torch thread in the quantize stage (TRTPIPE_NUM_THREADS) and in the test process: the
+    2 cores are shared (docs/HELPERS.md)."""
+    import torch
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRTPIPE_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+    mp.undo()

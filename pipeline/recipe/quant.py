@@ -24,7 +24,7 @@ QUANT_ALGO: dict[str, str | None] = {
     "int4_awq": "W4A16_AWQ",
     "w4a8_awq": "W4A8_AWQ",
     "int8_wo": "W8A16",
-    "int4_wo": "W4A16",
+    "int4_wo": "W4A16_AWQ",  # ModelOpt's blockwise INT4 weight-only export writes W4A16_AWQ (no pre_quant_scale)
     "nvfp4": "NVFP4",
     "full_prec": None,
 }
@@ -33,6 +33,8 @@ KV_CACHE_QUANT_ALGO: dict[str, str | None] = {"fp8": "FP8", "int8": "INT8", "non
 #: qformats whose weights or activations are FP8 (need FP8 tensor cores: Ada, Hopper, Blackwell).
 FP8_QFORMATS = frozenset({"fp8", "w4a8_awq"})
 AWQ_QFORMATS = frozenset({"int4_awq", "w4a8_awq"})
+#: qformats quantized in groups of ``awq_block_size`` input channels (ModelOpt block quantizers).
+BLOCK_QFORMATS = AWQ_QFORMATS | {"int4_wo"}
 
 
 class CalibrationSpec(StrictModel):
@@ -67,7 +69,7 @@ class QuantSpec(StrictModel):
     qformat: QFormat = Field(default="full_prec", description="Weight/activation format (quantize.py --qformat, default full_prec).")
     kv_cache_dtype: KvCacheDtype = Field(default="none", description="KV-cache quantization (quantize.py --kv_cache_dtype, default none).")
     awq_block_size: int = Field(
-        default=128, ge=16, description="Group size of INT4 AWQ / W4A8 AWQ (quantize.py --awq_block_size default 128)."
+        default=128, ge=16, description="Group size of INT4 AWQ / W4A8 AWQ / INT4 weight-only (quantize.py --awq_block_size default 128)."
     )
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec, description="Calibration data.")
 

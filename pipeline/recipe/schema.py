@@ -10,7 +10,7 @@ from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bench import BenchSpec
 from pipeline.recipe.build import BuildSpec
 from pipeline.recipe.model import ModelSpec, TargetSpec
-from pipeline.recipe.quant import AWQ_QFORMATS, FP8_QFORMATS, QuantSpec
+from pipeline.recipe.quant import BLOCK_QFORMATS, FP8_QFORMATS, QuantSpec
 from pipeline.recipe.serve import ServingSpec
 
 
@@ -160,7 +160,7 @@ class Recipe(StrictModel):
 
     def _check_awq(self) -> None:
         q = self.quantization
-        if q.qformat not in AWQ_QFORMATS:
+        if q.qformat not in BLOCK_QFORMATS:
             return
         geo = geometry_for_source(self.model.source)
         if geo is None:

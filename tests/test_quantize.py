@@ -1,0 +1,226 @@
+"""The quantize stage on the real SmolLM2-135M: ModelOpt FP8 (+ FP8 KV) calibration, both exports,
+the quality report, caching and atomicity; INT4 AWQ under ``slow``; dry runs of GPU recipes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from pipeline import quantize
+from pipeline.errors import UserError
+from pipeline.recipe import load_recipe
+from pipeline.sources import SMOLLM2_GGUF_SHA256
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+SMALL = ["quantization.calibration.size=16", "quantization.calibration.max_seq_length=128",
+         "quantization.calibration.batch_size=8", "quantization.calibration.eval_samples=4"]
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    with safe_open(str(path), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def _rel_err(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    return float((approx.float() - exact.float()).norm() / exact.float().norm())
+
+
+@pytest.fixture(scope="module")
+def original(smollm2_dir: Path) -> dict[str, torch.Tensor]:
+    return _tensors(smollm2_dir / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def fp8(tmp_path_factory, smollm2_dir, quant_one_thread):
+    """One real FP8 + FP8-KV quantize run of the shipped CPU recipe with a small calibration."""
+    recipe = load_recipe(RECIPES / "smollm2_135m_cpu_fp8.yaml", SMALL)
+    out = tmp_path_factory.mktemp("fp8") / "quantize"
+    t = time.perf_counter()
+    res = quantize.run(recipe, out, recipe_dir=RECIPES)
+    return recipe, res, time.perf_counter() - t
+
+
+def test_fp8_trtllm_checkpoint(fp8, original) -> None:
+    _, res, _ = fp8
+    ckpt = res.path / "trtllm_ckpt"
+    cfg = json.loads((ckpt / "config.json").read_text())
+    assert cfg["quantization"]["quant_algo"] == "FP8" and cfg["quantization"]["kv_cache_quant_algo"] == "FP8"
+    assert cfg["mapping"]["world_size"] == 1 and cfg["architecture"] == "LlamaForCausalLM"
+    w = _tensors(ckpt / "rank0.safetensors")
+    layer = "transformer.layers.3"
+    qkv = w[f"{layer}.attention.qkv.weight"]
+    assert qkv.dtype == torch.float8_e4m3fn and qkv.shape == (576 + 2 * 192, 576)
+    for name in ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj"):
+        assert w[f"{layer}.{name}.weight"].dtype == torch.float8_e4m3fn
+        for s in ("weights_scaling_factor", "activation_scaling_factor"):
+            assert w[f"{layer}.{name}.{s}"].dtype == torch.float32 and w[f"{layer}.{name}.{s}"].item() > 0
+    assert w[f"{layer}.attention.kv_cache_scaling_factor"].item() > 0
+    # dequantized fused qkv vs the original q/k/v: FP8 e4m3 error is a few percent (cpu-stack.md §3: ≈2.7 %)
+    ref = torch.cat([original[f"model.layers.3.self_attn.{p}_proj.weight"] for p in "qkv"])
+    err = _rel_err(qkv.float() * w[f"{layer}.attention.qkv.weights_scaling_factor"], ref)
+    assert 0.005 < err < 0.06, err
+
+
+def test_fp8_hf_checkpoint(fp8, original) -> None:
+    _, res, _ = fp8
+    ckpt = res.path / "hf_ckpt"
+    cfg = json.loads((ckpt / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "modelopt"
+    assert json.loads((ckpt / "hf_quant_config.json").read_text())["quantization"]["kv_cache_quant_algo"] == "FP8"
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (ckpt / f).is_file(), f
+    w = _tensors(ckpt / "model.safetensors")
+    p = "model.layers.3.self_attn"
+    assert w[f"{p}.k_proj.k_scale"].item() > 0 and w[f"{p}.v_proj.v_scale"].item() > 0
+    for name in ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"):
+        key = f"model.layers.3.{name}"
+        assert w[f"{key}.weight"].dtype == torch.float8_e4m3fn
+        assert w[f"{key}.input_scale"].item() > 0
+        err = _rel_err(w[f"{key}.weight"].float() * w[f"{key}.weight_scale"], original[f"{key}.weight"])
+        assert 0.005 < err < 0.06, (name, err)
+    assert w["model.embed_tokens.weight"].dtype == torch.float32  # cpu target keeps fp32 (recipe dtype)
+
+
+def test_fp8_quality_report_and_manifest(fp8) -> None:
+    recipe, res, _ = fp8
+    m = res.manifest
+    qual = m["quality"]
+    assert qual["sequences"] == 4 and qual["tokens"] > 4 * 100
+    for k in ("ppl_unquantized", "ppl_quantized"):
+        assert 1.0 < qual[k] < 200.0, qual
+    assert 0.0 < qual["kl_mean_nats"] < 1.0
+    assert 0.5 < qual["top1_agreement"] <= 1.0
+    assert m["quantizers"]["enabled"] == {"input": 210, "k_bmm": 30, "v_bmm": 30, "weight": 210}
+    assert m["exported"] == {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"} and m["dry_run"] is False
+    assert m["source"]["content_hash"] == SMOLLM2_GGUF_SHA256 and m["source"]["kind"] == "embedded"
+    assert m["recipe_hash"] == quantize.recipe_hash(recipe)
+    assert set(m["timings_s"]) == {"load", "calibrate", "evaluate", "export_trtllm", "export_hf", "total"}
+    assert 0 < m["peak_rss_bytes"] < 8 << 30
+    assert set(m["versions"]) >= {"nvidia-modelopt", "torch", "transformers"}
+    assert m["calibration"]["calib_samples"] == 16 and m["calibration"]["eval_samples"] == 4
+
+
+def test_rerun_reuses_result(fp8) -> None:
+    recipe, res, first_s = fp8
+    stamp = (res.path / "manifest.json").stat().st_mtime_ns
+    t = time.perf_counter()
+    again = quantize.run(recipe, res.path, recipe_dir=RECIPES)
+    assert again.cached and again.manifest == res.manifest
+    assert (res.path / "manifest.json").stat().st_mtime_ns == stamp
+    assert time.perf_counter() - t < min(10.0, first_s / 3)
+    changed = load_recipe(RECIPES / "smollm2_135m_cpu_fp8.yaml", SMALL + ["quantization.calibration.seed=1"])
+    assert quantize.cache_key(changed, source_hash="s", dataset_hash=None, dry_run=False) != \
+        quantize.cache_key(recipe, source_hash="s", dataset_hash=None, dry_run=False)
+
+
+def test_interrupted_run_leaves_nothing(tmp_path: Path, smollm2_dir) -> None:
+    """SIGINT during the run: no out_dir, no temp dir (atomic_dir cleans up on KeyboardInterrupt)."""
+    out = tmp_path / "quantize"
+    code = ("import sys; from pathlib import Path; from pipeline.recipe import load_recipe; from pipeline import quantize;"
+            f"r = load_recipe({str(RECIPES / 'smollm2_135m_cpu_fp8.yaml')!r}, {SMALL!r});"
+            f"quantize.run(r, Path({str(out)!r}), recipe_dir=Path({str(RECIPES)!r}))")
+    env = os.environ | {"TRTPIPE_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while not list(tmp_path.glob(".quantize.tmp-*")):
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the run never started writing"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode != 0
+    assert "KeyboardInterrupt" in proc.stderr.read().decode()
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_gpu_recipe_writes_quantize_command(tmp_path: Path) -> None:
+    recipe = load_recipe(RECIPES / "llama31_8b_l40s_int4_awq.yaml")
+    t = time.perf_counter()
+    res = quantize.run(recipe, tmp_path / "quantize", recipe_dir=RECIPES, dry_run=True)
+    assert time.perf_counter() - t < 5.0  # no model, no ModelOpt
+    script = (res.path / "quantize_command.sh").read_text()
+    for flag in ("--model_dir meta-llama/Llama-3.1-8B-Instruct", "--dtype bfloat16", "--qformat int4_awq",
+                 "--kv_cache_dtype fp8", "--calib_dataset cnn_dailymail", "--calib_size 512",
+                 "--calib_max_seq_length 512", "--batch_size 1", "--awq_block_size 128", "--tp_size 1", "--pp_size 1",
+                 "--seed 1234", "--output_dir ${OUT_DIR}/trtllm_ckpt"):
+        assert flag in script.replace(" \\\n    ", " "), flag
+    assert os.access(res.path / "quantize_command.sh", os.X_OK)
+    subprocess.run(["bash", "-n", str(res.path / "quantize_command.sh")], check=True, timeout=30)
+    m = res.manifest
+    assert m["dry_run"] is True and m["exported"] == {"quant_algo": "W4A16_AWQ", "kv_cache_quant_algo": "FP8"}
+    assert not (res.path / "trtllm_ckpt").exists()
+    assert quantize.run(recipe, tmp_path / "quantize", recipe_dir=RECIPES, dry_run=True).cached
+
+
+def test_gpu_recipe_without_weights_is_a_user_error(tmp_path: Path) -> None:
+    recipe = load_recipe(RECIPES / "llama31_8b_h200_fp8.yaml")
+    with pytest.raises(UserError, match="hf download meta-llama/Llama-3.1-8B-Instruct"):
+        quantize.run(recipe, tmp_path / "quantize", recipe_dir=RECIPES)
+    assert not (tmp_path / "quantize").exists()
+
+
+def test_quant_config_copies_modelopt_constants() -> None:
+    import modelopt.torch.quantization as mtq
+
+    before = json.dumps(mtq.INT4_AWQ_CFG, default=str)
+    r = load_recipe(RECIPES / "smollm2_135m_cpu_int4_awq.yaml")
+    cfg = quantize.quant_config(r)
+    assert json.dumps(mtq.INT4_AWQ_CFG, default=str) == before  # module constant untouched
+    entries = {e["quantizer_name"]: e for e in cfg["quant_cfg"] if "parent_class" not in e}
+    assert entries["*weight_quantizer"]["cfg"]["block_sizes"][-1] == 64
+    assert entries["*[kv]_bmm_quantizer"]["cfg"]["num_bits"] == (4, 3)
+    r8 = load_recipe(RECIPES / "llama31_8b_a100_int8_sq.yaml")
+    kv = [e for e in quantize.quant_config(r8)["quant_cfg"] if e["quantizer_name"] == "*[kv]_bmm_quantizer"]
+    assert kv[-1]["cfg"]["num_bits"] == 8
+    full = load_recipe(RECIPES / "smollm2_135m_cpu_fp8.yaml", ["quantization.qformat=full_prec", "quantization.kv_cache_dtype=none"])
+    assert quantize.quant_config(full) is None
+
+
+@pytest.mark.slow
+def test_int4_awq_quantize_and_export(tmp_path: Path, original, quant_one_thread) -> None:
+    recipe = load_recipe(RECIPES / "smollm2_135m_cpu_int4_awq.yaml", [
+        "quantization.calibration.size=4", "quantization.calibration.max_seq_length=64",
+        "quantization.calibration.batch_size=4", "quantization.calibration.eval_samples=2"])
+    res = quantize.run(recipe, tmp_path / "quantize", recipe_dir=RECIPES)
+    cfg = json.loads((res.path / "trtllm_ckpt" / "config.json").read_text())["quantization"]
+    assert cfg["quant_algo"] == "W4A16_AWQ" and cfg["group_size"] == 64 and cfg["pre_quant_scale"] is True
+    w = _tensors(res.path / "hf_ckpt" / "model.safetensors")
+    key = "model.layers.3.mlp.down_proj"
+    packed, scale = w[f"{key}.weight"], w[f"{key}.weight_scale"]
+    assert packed.dtype == torch.uint8 and packed.shape == (576 // 2, 1536) and scale.shape == (576, 1536 // 64)
+    assert f"{key}.pre_quant_scale" in w
+    q = res.manifest["quality"]
+    assert 0.3 < q["top1_agreement"] <= 1.0 and q["kl_mean_nats"] > 0 and q["ppl_quantized"] < 1000
+
+
+def test_full_prec_still_exports_both_checkpoints(tmp_path: Path, original, quant_one_thread) -> None:
+    recipe = load_recipe(RECIPES / "smollm2_135m_cpu_fp8.yaml", [
+        "quantization.qformat=full_prec", "quantization.kv_cache_dtype=none", "quantization.calibration.size=1",
+        "quantization.calibration.max_seq_length=32", "quantization.calibration.eval_samples=2"])
+    res = quantize.run(recipe, tmp_path / "quantize", recipe_dir=RECIPES)
+    m = res.manifest
+    assert m["exported"] == {"quant_algo": None, "kv_cache_quant_algo": None}
+    assert m["quantizers"]["enabled_total"] == 0 and m["timings_s"]["calibrate"] < 1.0
+    assert m["quality"]["kl_mean_nats"] == 0.0 and m["quality"]["top1_agreement"] == 1.0
+    w = _tensors(res.path / "hf_ckpt" / "model.safetensors")
+    key = "model.layers.3.mlp.down_proj.weight"
+    assert w[key].dtype == torch.float32 and torch.equal(w[key], original[key])
+    trt = _tensors(res.path / "trtllm_ckpt" / "rank0.safetensors")
+    assert trt["transformer.layers.3.mlp.proj.weight"].dtype == torch.float16  # ModelOpt: fp32 → fp16 for TRT-LLM
