@@ -88,7 +88,7 @@ def run_build(
     e = run_engine(recipe, build_dir / "engine", quantized=q, force=force, dry_run=dry_run)
     if done("engine", e):
         return BuildResult(build_dir, results)
-    r = triton_repo.run(recipe, build_dir / "triton_repo", quantized=q, engine=e, force=force)
+    r = triton_repo.run(recipe, build_dir / "triton_repo", quantized=q, engine=e, force=force, dry_run=dry_run)
     done("triton_repo", r)
     if not dry_run:
         artifacts.record_last_build(build_dir)

@@ -65,7 +65,7 @@ def _bool(value: bool) -> str:
     return "true" if value else "false"
 
 
-def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path) -> dict[str, str]:
+def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool = True) -> dict[str, str]:
     """The ``parameters`` of the ``tensorrt_llm`` model: the ONE recipe → Triton name translation.
 
     ``build.kv_cache_config.free_gpu_memory_fraction`` → ``kv_cache_free_gpu_mem_fraction``,
@@ -76,9 +76,14 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path) -> dict[str, str]:
     tensorrtllm_backend docs/model_config.md (reference §3.2). Optional knobs left unset in the recipe
     are omitted (never left as ``${…}``). The CPU engine adds ``cpu_num_threads``.
 
+    KV-cache reuse and chunked context need paged context FMHA in the engine; when the engine
+    manifest says trtllm-build turned it off (``effective_plugins``), both are set to false here
+    so the runtime does not refuse the engine.
+
     Args:
         recipe: the validated recipe.
         engine_dir: the engine directory (``gpt_model_path``), made absolute.
+        paged_context_fmha: whether the built engine has paged context FMHA.
 
     Returns:
         ``{parameter key: string value}`` in template order.
@@ -90,8 +95,8 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path) -> dict[str, str]:
         "gpt_model_path": str(Path(engine_dir).resolve()),
         "batch_scheduler_policy": b.scheduler_config.capacity_scheduler_policy.lower(),
         "kv_cache_free_gpu_mem_fraction": repr(float(kv.free_gpu_memory_fraction)),
-        "enable_kv_cache_reuse": _bool(kv.enable_block_reuse),
-        "enable_chunked_context": _bool(b.enable_chunked_prefill),
+        "enable_kv_cache_reuse": _bool(kv.enable_block_reuse and paged_context_fmha),
+        "enable_chunked_context": _bool(b.enable_chunked_prefill and paged_context_fmha),
         "exclude_input_in_output": _bool(s.exclude_input_in_output),
         "cancellation_check_period_ms": str(s.cancellation_check_period_ms),
         "stats_check_period_ms": str(s.stats_check_period_ms),
@@ -185,8 +190,9 @@ def load_model_config(path: str | Path):
     return cfg
 
 
-def model_configs(recipe: Recipe, engine_dir: Path) -> dict[str, Any]:
-    """``{model name: ModelConfig}`` of every model the repository for ``recipe`` contains."""
+def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool = True) -> dict[str, Any]:
+    """``{model name: ModelConfig}`` of every model the repository for ``recipe`` contains
+    (``paged_context_fmha``: see :func:`tensorrt_llm_parameters`)."""
     s, lay = recipe.serving, layouts()
     kind = recipe.build.engine
     common = dict(
@@ -209,7 +215,7 @@ def model_configs(recipe: Recipe, engine_dir: Path) -> dict[str, Any]:
             parameters={"tokenizer_dir": tok, "add_special_tokens": _bool(s.add_special_tokens)},
         ),
         "tensorrt_llm": render_model_config(
-            "tensorrt_llm", **common, backend=backend, parameters=tensorrt_llm_parameters(recipe, engine_dir)
+            "tensorrt_llm", **common, backend=backend, parameters=tensorrt_llm_parameters(recipe, engine_dir, paged_context_fmha=paged_context_fmha)
         ),
         "postprocessing": render_model_config(
             "postprocessing", **common, instance_count=post_count,
@@ -310,7 +316,9 @@ def cache_key(recipe: Recipe, *, quantized: StageResult, engine: StageResult) ->
     })
 
 
-def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, engine: StageResult, force: bool = False) -> StageResult:
+def run(
+    recipe: Recipe, out_dir: Path, *, quantized: StageResult, engine: StageResult, force: bool = False, dry_run: bool = False
+) -> StageResult:
     """Write the Triton model repository for ``recipe`` into ``out_dir`` (reused when unchanged).
 
     Args:
@@ -319,6 +327,9 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, engine: StageR
         quantized: the quantize stage result (tokenizer files come from ``<path>/hf_ckpt``).
         engine: the engine stage result (``gpt_model_path`` / CPU engine dir / ``llm_api_config.yaml``).
         force: rebuild even when the cache key matches.
+        dry_run: the quantize stage only wrote commands (GPU recipe on a machine without the model):
+            the tokenizer files are not there yet, so the repository is written without them
+            (``status: dry_run``); every config.pbtxt is still generated and validated.
 
     Returns:
         The :class:`StageResult`; ``manifest["models"]`` lists the models written.
@@ -328,13 +339,16 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, engine: StageR
     """
     out_dir = Path(out_dir)
     key = cache_key(recipe, quantized=quantized, engine=engine)
+    if dry_run:
+        key = artifacts.stable_hash([key, "dry_run"])
     if not force and (hit := artifacts.cached_result(STAGE, out_dir, key)):
         return hit
     t0 = time.perf_counter()
     kind = recipe.build.engine
     lay = layouts()
-    configs = model_configs(recipe, Path(engine.path))
-    extra: dict[str, Any] = {}
+    paged_ctx = (engine.manifest.get("effective_plugins") or {}).get("use_paged_context_fmha", True)
+    configs = model_configs(recipe, Path(engine.path), paged_context_fmha=bool(paged_ctx))
+    extra: dict[str, Any] = {"status": "dry_run"} if dry_run else {}
     with artifacts.atomic_dir(out_dir) as tmp:
         for name, cfg in configs.items():
             (tmp / name).mkdir()
@@ -343,7 +357,11 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, engine: StageR
         if impl == "llmapi":
             extra["llmapi_model_py_source"] = _write_llmapi_files(recipe, tmp / "tensorrt_llm", quantized, engine)
         else:
-            extra["tokenizer_files"] = _copy_tokenizer(Path(quantized.path) / "hf_ckpt", tmp / lay["tokenizer"]["repo_subdir"])
+            hf_ckpt = Path(quantized.path) / "hf_ckpt"
+            if dry_run and not hf_ckpt.is_dir():
+                extra["notes"] = [f"tokenizer files are copied from {hf_ckpt} by the real build"]
+            else:
+                extra["tokenizer_files"] = _copy_tokenizer(hf_ckpt, tmp / lay["tokenizer"]["repo_subdir"])
             (tmp / "ensemble" / "1").mkdir()
             (tmp / "tensorrt_llm" / "1").mkdir()
             sources = lay["python_models"]
@@ -352,10 +370,10 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, engine: StageR
                 if src:
                     _install_python_model(tmp / name, src)
             if recipe.serving.decoupled_mode and recipe.serving.postprocessing_instance_count != 1:
-                extra["notes"] = [
+                extra.setdefault("notes", []).extend([
                     "postprocessing runs 1 instance (not serving.postprocessing_instance_count="
                     f"{recipe.serving.postprocessing_instance_count}): streamed-text state must live in one process"
-                ]
+                ])
         manifest = artifacts.base_manifest(
             STAGE, key,
             engine_kind=kind,

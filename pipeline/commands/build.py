@@ -35,7 +35,7 @@ def build(
     t0 = time.perf_counter()
 
     def on_stage(name: str, res: artifacts.StageResult) -> None:
-        status = res.manifest.get("status")
+        status = res.manifest.get("status") or ("dry_run" if res.manifest.get("dry_run") else None)
         if res.cached:
             how = "[dim]reused (inputs unchanged)[/]"
         elif status in ("dry_run", "not_built"):
