@@ -49,8 +49,8 @@ class BenchConfig:
 
     Units: ``request_rate`` requests/s, ``duration_s``/``timeout_s`` s, ``goodput`` ms.
     Exactly one of ``concurrency``/``request_rate`` is used (``request_rate`` wins when set).
-    ``num_requests=None`` means ``max(4 × concurrency, 16)`` per load point (``max(4 × rate,
-    16)`` in rate mode).
+    ``num_requests=None`` means ``max(requests_per_load × load, min_requests)`` per load point
+    (load = concurrency, or requests/s in rate mode; defaults 4 and 16).
     """
 
     url: str = "localhost:8001"
@@ -60,6 +60,8 @@ class BenchConfig:
     request_rate: list[float] | None = None
     arrival: str = "poisson"
     num_requests: int | None = None
+    requests_per_load: float = 4.0
+    min_requests: int = 16
     duration_s: float | None = None
     warmup: int = 2
     goodput: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -80,7 +82,9 @@ class BenchConfig:
 
     def requests_for(self, value: float) -> int:
         """Measured requests of one load point (concurrency or rate ``value``)."""
-        return self.num_requests if self.num_requests is not None else max(int(4 * value), 16)
+        if self.num_requests is not None:
+            return self.num_requests
+        return max(int(self.requests_per_load * value), self.min_requests)
 
 
 def load_label(mode: Schedule, value: float) -> str:

@@ -42,8 +42,14 @@ class BenchSpec(StrictModel):
     )
     arrival: Literal["poisson", "constant"] = Field(default="poisson", description="Inter-arrival distribution for request_rate.")
     num_requests: int | None = Field(
-        default=None, ge=1, description="Measured requests per load point (default: max(4 × concurrency, 16))."
+        default=None,
+        ge=1,
+        description="Measured requests per load point (default: max(requests_per_load × load, min_requests)).",
     )
+    requests_per_load: float = Field(
+        default=4.0, gt=0, description="Default measured requests per unit of load (concurrency, or requests/s)."
+    )
+    min_requests: int = Field(default=16, ge=1, description="Fewest measured requests of a load point by default.")
     warmup_requests: int = Field(default=2, ge=0, description="Requests sent first and excluded from statistics.")
     request_timeout_s: float = Field(default=600.0, gt=0, description="Per-request timeout in seconds.")
     goodput: dict[Literal["ttft", "itl", "tpot", "e2e"], float] = Field(
