@@ -83,7 +83,7 @@ def test_cli_unreachable_server_is_one_line_and_exit_2(tmp_path):
 
     url = f"127.0.0.1:{free_port()}"
     p = subprocess.run([TRTPIPE, "bench", "--url", url, "--model", "tensorrt_llm", "--isl", "10", "--osl", "10",
-                        "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+                        "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert p.returncode == 2
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "not reachable" in lines[0] and url in lines[0], p.stderr
@@ -97,8 +97,9 @@ def test_cli_unreachable_server_is_one_line_and_exit_2(tmp_path):
     (["--goodput", "latency:3"], "unknown SLO"),
     (["--concurrency", "1", "--request-rate", "2"], "exclude each other"),
 ])
-def test_cli_flag_mistakes_exit_2(args, message):
-    p = subprocess.run([TRTPIPE, "bench", "--url", "127.0.0.1:1", *args], capture_output=True, text=True, timeout=60)
+def test_cli_flag_mistakes_exit_2(args, message, tmp_path):
+    p = subprocess.run([TRTPIPE, "bench", "--url", "127.0.0.1:1", *args], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path)
     assert p.returncode == 2 and message in p.stderr, p.stderr
 
 

@@ -11,6 +11,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -148,7 +149,8 @@ def test_cli_run_writes_table_json_csv_and_plots(server, tmp_path):
     p = subprocess.run([TRTPIPE, "bench", "--url", server.grpc_url, "--model", "tensorrt_llm", "--scenario", "16:8",
                         "--scenario", "8:4", "--concurrency", "1,4", "--num-requests", "8", "--warmup", "1",
                         "--goodput", "ttft:200,itl:20", "--out", str(out)],
-                       capture_output=True, text=True, timeout=120, env={"COLUMNS": "250", "PATH": str(Path(sys.executable).parent)})
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={"COLUMNS": "250", "PATH": str(Path(sys.executable).parent)})
     assert p.returncode == 0, p.stderr
     assert "ISL:OSL 16:8" in p.stdout and "ISL:OSL 8:4" in p.stdout and "goodput" in p.stdout
     rows = (out / "summary.csv").read_text().splitlines()
@@ -172,7 +174,7 @@ def test_cli_request_rate_mode(server, tmp_path):
     out = tmp_path / "run"
     p = subprocess.run([TRTPIPE, "bench", "--url", server.grpc_url, "--model", "tensorrt_llm", "--isl", "8", "--osl", "4",
                         "--request-rate", "20", "--arrival", "constant", "--num-requests", "10", "--warmup", "0",
-                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+                        "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     doc = json.loads((out / "bench.json").read_text())
     starts = sorted(r["start_ns"] for r in doc["requests"])
@@ -183,21 +185,41 @@ def test_cli_request_rate_mode(server, tmp_path):
 def _bench_proc(url: str, out: Path) -> subprocess.Popen:
     return subprocess.Popen([TRTPIPE, "bench", "--url", url, "--model", "tensorrt_llm", "--isl", "8", "--osl", "300",
                              "--concurrency", "4", "--num-requests", "12", "--warmup", "0", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out.parent)
 
 
-def _wait_for_load(proc: subprocess.Popen, seconds: float = 4.0) -> None:
-    time.sleep(seconds)  # CLI start + preflight, then ~1 s into 3 s requests
-    assert proc.poll() is None, proc.communicate()
+def _wait_for_load(proc: subprocess.Popen, timeout_s: float = 90.0) -> list[str]:
+    """Block until the bench has started sending load (its preflight line is on stderr), then ~1 s more.
+
+    Returns the list that a reader thread keeps filling with the rest of stderr; stdout is drained too,
+    so ``proc.wait()`` (not ``communicate()``) must be used afterwards.
+    """
+    lines: list[str] = []
+    started = threading.Event()
+
+    def read_err() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+            if "interface, Triton" in line:
+                started.set()
+
+    threading.Thread(target=read_err, daemon=True).start()
+    threading.Thread(target=proc.stdout.read, daemon=True).start()
+    assert started.wait(timeout_s), f"bench did not start: {''.join(lines)}"
+    time.sleep(1.0)  # ~1 s into 3 s requests
+    assert proc.poll() is None, "".join(lines)
+    return lines
 
 
 def test_server_dying_mid_run_writes_partial_results_and_exits_1(tmp_path):
     out = tmp_path / "run"
     with _server(tmp_path / "server.log") as srv:
         proc = _bench_proc(srv.grpc_url, out)
-        _wait_for_load(proc)
+        err_lines = _wait_for_load(proc)
         srv.stop(grace_s=0)  # SIGKILL: the server dies
-    stdout, stderr = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
+    time.sleep(0.2)  # let the reader thread take the last lines
+    stderr = "".join(err_lines)
     assert proc.returncode == 1, stderr
     assert "server became unreachable" in stderr
     doc = json.loads((out / "bench.json").read_text())
@@ -209,9 +231,11 @@ def test_ctrl_c_stops_cleanly_writes_results_and_releases_the_server(tmp_path):
     out = tmp_path / "run"
     with _server(tmp_path / "server.log") as srv:
         proc = _bench_proc(srv.grpc_url, out)
-        _wait_for_load(proc)
+        err_lines = _wait_for_load(proc)
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        time.sleep(0.2)
+        stderr = "".join(err_lines)
         t0 = time.monotonic()
         rc = srv.stop()  # streams must be closed: no wait for --exit-timeout-secs
         stop_s = time.monotonic() - t0
