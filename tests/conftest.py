@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,21 @@ def quant_one_thread():
     yield
     torch.set_num_threads(before)
     mp.undo()
+
+
+# --- end-to-end fixtures ---
+TRTPIPE = str(Path(sys.executable).parent / "trtpipe")
+CPU_RECIPE = REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"
+
+
+@pytest.fixture(scope="session")
+def cpu_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped CPU default built for real by the CLI, once per session: ``trtpipe build
+    recipes/smollm2_135m_cpu_fp8.yaml`` (ModelOpt FP8 → CPU engine → Triton repo), run from a
+    temp working directory whose ``artifacts/.last_build`` then points at it (~1–3 min)."""
+    work = tmp_path_factory.mktemp("e2e")
+    out = work / "artifacts" / "smollm2_135m_cpu_fp8"
+    res = subprocess.run([TRTPIPE, "build", str(CPU_RECIPE), "--out", str(out)], cwd=work,
+                         capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return out

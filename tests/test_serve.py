@@ -32,9 +32,6 @@ from pipeline.triton_server import TritonInstall, cpu_triton, shm_regions, trito
 
 REPO = Path(__file__).resolve().parents[1]
 ECHO_REPO = REPO / "tests" / "data" / "echo_repo"
-CPU_BUILD = REPO / "artifacts" / "smollm2_135m_cpu_fp8"
-#: the CPU model repository to test (override with $TRTPIPE_TEST_CPU_REPO, e.g. a fixture repository)
-CPU_REPO = Path(os.environ.get("TRTPIPE_TEST_CPU_REPO") or CPU_BUILD / "triton_repo")
 TRTPIPE = str(Path(sys.executable).parent / "trtpipe")
 
 
@@ -329,12 +326,11 @@ def test_cli_foreground_stops_cleanly_on_signal(tmp_path, sig):
 
 # ---------------------------------------------------------------------- the real CPU deployment
 @pytest.mark.triton
-@pytest.mark.skipif(not CPU_REPO.is_dir(), reason="run `trtpipe build recipes/smollm2_135m_cpu_fp8.yaml` first")
-def test_cpu_deployment_health_metadata_and_streams(tmp_path):
+def test_cpu_deployment_health_metadata_and_streams(tmp_path, cpu_build):
     """The built SmolLM2 CPU repository: health, metadata, one stream via ensemble, one via tensorrt_llm."""
     import tritonclient.grpc as grpcclient
 
-    repo, _ = srv.resolve_target(CPU_REPO)
+    repo, _ = srv.resolve_target(cpu_build)
     with TritonServer(repo, log_file=tmp_path / "triton.log", ready_timeout_s=240, **_ports()) as server:
         rss_mib = server.rss_bytes() / 2**20
         pids = [server.pid, *(c.pid for c in psutil.Process(server.pid).children(recursive=True))]
