@@ -89,14 +89,18 @@ def run(recipe: Recipe, out_dir: Path, *, recipe_dir: Path, force: bool = False,
         if not force and (hit := artifacts.cached_result(STAGE, out_dir, key)):
             return hit
         return _dry_run(recipe, out_dir, key, recipe_dir)
+    from pipeline.quiet import quiet_libraries
     from pipeline.sources import resolve_source
 
-    source = resolve_source(recipe.model, Path(recipe_dir))
+    with quiet_libraries():
+        source = resolve_source(recipe.model, Path(recipe_dir))
     key = cache_key(recipe, source_hash=source.content_hash, dataset_hash=_dataset_hash(recipe, recipe_dir), dry_run=False)
     if not force and (hit := artifacts.cached_result(STAGE, out_dir, key)):
         return hit
     with _threads(), artifacts.atomic_dir(out_dir) as tmp:
-        manifest = _quantize(recipe, tmp, key, source, Path(recipe_dir))
+        with quiet_libraries() as library_log:
+            manifest = _quantize(recipe, tmp, key, source, Path(recipe_dir))
+        manifest["library_log"] = library_log
         manifest["paths"] = {"trtllm_ckpt": str(out_dir / "trtllm_ckpt"), "hf_ckpt": str(out_dir / "hf_ckpt")}
         artifacts.write_manifest(tmp, manifest)
     return StageResult(STAGE, out_dir, manifest, cached=False)

@@ -1,0 +1,45 @@
+"""Keep third-party chatter (transformers/ModelOpt prints, progress bars, UserWarnings) off the
+console during a stage, and hand it back so the stage can record it in its manifest."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[list[str]]:
+    """Silence library output for the duration; yields a list that, on exit, holds the distinct
+    warning messages and printed lines (at most 50, in order) for the manifest.
+
+    Our own progress bars and messages go to stderr through rich and are not affected. Set
+    ``TRTPIPE_DEBUG=1`` to let everything through.
+    """
+    import os
+
+    log: list[str] = []
+    if os.environ.get("TRTPIPE_DEBUG", "") not in ("", "0"):
+        yield log
+        return
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        hf_logging = None
+    verbosity = hf_logging.get_verbosity() if hf_logging else None
+    if hf_logging:
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    printed = io.StringIO()
+    try:
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(printed):
+            warnings.simplefilter("always")
+            yield log
+    finally:
+        if hf_logging:
+            hf_logging.set_verbosity(verbosity)
+            hf_logging.enable_progress_bar()
+        lines = [f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught]
+        lines += [ln.strip() for ln in printed.getvalue().splitlines() if ln.strip()]
+        log.extend(list(dict.fromkeys(lines))[:50])
