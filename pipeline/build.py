@@ -8,6 +8,8 @@ sections, its upstream manifests and library versions) is unchanged is reused, n
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,8 +58,6 @@ def run_build(
         UserError: unknown ``until``, or the planner (:func:`pipeline.plan.check_fits`) finds that
             the recipe cannot fit its target; any stage's own errors propagate unchanged.
     """
-    from pipeline import quantize, triton_repo
-    from pipeline.engine import run as run_engine
     from pipeline.plan import check_fits
 
     last = STAGE_ALIASES.get(until or "triton_repo")
@@ -72,9 +72,33 @@ def run_build(
     for w in verdict.warnings:
         warn(f"plan: {w}")
     build_dir = Path(build_dir)
-    build_dir.mkdir(parents=True, exist_ok=True)
-    (build_dir / "recipe.yaml").write_text(dump_recipe(recipe))
+    created = _first_missing(build_dir.absolute())
     results: dict[str, StageResult] = {}
+    try:
+        _run_stages(recipe, build_dir, recipe_dir, last, force, dry_run, results, on_stage)
+    except BaseException:
+        if created is not None and created.is_dir() and not any(p.is_file() for p in created.rglob("*")):
+            shutil.rmtree(created, ignore_errors=True)  # a failed first build leaves nothing behind
+        raise
+    _write_text_atomic(build_dir / "recipe.yaml", dump_recipe(recipe))
+    if last == "triton_repo" and not dry_run:
+        artifacts.record_last_build(build_dir)
+    return BuildResult(build_dir, results)
+
+
+def _run_stages(
+    recipe: Recipe,
+    build_dir: Path,
+    recipe_dir: Path,
+    last: str,
+    force: bool,
+    dry_run: bool,
+    results: dict[str, StageResult],
+    on_stage: Callable[[str, StageResult], None] | None,
+) -> None:
+    """Run the stages in order up to ``last``, filling ``results``."""
+    from pipeline import quantize, triton_repo
+    from pipeline.engine import run as run_engine
 
     def done(name: str, res: StageResult) -> bool:
         results[name] = res
@@ -84,12 +108,26 @@ def run_build(
 
     q = quantize.run(recipe, build_dir / "quantize", recipe_dir=recipe_dir, force=force, dry_run=dry_run)
     if done("quantize", q):
-        return BuildResult(build_dir, results)
+        return
     e = run_engine(recipe, build_dir / "engine", quantized=q, force=force, dry_run=dry_run)
     if done("engine", e):
-        return BuildResult(build_dir, results)
+        return
     r = triton_repo.run(recipe, build_dir / "triton_repo", quantized=q, engine=e, force=force, dry_run=dry_run)
     done("triton_repo", r)
-    if not dry_run:
-        artifacts.record_last_build(build_dir)
-    return BuildResult(build_dir, results)
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The highest ancestor of ``path`` (or ``path`` itself) that does not exist yet, else ``None``."""
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing = p
+    return missing
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temp file next to ``path`` and rename it into place."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)

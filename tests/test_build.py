@@ -91,3 +91,13 @@ def test_build_refuses_a_recipe_that_cannot_fit(tmp_path: Path):
     with pytest.raises(UserError, match="does not fit"):
         run_build(recipe, tmp_path / "b", recipe_dir=path.parent, dry_run=True)
     assert not (tmp_path / "b").exists()  # nothing written
+
+
+def test_a_failing_first_build_leaves_nothing(tmp_path: Path):
+    from pipeline.errors import UserError
+
+    path = REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"
+    recipe = load_recipe(path, ["model.source=/nonexistent/checkpoint"])
+    with pytest.raises(UserError, match="/nonexistent/checkpoint"):
+        run_build(recipe, tmp_path / "artifacts" / "x", recipe_dir=path.parent)
+    assert list(tmp_path.iterdir()) == []
