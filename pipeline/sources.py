@@ -11,7 +11,7 @@ a local ``.gguf`` file
 a local HF directory
     Used in place; must hold ``config.json``.
 a Hugging Face hub id (``meta-llama/Llama-3.1-8B-Instruct``)
-    Read from the local HF cache only (``local_files_only=True``); nothing is downloaded here.
+    Read from the local HF cache; downloaded once when absent, unless ``HF_HUB_OFFLINE`` is set.
 
 GGUF conversions are written atomically to ``artifacts.cache_dir()/models/<name>-<hash12>/`` and
 reused; they apply the traps of reference cpu-stack.md §4 (``remove_quantization_config`` before
@@ -124,19 +124,35 @@ def embedded_smollm2_dir() -> Path:
 
 
 # ---------------------------------------------------------------------------------------- hub
+#: files fetched for a hub model: weights, configs, tokenizer, chat template (no .bin/.pth duplicates)
+HUB_FILES = ["*.safetensors", "*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+
 def _from_hub(repo_id: str, revision: str | None) -> ResolvedSource:
+    """A hub id: the local HF cache first; when it is absent and the hub is not switched off
+    (``HF_HUB_OFFLINE``), one download of the weights/config/tokenizer files (GPU machines, with
+    ``HF_TOKEN`` for gated models). Without network: one clear UserError saying how to pre-download."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
+    rev = f" --revision {revision}" if revision else ""
+    how = (f"run `hf download {repo_id}{rev}` (older: `huggingface-cli download`) with the same HF_HOME first, "
+           f"or point model.source at a local checkpoint directory")
     try:
         snap = Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
     except (LocalEntryNotFoundError, FileNotFoundError, ValueError):
-        rev = f" --revision {revision}" if revision else ""
-        raise UserError(
-            f"model.source {repo_id!r}{f' @ {revision}' if revision else ''} is not in the local Hugging Face cache "
-            f"and trtpipe never downloads: run `hf download {repo_id}{rev}` (older: `huggingface-cli download`) "
-            f"with the same HF_HOME first, or point model.source at a local checkpoint directory"
-        ) from None
+        if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+            raise UserError(
+                f"model.source {repo_id!r}{f' @ {revision}' if revision else ''} is not in the local Hugging Face "
+                f"cache and HF_HUB_OFFLINE is set: {how}"
+            ) from None
+        try:
+            snap = Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES))
+        except Exception as e:  # network, auth (gated model), unknown repo: all user-fixable
+            cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(
+                f"model.source {repo_id!r}{f' @ {revision}' if revision else ''}: not in the local Hugging Face cache "
+                f"and the download failed ({cause}): {how}"
+            ) from None
     if not (snap / "config.json").is_file():
         raise UserError(f"model.source {repo_id!r}: cached snapshot {snap} has no config.json")
     # snapshots/<commit>/<file> are symlinks to blobs/<etag>: the etag is the file's sha256 (LFS)

@@ -95,11 +95,20 @@ def test_dir_without_config_is_a_user_error(tmp_path: Path) -> None:
 
 
 def test_hub_id_not_cached_says_how_to_download(tmp_path: Path) -> None:
-    with pytest.raises(UserError) as e:
+    with pytest.raises(UserError) as e:  # HF_HUB_OFFLINE=1 (conftest): no download is tried
         resolve_source(ModelSpec(source="trtpipe-tests/no-such-model", revision="v1"), tmp_path)
     msg = str(e.value)
-    assert "not in the local Hugging Face cache" in msg
+    assert "not in the local Hugging Face cache and HF_HUB_OFFLINE is set" in msg
     assert "hf download trtpipe-tests/no-such-model --revision v1" in msg and "HF_HOME" in msg
+    assert "\n" not in msg
+
+
+def test_hub_id_download_failure_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the download is tried; no hub is reachable here
+    with pytest.raises(UserError) as e:
+        resolve_source(ModelSpec(source="trtpipe-tests/no-such-model"), tmp_path)
+    msg = str(e.value)
+    assert "the download failed (" in msg and "hf download trtpipe-tests/no-such-model" in msg
     assert "\n" not in msg
 
 
