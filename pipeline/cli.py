@@ -47,6 +47,9 @@ app.add_typer(recipe_cmd.app, name="recipe")
 
 def main() -> None:
     """Console-script entry point."""
+    from pipeline.quiet import disable_tqdm
+
+    disable_tqdm()
     app()
 
 

@@ -9,6 +9,19 @@ import warnings
 from collections.abc import Iterator
 
 
+#: python loggers of libraries that log routine notes at WARNING level (e.g. ModelOpt's tied-weight export note)
+QUIET_LOGGERS = ("modelopt",)
+
+
+def disable_tqdm() -> None:
+    """Turn off tqdm bars (transformers' GGUF conversion uses tqdm directly). tqdm reads
+    ``TQDM_DISABLE`` when it is imported, so call this at CLI start, before heavy imports."""
+    import os
+
+    if os.environ.get("TRTPIPE_DEBUG", "") in ("", "0"):
+        os.environ.setdefault("TQDM_DISABLE", "1")
+
+
 @contextlib.contextmanager
 def quiet_libraries() -> Iterator[list[str]]:
     """Silence library output for the duration; yields a list that, on exit, holds the distinct
@@ -27,7 +40,12 @@ def quiet_libraries() -> Iterator[list[str]]:
         from transformers.utils import logging as hf_logging
     except ImportError:  # pragma: no cover - transformers is a dependency
         hf_logging = None
+    import logging
+
     verbosity = hf_logging.get_verbosity() if hf_logging else None
+    other = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
+    for name in other:
+        logging.getLogger(name).setLevel(logging.ERROR)
     if hf_logging:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
@@ -40,6 +58,8 @@ def quiet_libraries() -> Iterator[list[str]]:
         if hf_logging:
             hf_logging.set_verbosity(verbosity)
             hf_logging.enable_progress_bar()
+        for name, level in other.items():
+            logging.getLogger(name).setLevel(level)
         lines = [f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught]
         lines += [ln.strip() for ln in printed.getvalue().splitlines() if ln.strip()]
         log.extend(list(dict.fromkeys(lines))[:50])
