@@ -46,12 +46,19 @@ def scenario_tables(load_points: list[dict[str, Any]], goodput: bool = False) ->
 
 @contextlib.contextmanager
 def progress_bar(console: Console) -> Iterator[Callable[[str, int], Callable[[int], None]]]:
-    """Yield ``start(description, total) -> advance(n)``; one bar per load point."""
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as prog:
+    """Yield ``start(description, total) -> advance(n)``; one bar per load point. The display starts
+    with the first bar, so a run that fails before any load prints nothing here."""
+    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=False)
 
-        def start(description: str, total: int) -> Callable[[int], None]:
-            task = prog.add_task(description, total=total)
-            return lambda n: prog.advance(task, n)
+    def start(description: str, total: int) -> Callable[[int], None]:
+        if not prog.live.is_started:
+            prog.start()
+        task = prog.add_task(description, total=total)
+        return lambda n: prog.advance(task, n)
 
+    try:
         yield start
+    finally:
+        if prog.live.is_started:
+            prog.stop()
