@@ -222,6 +222,8 @@ class TritonPythonModel:
                 on_tokens=lambda new, fin, j=job: self._on_tokens(j, list(new), fin),
                 on_error=lambda msg, j=job: self._finish(j, error=msg),
             )
+            if job.done:  # finished (stop word, client gone) before the engine's id was known here
+                self.engine.cancel(job.engine_id)
         except Exception as e:
             if job is not None:
                 self._finish(job, error=str(e))
