@@ -25,6 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pipeline import gpus
+from pipeline.engine.cpu import DEFAULT_KV_RAM_FRACTION
 from pipeline.errors import UserError
 from pipeline.models import ModelGeometry, geometry_for_source
 from pipeline.plan import memory as mem
@@ -35,9 +36,8 @@ from pipeline.recipe.quant import FP8_QFORMATS
 #: bytes the CPU engine process needs besides weights/KV/activations: Python, torch, the Triton Python
 #: backend stubs (estimate).
 CPU_RUNTIME_BYTES = 1 * mem.GIB
-#: KV pool share of host RAM when kv_cache_config.max_tokens is unset (mirrors
-#: pipeline.engine.cpu.DEFAULT_KV_RAM_FRACTION, the CPU engine's own rule).
-CPU_KV_RAM_FRACTION = 0.25
+#: KV pool share of host RAM when kv_cache_config.max_tokens is unset: the CPU engine's own rule.
+CPU_KV_RAM_FRACTION = DEFAULT_KV_RAM_FRACTION
 #: warn when this share of device memory is left out of the KV cache by a small fraction.
 UNUSED_WARN_SHARE = 0.25
 
