@@ -18,7 +18,6 @@ from pipeline.artifacts import StageResult
 from pipeline.errors import UserError
 from pipeline.recipe import Recipe, dump_recipe
 
-STAGE_ORDER = ("quantize", "engine", "triton_repo")
 #: CLI spelling of --stage → stage directory name
 STAGE_ALIASES = {"quantize": "quantize", "engine": "engine", "repo": "triton_repo", "triton_repo": "triton_repo"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import warnings
 from collections.abc import Iterator
 
@@ -13,12 +14,15 @@ from collections.abc import Iterator
 QUIET_LOGGERS = ("modelopt",)
 
 
+def debug_enabled() -> bool:
+    """``TRTPIPE_DEBUG`` is set (and not 0): show library output and tracebacks."""
+    return os.environ.get("TRTPIPE_DEBUG", "") not in ("", "0")
+
+
 def disable_tqdm() -> None:
     """Turn off tqdm bars (transformers' GGUF conversion uses tqdm directly). tqdm reads
     ``TQDM_DISABLE`` when it is imported, so call this at CLI start, before heavy imports."""
-    import os
-
-    if os.environ.get("TRTPIPE_DEBUG", "") in ("", "0"):
+    if not debug_enabled():
         os.environ.setdefault("TQDM_DISABLE", "1")
 
 
@@ -30,10 +34,8 @@ def quiet_libraries() -> Iterator[list[str]]:
     Our own progress bars and messages go to stderr through rich and are not affected. Set
     ``TRTPIPE_DEBUG=1`` to let everything through.
     """
-    import os
-
     log: list[str] = []
-    if os.environ.get("TRTPIPE_DEBUG", "") not in ("", "0"):
+    if debug_enabled():
         yield log
         return
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -11,6 +10,7 @@ import typer
 from rich.console import Console
 
 from pipeline.errors import TrtpipeError
+from pipeline.quiet import debug_enabled
 
 console = Console()
 err_console = Console(stderr=True)
@@ -30,7 +30,7 @@ def handle_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except TrtpipeError as e:
-            if _debug():
+            if debug_enabled():
                 raise
             err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
@@ -40,14 +40,3 @@ def handle_errors(fn: F) -> F:
 
     return wrapper  # type: ignore[return-value]
 
-
-def _debug() -> bool:
-    import os
-
-    return os.environ.get("TRTPIPE_DEBUG", "") not in ("", "0")
-
-
-def fail(message: str, code: int = 2) -> None:
-    """Print one error line and exit with ``code`` (for checks done in the CLI layer itself)."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    sys.exit(code)

@@ -70,7 +70,7 @@ def _describe(err: dict[str, Any]) -> str:
 
 def _set_dotted(data: dict[str, Any], dotted: str, raw_value: str) -> None:
     """Apply one ``a.b.c=value`` override; the value is parsed as YAML (``64``, ``true``, ``[1,2]``)."""
-    if "=" not in dotted + raw_value and raw_value == "":
+    if raw_value == "":
         raise RecipeError(f"--set {dotted!r}: expected KEY=VALUE, e.g. build.max_batch_size=64")
     keys = dotted.split(".")
     cur: Any = data
