@@ -74,7 +74,8 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
     ``scheduler_config.capacity_scheduler_policy`` → ``batch_scheduler_policy`` (lower case),
     ``build.enable_chunked_prefill`` → ``enable_chunked_context``; names and meanings from
     tensorrtllm_backend docs/model_config.md (reference §3.2). Optional knobs left unset in the recipe
-    are omitted (never left as ``${…}``). The CPU engine adds ``cpu_num_threads``.
+    are omitted (never left as ``${…}``). The CPU engine adds ``cpu_num_threads`` and keeps only the
+    keys its model reads (``layouts.yaml`` ``layouts.cpu.parameters``).
 
     KV-cache reuse and chunked context need paged context FMHA in the engine; when the engine
     manifest says trtllm-build turned it off (``effective_plugins``), both are set to false here
@@ -110,6 +111,8 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
     if b.engine == "cpu":
         if b.cpu.num_threads is not None:
             params["cpu_num_threads"] = str(b.cpu.num_threads)
+        keep = layouts()["layouts"]["cpu"]["parameters"]
+        params = {k: v for k, v in params.items() if k in keep}
     else:
         cpp = layouts()["cpp"]
         params["FORCE_CPU_ONLY_INPUT_TENSORS"] = cpp["force_cpu_only_input_tensors"]

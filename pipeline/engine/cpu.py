@@ -6,12 +6,26 @@ Output (``<build>/engine/``, written atomically)::
                          error of the exported format; see pipeline/cpu_runtime/dequant.py)
     config.json          plain transformers config (no quantization_config)
     tokenizer files      copied from <build>/quantize/hf_ckpt/ (tokenizer.json, chat template, …)
-    engine_config.json   what pipeline.cpu_runtime.CpuEngine needs: limits, paged-KV pool, dtype
+    engine_config.json   what pipeline.cpu_runtime.CpuEngine needs: runtime, limits, KV-cache rule, precision
     manifest.json        stage, cache_key, versions, per-file sha256, timings, peak RSS
 
 The engine limits keep their TensorRT-LLM names (max_batch_size, max_num_tokens, max_seq_len,
-max_input_len, tokens_per_block, kv_cache_config.max_tokens) so the Triton layer and the
-benchmark read one vocabulary for every engine kind.
+max_input_len) so the Triton layer and the benchmark read one vocabulary for every engine kind.
+
+What the CPU engine honours from the recipe, and what it refuses (one line, at build time):
+
+- ``build.kv_cache_config.max_tokens`` and ``free_gpu_memory_fraction``: on CPU the fraction is a
+  share of the host RAM available when the engine loads (after its weights); the KV cache holds
+  min(max_tokens, fraction × available / fp32 K+V bytes per token) tokens, in slots of
+  ``max_seq_len`` tokens, at most ``max_batch_size`` slots (:func:`pipeline.cpu_runtime.engine.kv_slots`).
+  ``max_tokens`` below ``max_seq_len`` is refused.
+- ``build.enable_chunked_prefill``: prompts longer than the step budget (``max_num_tokens``) are split
+  across steps when true, admitted whole otherwise.
+- refused: ``enable_block_reuse: true`` (no prefix reuse), ``max_attention_window``,
+  ``host_cache_size``, ``kv_cache_type`` other than paged, ``max_beam_width`` > 1, the
+  ``MAX_UTILIZATION`` scheduler (the slot cache guarantees every admitted request its KV:
+  ``GUARANTEED_NO_EVICT``), and models the decoder does not implement
+  (:func:`pipeline.cpu_runtime.model.check_supported`).
 """
 
 from __future__ import annotations
@@ -41,12 +55,13 @@ from pipeline.recipe import Recipe
 STAGE = "engine"
 ENGINE_CONFIG = "engine_config.json"
 #: Bump when the engine directory layout or engine_config.json fields change.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 #: Files of hf_ckpt/ that are not copied: weights and quantization metadata are rewritten here.
 _SKIP = ("hf_quant_config.json", "config.json", "model.safetensors.index.json")
-#: Share of physical RAM the KV pool may take when kv_cache_config.max_tokens is unset (the CPU
-#: analogue of free_gpu_memory_fraction; a quarter leaves room for weights and other processes).
-DEFAULT_KV_RAM_FRACTION = 0.25
+#: The runtime that serves the engine directory (pipeline/cpu_runtime/engine.py RUNTIME).
+RUNTIME = "trtpipe-torch"
+#: The CPU engine computes and keeps its KV cache in float32 (build.cpu.dtype only rounds the stored weights).
+COMPUTE_DTYPE = "float32"
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
@@ -74,57 +89,90 @@ def kv_bytes_per_token(model_cfg: dict[str, Any], dtype: str) -> int:
     return 2 * model_cfg["num_hidden_layers"] * kv_heads * head_dim * _DTYPE_BYTES[dtype]
 
 
+def _refusals(recipe: Recipe) -> list[tuple[str, str]]:
+    """(field, why) for every recipe setting the CPU engine cannot honour."""
+    b, kv = recipe.build, recipe.build.kv_cache_config
+    out = []
+    if kv.enable_block_reuse:
+        out.append(("build.kv_cache_config.enable_block_reuse", "the CPU engine has no KV-block reuse; set it to false"))
+    if kv.max_attention_window is not None:
+        out.append(("build.kv_cache_config.max_attention_window", "the CPU engine attends over the whole sequence; unset it"))
+    if kv.host_cache_size is not None:
+        out.append(("build.kv_cache_config.host_cache_size", "the CPU engine's KV cache is already in host memory; unset it"))
+    if b.kv_cache_type != "paged":
+        out.append(("build.kv_cache_type", f"{b.kv_cache_type!r}: in-flight batching needs the (slot) KV cache; use paged"))
+    if b.max_beam_width != 1:
+        out.append(("build.max_beam_width", "the CPU engine decodes greedily (beam width 1)"))
+    if b.scheduler_config.capacity_scheduler_policy != "GUARANTEED_NO_EVICT":
+        out.append(("build.scheduler_config.capacity_scheduler_policy",
+                    "the CPU engine reserves each request's KV at admission (GUARANTEED_NO_EVICT only)"))
+    return out
+
+
 def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
     """The ``engine_config.json`` dict for ``recipe`` and the checkpoint's ``config.json``.
 
-    KV pool: ``kv_cache_config.max_tokens`` tokens, else ``max_batch_size × max_seq_len`` capped at
-    :data:`DEFAULT_KV_RAM_FRACTION` of physical RAM; rounded up to whole blocks of
-    ``tokens_per_block``. Raises :class:`UserError` when the pool cannot hold one ``max_seq_len``
-    sequence or ``max_seq_len`` exceeds the model's ``max_position_embeddings``.
+    The KV cache is sized when the engine loads (it depends on the RAM available then); this
+    records the rule's inputs (``kv_cache.max_tokens``, ``kv_cache.free_memory_fraction``) and the
+    fp32 K+V bytes per token. Raises :class:`UserError` (one line naming the field) for a setting
+    the engine cannot honour (module docstring), an unsupported model, ``kv_cache_config.max_tokens``
+    below ``max_seq_len``, or ``max_seq_len`` above the model's ``max_position_embeddings``.
     """
+    from pipeline.cpu_runtime.model import UnsupportedModelError, check_supported
+
     b = recipe.build
+    refused = _refusals(recipe)
+    if refused:
+        field, why = refused[0]
+        raise UserError(f"{field}: {why}")
+    try:
+        check_supported(model_cfg)
+    except UnsupportedModelError as e:
+        raise UserError(f"model.source: {e}") from None
     max_pos = model_cfg.get("max_position_embeddings")
     max_seq_len = b.max_seq_len or max_pos
     if max_seq_len is None:
         raise UserError("build.max_seq_len is unset and the checkpoint's config.json has no max_position_embeddings")
     if max_pos and max_seq_len > max_pos:
         raise UserError(f"build.max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {max_pos}")
-    dtype = b.cpu.dtype
-    per_tok = kv_bytes_per_token(model_cfg, dtype)
-    tokens = b.kv_cache_config.max_tokens
-    if tokens is None:
-        import psutil
-
-        tokens = min(b.max_batch_size * max_seq_len, int(psutil.virtual_memory().total * DEFAULT_KV_RAM_FRACTION) // per_tok)
-    blocks = math.ceil(tokens / b.tokens_per_block)
-    if blocks * b.tokens_per_block < max_seq_len:
+    kv = b.kv_cache_config
+    if kv.max_tokens is not None and kv.max_tokens < max_seq_len:
         raise UserError(
-            f"build.kv_cache_config.max_tokens {tokens} is smaller than max_seq_len {max_seq_len}: "
+            f"build.kv_cache_config.max_tokens {kv.max_tokens} is smaller than max_seq_len {max_seq_len}: "
             "a full-length request would not fit the KV cache"
         )
     q = recipe.quantization
     return {
         "kind": "cpu",
+        "runtime": RUNTIME,
         "builder_version": BUILDER_VERSION,
         "architecture": (model_cfg.get("architectures") or ["unknown"])[0],
-        "dtype": dtype,
+        "dtype": b.cpu.dtype,
+        "compute_dtype": COMPUTE_DTYPE,
         "num_threads": b.cpu.num_threads,
-        "attn_implementation": "sdpa",
-        "scheduler": "fifo",
         "max_batch_size": b.max_batch_size,
         "max_num_tokens": b.max_num_tokens,
         "max_seq_len": max_seq_len,
         "max_input_len": b.max_input_len,
         "max_beam_width": 1,
-        "tokens_per_block": b.tokens_per_block,
-        "kv_cache_blocks": blocks,
-        "kv_cache_tokens": blocks * b.tokens_per_block,
-        "kv_cache_bytes": blocks * b.tokens_per_block * per_tok,
-        "enable_block_reuse": b.kv_cache_config.enable_block_reuse,
-        "enable_chunked_prefill": True,  # transformers' scheduler always splits prefills > max_num_tokens
+        "kv_cache": {
+            "layout": "slots",
+            "max_tokens": kv.max_tokens,
+            "free_memory_fraction": kv.free_gpu_memory_fraction,
+            "dtype": COMPUTE_DTYPE,
+            "bytes_per_token": kv_bytes_per_token(model_cfg, COMPUTE_DTYPE),
+        },
+        "enable_chunked_prefill": b.enable_chunked_prefill,
+        "scheduler": "GUARANTEED_NO_EVICT",
         "qformat": q.qformat,
         "quant_algo": q.quant_algo,
         "kv_cache_dtype": q.kv_cache_dtype,
+        "precision": {
+            "weights": "float32" if q.qformat == "full_prec" and b.cpu.dtype == "float32" else
+            (f"{q.qformat} dequantized to {b.cpu.dtype}" if q.qformat != "full_prec" else b.cpu.dtype),
+            "activations": COMPUTE_DTYPE,
+            "kv_cache": COMPUTE_DTYPE,
+        },
         "emulated": {"weights": q.qformat != "full_prec", "activations": False, "kv_cache": False},
         "vocab_size": model_cfg["vocab_size"],
     }
@@ -197,6 +245,8 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = 
             STAGE,
             key,
             engine_kind="cpu",
+            runtime=RUNTIME,
+            precision=ecfg["precision"],
             dry_run=dry_run,
             versions=library_versions("torch", "transformers", "safetensors", "nvidia-modelopt"),
             files=file_hashes(tmp),

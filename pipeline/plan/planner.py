@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pipeline import gpus
-from pipeline.engine.cpu import DEFAULT_KV_RAM_FRACTION
+from pipeline.cpu_runtime.kv import kv_slots
 from pipeline.errors import UserError
 from pipeline.models import ModelGeometry, geometry_for_source
 from pipeline.plan import memory as mem
@@ -36,8 +36,6 @@ from pipeline.recipe.quant import FP8_QFORMATS
 #: bytes the CPU engine process needs besides weights/KV/activations: Python, torch, the Triton Python
 #: backend stubs (estimate).
 CPU_RUNTIME_BYTES = 1 * mem.GIB
-#: KV pool share of host RAM when kv_cache_config.max_tokens is unset: the CPU engine's own rule.
-CPU_KV_RAM_FRACTION = DEFAULT_KV_RAM_FRACTION
 #: warn when this share of device memory is left out of the KV cache by a small fraction.
 UNUSED_WARN_SHARE = 0.25
 
@@ -249,15 +247,18 @@ def plan_recipe(
                                    max_beam_width=b.max_beam_width, act_dtype_bytes=dtype_b)
         overhead = CPU_RUNTIME_BYTES
         free = total - weights.per_gpu_bytes - act - overhead
-        if b.kv_cache_config.max_tokens is not None:
-            kv_tokens = math.ceil(b.kv_cache_config.max_tokens / b.tokens_per_block) * b.tokens_per_block
-            limited_by = "max_tokens"
-        else:
-            by_ram = int(total * CPU_KV_RAM_FRACTION) // kv_tok
-            kv_tokens = math.ceil(min(b.max_batch_size * max_seq_len, by_ram) / b.tokens_per_block) * b.tokens_per_block
-            limited_by = "fraction" if by_ram < b.max_batch_size * max_seq_len else "max_batch_size"
-            notes.append(f"kv_cache_config.max_tokens unset: the CPU engine sizes its KV pool as min(max_batch_size × "
-                         f"max_seq_len, {CPU_KV_RAM_FRACTION:g} × host RAM / KV bytes per token)")
+        kvc = b.kv_cache_config  # the CPU engine's own rule (pipeline/cpu_runtime/kv.py)
+        try:
+            slots, kv_tokens = kv_slots(max_batch_size=b.max_batch_size, max_seq_len=max_seq_len, bytes_per_token=kv_tok,
+                                        available_bytes=int(vm.available) - weights.per_gpu_bytes,
+                                        max_tokens=kvc.max_tokens, free_memory_fraction=kvc.free_gpu_memory_fraction)
+        except ValueError as e:
+            errors.append(str(e))
+            slots, kv_tokens = 0, 0
+        limited_by = ("max_batch_size" if slots == b.max_batch_size else
+                      "max_tokens" if kvc.max_tokens is not None and kv_tokens + max_seq_len > kvc.max_tokens else "fraction")
+        notes.append(f"the CPU engine's KV cache: {slots} slots × max_seq_len {max_seq_len} (min of max_tokens and "
+                     f"free_gpu_memory_fraction × host memory available after the weights)")
         kv_pool = kv_tokens * kv_tok
         by_fraction = None
         if weights.per_gpu_bytes + act + overhead + kv_pool > total:
