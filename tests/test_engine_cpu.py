@@ -147,10 +147,12 @@ def test_stage_writes_engine_dir(fp8_engine: StageResult, fp8_export: StageResul
     ec = json.loads((d / "engine_config.json").read_text())
     assert ec["kind"] == "cpu" and ec["qformat"] == "fp8" and ec["kv_cache_dtype"] == "fp8"
     assert (ec["max_batch_size"], ec["max_input_len"], ec["max_seq_len"], ec["max_num_tokens"]) == (32, 512, 1024, 1024)
-    assert ec["kv_cache_blocks"] == 16384 // 32 and ec["kv_cache_tokens"] == 16384
-    assert ec["kv_cache_bytes"] == 16384 * 2 * 30 * 3 * 64 * 4  # SmolLM2: 30 layers, 3 KV heads × 64, fp32
+    assert ec["kv_cache"]["max_tokens"] == 16384 and ec["kv_cache"]["free_memory_fraction"] == 0.9
+    assert ec["kv_cache"]["bytes_per_token"] == 2 * 30 * 3 * 64 * 4  # SmolLM2: 30 layers, 3 KV heads × 64, fp32
+    assert ec["enable_chunked_prefill"] is False  # the recipe's value (TensorRT-LLM default), honoured by the engine
     m = fp8_engine.manifest
-    assert m["stage"] == "engine" and m["engine_kind"] == "cpu"
+    assert m["stage"] == "engine" and m["engine_kind"] == "cpu" and m["runtime"] == "trtpipe-torch"
+    assert m["precision"] == {"weights": "fp8 dequantized to float32", "activations": "float32", "kv_cache": "float32"}
     assert m["versions"]["torch"] and m["versions"]["transformers"]
     assert m["files"]["model.safetensors"] == sha256_file(d / "model.safetensors")
     assert m["inputs"]["quantize_cache_key"] == fp8_export.manifest["cache_key"]
@@ -186,6 +188,19 @@ def test_stage_reuses_and_rebuilds(fp8_engine: StageResult, fp8_export: StageRes
 def test_stage_rejects_kv_pool_smaller_than_a_sequence(fp8_export: StageResult, tmp_path: Path) -> None:
     with pytest.raises(UserError, match="max_tokens 512 is smaller than max_seq_len 1024"):
         cpu_stage.run(_recipe("build.kv_cache_config.max_tokens=512"), tmp_path / "e", quantized=fp8_export, dry_run=True)
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("override, field", [
+    ("build.kv_cache_config.enable_block_reuse=true", "build.kv_cache_config.enable_block_reuse"),
+    ("build.kv_cache_config.max_attention_window=256", "build.kv_cache_config.max_attention_window"),
+    ("build.kv_cache_config.host_cache_size=1000000", "build.kv_cache_config.host_cache_size"),
+    ("build.scheduler_config.capacity_scheduler_policy=MAX_UTILIZATION", "capacity_scheduler_policy"),
+])
+def test_stage_refuses_what_the_cpu_engine_cannot_honour(fp8_export: StageResult, tmp_path: Path, override, field) -> None:
+    with pytest.raises(UserError, match=field) as e:
+        cpu_stage.run(_recipe(override), tmp_path / "e", quantized=fp8_export, dry_run=True)
+    assert "\n" not in str(e.value)
     assert not (tmp_path / "e").exists()
 
 

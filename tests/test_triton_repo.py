@@ -135,7 +135,13 @@ def test_parameters_come_from_the_recipe(built):
     p = params(triton_repo.load_model_config(res.path / "tensorrt_llm"))
     kv = recipe.build.kv_cache_config
     assert p["gpt_model_path"] == str(e.path.resolve())
-    assert p["gpt_model_type"] == "inflight_fused_batching"
+    if kind == "cpu":  # only what the CPU model reads (it refuses any other key)
+        src = (res.path / "tensorrt_llm" / "1" / "model.py").read_text()
+        declared = src[src.index("PARAMETERS = ("):src.index(")", src.index("PARAMETERS = ("))]
+        assert set(p) <= {k for k in triton_repo.layouts()["layouts"]["cpu"]["parameters"] if f'"{k}"' in declared}
+        assert "gpt_model_type" not in p and "stats_check_period_ms" not in p
+    else:
+        assert p["gpt_model_type"] == "inflight_fused_batching"
     assert p["kv_cache_free_gpu_mem_fraction"] == str(kv.free_gpu_memory_fraction)
     assert p["enable_kv_cache_reuse"] == str(kv.enable_block_reuse).lower()
     assert p["batch_scheduler_policy"] == "guaranteed_no_evict"
@@ -155,7 +161,7 @@ def test_parameters_come_from_the_recipe(built):
     bls = params(triton_repo.load_model_config(res.path / "tensorrt_llm_bls"))
     assert bls["accumulate_tokens"] == "true" and bls["tensorrt_llm_model_name"] == "tensorrt_llm"
     for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
-        assert {"model.py", "_common.py", "detokenize.py"} <= {p.name for p in (res.path / model / "1").iterdir()}
+        assert {"model.py", "_common.py", "detokenize.py", "tokenizer.py"} <= {p.name for p in (res.path / model / "1").iterdir()}
 
 
 def test_translation_single_function(tmp_path):

@@ -51,7 +51,6 @@ ENGINE_CONFIG = "engine_config.json"
 RUNTIME = "trtpipe-torch"
 #: How long shutdown waits for the engine threads (s); a step takes well under a second.
 _STOP_TIMEOUT_S = 30.0
-_INLINE = os.environ.get('TRTPIPE_CPU_INLINE') == '1'
 
 TokensCallback = Callable[[list[int], bool], None]
 ErrorCallback = Callable[[str], None]
@@ -403,12 +402,8 @@ class CpuEngine:
                     self._requests.pop(seq.rid, None)
             for seq in finished:
                 self._release(seq)
-        if _INLINE:
-            for item in out:
-                self._deliver(item)
-        else:
-            for item in out:
-                self._out.put(item)
+        for item in out:
+            self._out.put(item)
         c = self._counters
         c["forward_passes"] += 1
         c["forward_s"] += t2 - t1
@@ -425,28 +420,27 @@ class CpuEngine:
             self._deliver(item)
 
     def _deliver(self, item) -> None:
-        if True:
-            kind, seq = item[0], item[1]
-            with seq.lock:
-                if seq.done:
+        kind, seq = item[0], item[1]
+        with seq.lock:
+            if seq.done:
+                return
+            try:
+                if kind == "error":
+                    seq.done = True
+                    if seq.on_error is not None:
+                        seq.on_error(item[2])
+                    else:
+                        seq.on_tokens([], True)
                     return
-                try:
-                    if kind == "error":
-                        seq.done = True
-                        if seq.on_error is not None:
-                            seq.on_error(item[2])
-                        else:
-                            seq.on_tokens([], True)
-                        return
-                    toks, fin = item[2], item[3]
-                    if fin:
-                        seq.done = True
-                    seq.on_tokens(toks, fin)
-                except Exception:  # a client callback must not kill the engine
-                    log.exception("callback failed for %s; cancelling it", seq.rid)
-                    if not seq.done:
-                        seq.done = True
-                        with self._cv:
-                            if self._requests.pop(seq.rid, None) is not None:
-                                self._cancels.append(seq)
-                                self._cv.notify()
+                toks, fin = item[2], item[3]
+                if fin:
+                    seq.done = True
+                seq.on_tokens(toks, fin)
+            except Exception:  # a client callback must not kill the engine
+                log.exception("callback failed for %s; cancelling it", seq.rid)
+                if not seq.done:
+                    seq.done = True
+                    with self._cv:
+                        if self._requests.pop(seq.rid, None) is not None:
+                            self._cancels.append(seq)
+                            self._cv.notify()

@@ -113,7 +113,6 @@ class Job:
     want_perf: bool
     arrival_ns: int
     engine_id: str | None = None
-    shard: int = 0
     generated: list[int] = dataclasses.field(default_factory=list)
     first_token_ns: int = 0
     sent_any: bool = False
@@ -145,12 +144,6 @@ class TritonPythonModel:
         self.closing = threading.Event()
         self.watcher = threading.Thread(target=self._watch_cancellations, name="cancel-watch", daemon=True)
         self.watcher.start()
-        import os, queue
-        self.senders = [queue.SimpleQueue() for _ in range(int(os.environ.get("TRTPIPE_CPU_SENDERS", "0")))]
-        self.sender_threads = [threading.Thread(target=self._sender_loop, args=(q,), daemon=True) for q in self.senders]
-        for t in self.sender_threads:
-            t.start()
-        self._shards = 0
 
     # ------------------------------------------------------------------ responses
     def _finish(self, job: Job, tensors=None, error: str | None = None) -> None:
@@ -191,21 +184,7 @@ class TritonPythonModel:
         return out
 
     def _on_tokens(self, job: Job, new: list[int], finished: bool) -> None:
-        """Engine callback: hand the step's tokens to the job's sender thread."""
-        if self.senders:
-            self.senders[job.shard].put((job, new, finished))
-        else:
-            self._on_tokens_now(job, new, finished)
-
-    def _sender_loop(self, q) -> None:
-        while True:
-            item = q.get()
-            if item is None:
-                return
-            self._on_tokens_now(*item)
-
-    def _on_tokens_now(self, job: Job, new: list[int], finished: bool) -> None:
-        """Stream or accumulate, then finish."""
+        """Engine callback (its delivery thread): stream or accumulate, then finish."""
         if job.done:
             return
         if new and not job.first_token_ns and job.want_perf:
@@ -265,9 +244,6 @@ class TritonPythonModel:
             )
             with self.lock:
                 self.jobs[id(job)] = job
-                if self.senders:
-                    job.shard = self._shards % len(self.senders)
-                    self._shards += 1
             job.engine_id = self.engine.add_request(
                 input_ids,
                 max_new_tokens=int(scalar(request, "request_output_len")),
