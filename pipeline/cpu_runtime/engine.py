@@ -286,7 +286,7 @@ class CpuEngine:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not (self._inbox or self._cancels or self._active or self._closed):
+                while not (self._inbox or self._cancels or self._active or self._waiting or self._closed):
                     self._cv.wait()
                 if self._closed:
                     return
