@@ -56,8 +56,13 @@ echo "vLLM ready in $(echo "$(date +%s.%N) - $t0" | bc) s (RSS $(ps -o rss= --pp
 
 # --- bench: the load (ISL/OSL, concurrency, requests = WAVES × concurrency, exact OSL) -------------
 run_client() {  # $1 = concurrency, $2 = requests
-    "$VENV/bin/python" -c "import sys; from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; main()" \
-        bench serve --backend openai --base-url "http://127.0.0.1:$PORT" --endpoint /v1/completions \
+    # vllm.benchmarks.serve is what `vllm bench serve` runs (the console script itself cannot start here)
+    "$VENV/bin/python" -c "
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))" \
+        --backend openai --base-url "http://127.0.0.1:$PORT" --endpoint /v1/completions \
         --model smollm2 --tokenizer "$MODEL" --dataset-name random --random-input-len "$ISL" \
         --random-output-len "$OSL" --ignore-eos --num-prompts "$2" --max-concurrency "$1" \
         --save-result --result-dir "$OUT" --result-filename "c$1.json"
