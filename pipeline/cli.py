@@ -14,6 +14,7 @@ from pipeline.commands import bench as bench_cmd
 from pipeline.commands import build as build_cmd
 from pipeline.commands import plan as plan_cmd
 from pipeline.commands import recipe as recipe_cmd
+from pipeline.commands import release as release_cmd
 from pipeline.commands import serve as serve_cmd
 
 app = typer.Typer(
@@ -43,6 +44,7 @@ app.command("serve")(serve_cmd.serve)
 app.add_typer(bench_cmd.app, name="bench")
 app.command("plan")(plan_cmd.plan)
 app.add_typer(recipe_cmd.app, name="recipe")
+app.command("release")(release_cmd.release)
 
 
 def main() -> None:

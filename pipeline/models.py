@@ -15,6 +15,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from pipeline.geometry import hf_rope
+
 
 class ModelGeometry(BaseModel):
     """Shape of a decoder-only transformer, in the names of HF ``config.json``."""
@@ -32,7 +34,17 @@ class ModelGeometry(BaseModel):
     tie_word_embeddings: bool = False
     max_position_embeddings: int | None = None
     torch_dtype: str | None = None
+    hidden_act: str = "silu"
+    rms_norm_eps: float | None = None
+    #: RoPE base θ and scaling as HF config.json (transformers 4.57 form) spells them; None when unknown
+    rope_theta: float | None = None
+    rope_scaling: dict | None = None
     source: str = ""
+
+    def hf_config(self) -> dict:
+        """The geometry as a HF ``config.json`` dict (transformers 4.57 spelling), for checks that take one."""
+        cfg = {"architectures": [self.architecture], **self.model_dump(exclude={"architecture", "source"})}
+        return {k: v for k, v in cfg.items() if v is not None}
 
     @property
     def linear_input_dims(self) -> tuple[int, ...]:
@@ -96,8 +108,20 @@ def geometry_from_config(config_json: Path) -> ModelGeometry:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_position_embeddings=cfg.get("max_position_embeddings"),
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+        hidden_act=cfg.get("hidden_act") or "silu",
+        rms_norm_eps=cfg.get("rms_norm_eps"),
+        rope_theta=hf_rope(cfg)[0],
+        rope_scaling=_hf_scaling(cfg),
         source=str(config_json),
     )
+
+
+def _hf_scaling(cfg: dict) -> dict | None:
+    """The HF RoPE scaling in the 4.57 spelling (``rope_type`` + numeric keys), or ``None``."""
+    scaling = hf_rope(cfg)[1]
+    if scaling is None:
+        return None
+    return {"rope_type": scaling["type"], **{k: v for k, v in scaling.items() if k != "type"}}
 
 
 def geometry_for_source(source: str, base_dir: Path | None = None) -> ModelGeometry | None:

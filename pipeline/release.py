@@ -84,3 +84,57 @@ def for_container(tag: str) -> Release:
         if r.triton_container == tag:
             return r
     raise KeyError(f"container {tag!r} is not in the release matrix ({', '.join(r.triton_container for r in releases())})")
+
+
+# ------------------------------------------------------------------------------- inside an image
+#: distributions whose installed version must equal the matrix entry of the image (name in Release → dist names)
+CHECKED_DISTS = {"tensorrt_llm": ("tensorrt_llm", "tensorrt-llm"), "transformers": ("transformers",),
+                 "nvidia_modelopt": ("nvidia-modelopt",), "torch": ("torch",)}
+
+
+def installed_versions() -> dict[str, str | None]:
+    """The installed versions of :data:`CHECKED_DISTS` in this Python (``None`` = not installed)."""
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for field, dists in CHECKED_DISTS.items():
+        out[field] = None
+        for d in dists:
+            try:
+                out[field] = metadata.version(d)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return out
+
+
+def image_problems(release: Release, installed: dict[str, str | None]) -> list[str]:
+    """Where the packages of this Python differ from what the matrix says ``release``'s image ships."""
+    out = []
+    for field in CHECKED_DISTS:
+        want, have = getattr(release, field), installed.get(field)
+        if want is None:
+            continue
+        if have is None:
+            out.append(f"{field}: not installed here, {release.image} ships {want}")
+        elif have != want:
+            out.append(f"{field}: {have} installed, {release.image} ships {want} (pipeline/data/release_matrix.yaml)")
+    return out
+
+
+def parse_freeze(text: str) -> dict[str, str]:
+    """``{normalized name: version}`` from ``pip list --format=freeze`` output (``name==version`` lines)."""
+    import re
+
+    out = {}
+    for line in text.splitlines():
+        name, sep, version = line.strip().partition("==")
+        if sep:
+            out[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return out
+
+
+def moved_packages(before: str, after: str) -> list[str]:
+    """Packages of the image (``before``, a ``pip list --format=freeze``) that an install changed or removed."""
+    b, a = parse_freeze(before), parse_freeze(after)
+    return [f"{name} {version} -> {a.get(name, 'removed')}" for name, version in sorted(b.items()) if a.get(name) != version]

@@ -19,9 +19,13 @@ import pytest
 
 from pipeline.bench.client import LLMAPI_OSL_WARNING
 from pipeline.bench.fidelity import fidelity_report, reference_response_path, tolerance_ms
-from pipeline.bench.run import BenchConfig, check_outcome, run_bench
+from pipeline.bench.run import check_outcome
+from pipeline.recipe.bench import BenchSpec
+from pipeline.stages import bench
+from pipeline.stages.bench import BenchTarget
 from pipeline.errors import StageError
-from pipeline.serve import TritonServer, free_port
+from pipeline.triton.server import TritonServer
+from support import free_port
 
 pytestmark = pytest.mark.triton
 
@@ -48,9 +52,9 @@ def response_floor(server):
 
 
 def _fidelity(server, floor, c, out):
-    cfg = BenchConfig(url=server.grpc_url, model="tensorrt_llm", scenarios=[(32, 20)], concurrency=[c],
-                      num_requests=max(3 * c, 16), warmup=min(c, 8), out=out, timeout_s=60, perf_metrics=True, seed=c)
-    run, out = run_bench(cfg)
+    spec = BenchSpec(model="tensorrt_llm", scenarios=[{"isl": 32, "osl": 20}], concurrency=[c], num_requests=max(3 * c, 16), warmup_requests=min(c, 8), request_timeout_s=60, server_timestamps=True, seed=c)
+    run = bench.run(spec, BenchTarget(url=server.grpc_url, out=out))
+    out = run.run_dir
     check_outcome(run, out)
     (row,) = fidelity_report(json.loads((out / "bench.json").read_text()), response_floor_ms=floor)
     return row
@@ -73,9 +77,9 @@ def test_ttft_and_itl_match_the_truth_at_64(server, response_floor, tmp_path):
 
 
 def test_short_requests_are_detected(server, tmp_path):
-    cfg = BenchConfig(url=server.grpc_url, model="tensorrt_llm_short", scenarios=[(16, 8)], concurrency=[2],
-                      num_requests=6, warmup=1, out=tmp_path / "run")
-    run, out = run_bench(cfg)
+    spec = BenchSpec(model="tensorrt_llm_short", scenarios=[{"isl": 16, "osl": 8}], concurrency=[2], num_requests=6, warmup_requests=1)
+    run = bench.run(spec, BenchTarget(url=server.grpc_url, out=tmp_path / "run"))
+    out = run.run_dir
     check_outcome(run, out)  # short is a warning, not a failure
     counts = run.load_points[0]["summary"]["counts"]
     assert counts["short"] == 6 and counts["completed"] == 6 and counts["output_tokens"] == 30
@@ -94,9 +98,9 @@ def _smollm2_tokenizer() -> Path:
 
 def test_text_interface_exact_isl_and_counted_osl(server, tmp_path):
     tok = _smollm2_tokenizer()
-    cfg = BenchConfig(url=server.grpc_url, model="ensemble", scenarios=[(40, 6)], concurrency=[4], num_requests=8,
-                      warmup=0, tokenizer=tok, out=tmp_path / "run", goodput={"ttft": 1000, "itl": 100})
-    run, out = run_bench(cfg)
+    spec = BenchSpec(model="ensemble", scenarios=[{"isl": 40, "osl": 6}], concurrency=[4], num_requests=8, warmup_requests=0, goodput={"ttft": 1000, "itl": 100})
+    run = bench.run(spec, BenchTarget(url=server.grpc_url, tokenizer=tok, out=tmp_path / "run"))
+    out = run.run_dir
     check_outcome(run, out)
     s = run.load_points[0]["summary"]
     assert s["metrics"]["input_sequence_length"]["min"] == s["metrics"]["input_sequence_length"]["max"] == 40
@@ -104,7 +108,7 @@ def test_text_interface_exact_isl_and_counted_osl(server, tmp_path):
 
 
 def test_llmapi_test_model_declares_the_template_tensors():
-    from pipeline.triton_repo import load_model_config, render_model_config
+    from pipeline.triton.model_config import load_model_config, render_model_config
 
     def tensors(cfg):
         return [[(t.name, t.data_type, list(t.dims), getattr(t, "optional", None)) for t in ts] for ts in (cfg.input, cfg.output)]
@@ -118,9 +122,9 @@ def test_llmapi_test_model_declares_the_template_tensors():
 def test_llmapi_interface_counts_cumulative_text_and_reports_short(server, tmp_path):
     """The LLM-API model streams the whole text so far (pieces of 1, 1, 4, 2, 2 SmolLM2 tokens)."""
     status: list[str] = []
-    cfg = BenchConfig(url=server.grpc_url, model="llmapi_echo", scenarios=[(24, 16), (24, 10)], concurrency=[2],
-                      num_requests=4, warmup=1, tokenizer=_smollm2_tokenizer(), out=tmp_path / "run")
-    run, out = run_bench(cfg, on_status=status.append)
+    spec = BenchSpec(model="llmapi_echo", scenarios=[{"isl": 24, "osl": 16}, {"isl": 24, "osl": 10}], concurrency=[2], num_requests=4, warmup_requests=1)
+    run = bench.run(spec, BenchTarget(url=server.grpc_url, tokenizer=_smollm2_tokenizer(), out=tmp_path / "run"), on_status=status.append)
+    out = run.run_dir
     check_outcome(run, out)  # every request accepted by the model (Triton checks names/dtypes/shapes)
     assert run.info.interface == "llmapi"
     assert [s for s in status if s.startswith("warning:")] == ["warning: " + LLMAPI_OSL_WARNING]
@@ -135,9 +139,9 @@ def test_llmapi_interface_counts_cumulative_text_and_reports_short(server, tmp_p
 
 
 def test_request_timeout_fails_requests_and_closes_streams(server, tmp_path):
-    cfg = BenchConfig(url=server.grpc_url, model="tensorrt_llm", scenarios=[(8, 50)], concurrency=[4], num_requests=4,
-                      warmup=0, timeout_s=0.2, out=tmp_path / "run")
-    run, out = run_bench(cfg)
+    spec = BenchSpec(model="tensorrt_llm", scenarios=[{"isl": 8, "osl": 50}], concurrency=[4], num_requests=4, warmup_requests=0, request_timeout_s=0.2)
+    run = bench.run(spec, BenchTarget(url=server.grpc_url, out=tmp_path / "run"))
+    out = run.run_dir
     assert run.load_points[0]["summary"]["counts"]["failed"] == 4
     assert all(r.error == "timeout after 0.2 s" for r in run.records)
     with pytest.raises(StageError, match="4 request\\(s\\) failed"):

@@ -16,9 +16,9 @@ TEXT = "naïve café — 東京 🚀 and  two  spaces, Ünïcödé!"
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from pipeline.cpu_runtime.testing import smollm2_hf_dir
+    from support import smollm2_hf_dir
 
-    path = smollm2_hf_dir(Path(os.environ["TRTPIPE_CACHE_DIR"]))
+    path = smollm2_hf_dir()
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 

@@ -82,17 +82,20 @@ def environment(run: Any) -> dict[str, Any]:
     if run.info is not None:
         env["triton_server"] = run.info.server
         env["model"] = {"metadata": run.info.metadata, "config": run.info.config, "interface": run.info.interface}
-    build = run.config.build_dir
-    if build is not None:
-        env["build"] = {"dir": str(build)}
-        for stage in artifacts.STAGES:
-            env["build"][stage] = artifacts.read_manifest(Path(build) / stage)
+    layout = run.layout
+    if layout is not None:
+        from pipeline.layout import STAGES
+
+        env["build"] = {"dir": str(layout.root)}
+        for stage in STAGES:
+            env["build"][stage] = artifacts.read_manifest(layout.stage_dir(stage))
     return env
 
 
 def run_document(run: Any) -> dict[str, Any]:
     """The full ``bench.json`` document of a run."""
-    cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(run.config).items()}
+    cfg = run.spec.model_dump(mode="json") | {"url": run.url, "tokenizer": run.tokenizer_path,
+                                             "build_dir": str(run.layout.root) if run.layout else None}
     return {
         "schema": SCHEMA,
         "started_at": run.started_at,

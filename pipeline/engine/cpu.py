@@ -24,10 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import (
-    StageResult,
     atomic_dir,
     base_manifest,
-    cached_result,
     file_hashes,
     library_versions,
     peak_rss_bytes,
@@ -36,9 +34,11 @@ from pipeline.artifacts import (
     write_manifest,
 )
 from pipeline.errors import StageError, UserError
-from pipeline.recipe import Recipe
+from pipeline.layout import BuildLayout
+from pipeline.recipe import Recipe, derived
+from pipeline.stages.results import EngineResult, QuantizeResult
 
-STAGE = "engine"
+STAGE = EngineResult.STAGE
 ENGINE_CONFIG = "engine_config.json"
 #: Bump when the engine directory layout or engine_config.json fields change.
 BUILDER_VERSION = 1
@@ -83,12 +83,7 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
     sequence or ``max_seq_len`` exceeds the model's ``max_position_embeddings``.
     """
     b = recipe.build
-    max_pos = model_cfg.get("max_position_embeddings")
-    max_seq_len = b.max_seq_len or max_pos
-    if max_seq_len is None:
-        raise UserError("build.max_seq_len is unset and the checkpoint's config.json has no max_position_embeddings")
-    if max_pos and max_seq_len > max_pos:
-        raise UserError(f"build.max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {max_pos}")
+    max_seq_len = derived.require_max_seq_len(b, model_cfg.get("max_position_embeddings"))
     dtype = b.cpu.dtype
     per_tok = kv_bytes_per_token(model_cfg, dtype)
     tokens = b.kv_cache_config.max_tokens
@@ -130,7 +125,7 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _cache_key(recipe: Recipe, quantized: StageResult, dry_run: bool) -> str:
+def _cache_key(recipe: Recipe, quantized: QuantizeResult, dry_run: bool) -> str:
     versions = library_versions("torch", "transformers", "safetensors")
     return stable_hash(
         {
@@ -138,15 +133,15 @@ def _cache_key(recipe: Recipe, quantized: StageResult, dry_run: bool) -> str:
             "builder_version": BUILDER_VERSION,
             "build": recipe.build.model_dump(mode="json"),
             "quantization": recipe.quantization.model_dump(mode="json", exclude={"calibration"}),
-            "quantize_cache_key": quantized.manifest.get("cache_key"),
+            "quantize_cache_key": quantized.cache_key,
             "versions": versions,
             "dry_run": dry_run,
         }
     )
 
 
-def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = False, dry_run: bool = False) -> StageResult:
-    """Build the CPU engine directory ``out_dir`` from ``quantized.path/hf_ckpt``.
+def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force: bool = False, dry_run: bool = False) -> EngineResult:
+    """Build the CPU engine directory ``layout.engine`` from ``quantized.hf_ckpt``.
 
     Reuses ``out_dir`` when its manifest's cache key (recipe ``build`` section, quantization
     format, the quantize manifest's cache key, torch/transformers versions) matches, unless
@@ -160,20 +155,20 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = 
 
     from pipeline.cpu_runtime.dequant import DequantError, iter_dequantized, plain_config
 
-    out_dir = Path(out_dir)
+    out_dir = layout.engine
     key = _cache_key(recipe, quantized, dry_run)
     if not force:
-        hit = cached_result(STAGE, out_dir, key)
+        hit = EngineResult.load(out_dir, key)
         if hit:
             return hit
     t0 = time.perf_counter()
-    hf_ckpt = Path(quantized.path) / "hf_ckpt"
+    hf_ckpt = quantized.hf_ckpt
     model_cfg = _model_config(hf_ckpt, recipe, dry_run)
     ecfg = engine_config(recipe, model_cfg)
     timings: dict[str, float] = {}
     with atomic_dir(out_dir) as tmp:
         (tmp / ENGINE_CONFIG).write_text(json.dumps(ecfg, indent=2, sort_keys=True) + "\n")
-        inputs: dict[str, Any] = {"quantize_cache_key": quantized.manifest.get("cache_key")}
+        inputs: dict[str, Any] = {"quantize_cache_key": quantized.cache_key}
         if not dry_run:
             from safetensors.torch import save_file
 
@@ -197,7 +192,9 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = 
             STAGE,
             key,
             engine_kind="cpu",
-            dry_run=dry_run,
+            status="dry_run" if dry_run else "built",
+            world_size=1,
+            max_seq_len=ecfg["max_seq_len"],
             versions=library_versions("torch", "transformers", "safetensors", "nvidia-modelopt"),
             files=file_hashes(tmp),
             inputs=inputs,
@@ -206,4 +203,4 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = 
             peak_rss_bytes=peak_rss_bytes(),
         )
         write_manifest(tmp, manifest)
-    return StageResult(stage=STAGE, path=out_dir, manifest=manifest, cached=False)
+    return EngineResult.from_manifest(out_dir, manifest)

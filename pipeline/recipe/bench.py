@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -25,10 +26,10 @@ class ScenarioSpec(StrictModel):
 class BenchSpec(StrictModel):
     """Default benchmark of the deployment; every field can be overridden by a ``trtpipe bench`` flag."""
 
-    model: Literal["ensemble", "tensorrt_llm", "tensorrt_llm_bls"] = Field(
-        default="ensemble", description=(
-            "Triton model: `ensemble`/`tensorrt_llm_bls` (text) or `tensorrt_llm` (token ids; with build.engine "
-            "pytorch it is the LLM-API text model)."
+    model: str = Field(
+        default="ensemble", min_length=1, description=(
+            "Triton model to load: `ensemble`/`tensorrt_llm_bls` (text) or `tensorrt_llm` (token ids; with build.engine "
+            "pytorch it is the LLM-API text model); any other decoupled model with one of these interfaces works too."
         )
     )
     scenarios: list[ScenarioSpec] = Field(
@@ -55,4 +56,31 @@ class BenchSpec(StrictModel):
     goodput: dict[Literal["ttft", "itl", "tpot", "e2e"], float] = Field(
         default_factory=dict, description="SLOs in ms for goodput, e.g. {ttft: 200, itl: 20}."
     )
-    seed: int = Field(default=0, description="Seed of the synthetic prompts.")
+    seed: int = Field(default=0, description="Seed of the synthetic prompts and of Poisson arrivals.")
+    duration_s: float | None = Field(
+        default=None, gt=0, description="Measure each load point for this many seconds instead of a request count."
+    )
+    dataset: Path | None = Field(
+        default=None, description=(
+            "JSONL prompts (text/prompt/input_ids) instead of synthetic ones; the scenario ISL is then only a label "
+            "(each request records its own input tokens)."
+        ),
+    )
+    server_timestamps: bool = Field(
+        default=False, description="Also ask the server for its per-request perf timestamps (return_perf_metrics)."
+    )
+
+    # ------------------------------------------------------------------ derived values
+    def load_points(self) -> list[tuple[str, float]]:
+        """``[(mode, value)]``: ``("concurrency", c)`` per concurrency, or ``(arrival, rate)`` per request
+        rate when ``request_rate`` is set (rates in requests/s)."""
+        if self.request_rate:
+            return [(self.arrival, float(r)) for r in self.request_rate]
+        return [("concurrency", float(c)) for c in self.concurrency]
+
+    def requests_for(self, value: float) -> int:
+        """Measured requests of one load point (concurrency or rate ``value``):
+        ``num_requests``, else ``max(requests_per_load × value, min_requests)``."""
+        if self.num_requests is not None:
+            return self.num_requests
+        return max(int(self.requests_per_load * value), self.min_requests)

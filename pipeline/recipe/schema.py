@@ -10,7 +10,8 @@ from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bench import BenchSpec
 from pipeline.recipe.build import BuildSpec
 from pipeline.recipe.model import ModelSpec, TargetSpec
-from pipeline.recipe.quant import BLOCK_QFORMATS, FP8_QFORMATS, QuantSpec
+from pipeline.recipe import derived
+from pipeline.recipe.quant import BLOCK_QFORMATS, QuantSpec
 from pipeline.recipe.serve import ServingSpec
 
 
@@ -67,7 +68,6 @@ class Recipe(StrictModel):
 
     def _check_formats(self) -> None:
         q = self.quantization
-        gpu = self.gpu
         if self.target.gpu == gpus.CPU_TARGET:
             if q.qformat == "nvfp4":
                 raise RecipeCheckError(
@@ -75,30 +75,15 @@ class Recipe(StrictModel):
                     "'nvfp4' cannot be evaluated on CPU (ModelOpt's NVFP4 fake-quant needs CUDA); use fp8 or int4_awq",
                 )
             return
-        assert gpu is not None
-        if q.qformat == "nvfp4" and not gpu.fp4:
-            raise RecipeCheckError(
-                "quantization.qformat", f"'nvfp4' needs a Blackwell GPU; {gpu.key} is {gpu.arch.capitalize()}: use fp8"
-                if gpu.fp8 else f"'nvfp4' needs a Blackwell GPU; {gpu.key} is {gpu.arch.capitalize()}: use int8_sq or int4_awq"
-            )
-        if q.qformat in FP8_QFORMATS and not gpu.fp8:
-            raise RecipeCheckError(
-                "quantization.qformat",
-                f"'{q.qformat}' needs FP8 tensor cores (Ada, Hopper or Blackwell); {gpu.key} is "
-                f"{gpu.arch.capitalize()} (SM {gpu.compute_capability}): use int8_sq (or int4_awq for memory)",
-            )
-        if q.kv_cache_dtype == "fp8" and not gpu.fp8:
-            raise RecipeCheckError(
-                "quantization.kv_cache_dtype",
-                f"'fp8' KV cache needs Ada, Hopper or Blackwell; {gpu.key} is {gpu.arch.capitalize()}: use int8",
-            )
+        assert self.gpu is not None
+        problems = derived.format_problems(q, self.gpu)
+        if problems:
+            raise RecipeCheckError(*problems[0])
 
     def _check_lengths(self) -> None:
         b = self.build
-        max_seq = b.max_seq_len
         geo = geometry_for_source(self.model.source)
-        if max_seq is None and geo is not None:
-            max_seq = geo.max_position_embeddings
+        max_seq = derived.max_seq_len(b, geo.max_position_embeddings if geo is not None else None)
         if max_seq is not None and b.max_input_len > max_seq:
             raise RecipeCheckError(
                 "build.max_input_len", f"{b.max_input_len} exceeds max_seq_len {max_seq} (prompt + output must fit)"

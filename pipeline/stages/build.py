@@ -1,8 +1,9 @@
-"""``trtpipe build``: run the stages of one recipe in order, reusing unchanged results.
+"""``trtpipe build``: run the build stages of one recipe in order, reusing unchanged results.
 
-quantize (ModelOpt) → engine (tensorrt | pytorch | cpu) → triton_repo. Each stage writes
-``<build dir>/<stage>/`` atomically with a manifest; a stage whose cache key (hash of its recipe
-sections, its upstream manifests and library versions) is unchanged is reused, not rebuilt.
+quantize (ModelOpt) → engine (tensorrt | pytorch | cpu) → triton_repo. Each stage writes its directory
+of the :class:`~pipeline.layout.BuildLayout` atomically with a manifest; a stage whose cache key (hash
+of what it consumes: its recipe fields, its upstream results' keys and library versions) is unchanged
+is reused, not rebuilt.
 """
 
 from __future__ import annotations
@@ -14,23 +15,44 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline import artifacts
-from pipeline.artifacts import StageResult
 from pipeline.errors import UserError
+from pipeline.layout import BuildLayout
 from pipeline.recipe import Recipe, dump_recipe
+from pipeline.stages.results import EngineResult, QuantizeResult, RepoResult, StageResult
 
-#: CLI spelling of --stage → stage directory name
+#: CLI spelling of --stage → stage name
 STAGE_ALIASES = {"quantize": "quantize", "engine": "engine", "repo": "triton_repo", "triton_repo": "triton_repo"}
 
 
 @dataclasses.dataclass
 class BuildResult:
-    """The build directory and the result of every stage that ran (or was reused)."""
+    """The build directory and the result of every stage that ran (or was reused), in order."""
 
-    build_dir: Path
+    layout: BuildLayout
     stages: dict[str, StageResult]
 
+    @property
+    def build_dir(self) -> Path:
+        """The build directory (``layout.root``)."""
+        return self.layout.root
 
-def run_build(
+    @property
+    def quantize(self) -> QuantizeResult:
+        """The quantize stage's result."""
+        return self.stages["quantize"]  # type: ignore[return-value]
+
+    @property
+    def engine(self) -> EngineResult | None:
+        """The engine stage's result (``None`` when the build stopped before it)."""
+        return self.stages.get("engine")  # type: ignore[return-value]
+
+    @property
+    def repo(self) -> RepoResult | None:
+        """The repository stage's result (``None`` when the build stopped before it)."""
+        return self.stages.get("triton_repo")  # type: ignore[return-value]
+
+
+def run(
     recipe: Recipe,
     build_dir: Path,
     *,
@@ -70,24 +92,24 @@ def run_build(
         )
     for w in verdict.warnings:
         warn(f"plan: {w}")
-    build_dir = Path(build_dir)
-    created = _first_missing(build_dir.absolute())
+    layout = BuildLayout(Path(build_dir))
+    created = _first_missing(layout.root.absolute())
     results: dict[str, StageResult] = {}
     try:
-        _run_stages(recipe, build_dir, recipe_dir, last, force, dry_run, results, on_stage)
+        _run_stages(recipe, layout, recipe_dir, last, force, dry_run, results, on_stage)
     except BaseException:
         if created is not None and created.is_dir() and not any(p.is_file() for p in created.rglob("*")):
             shutil.rmtree(created, ignore_errors=True)  # a failed first build leaves nothing behind
         raise
-    _write_text_atomic(build_dir / "recipe.yaml", dump_recipe(recipe))
+    _write_text_atomic(layout.recipe_file, dump_recipe(recipe))
     if last == "triton_repo" and not dry_run:
-        artifacts.record_last_build(build_dir)
-    return BuildResult(build_dir, results)
+        artifacts.record_last_build(layout.root)
+    return BuildResult(layout, results)
 
 
 def _run_stages(
     recipe: Recipe,
-    build_dir: Path,
+    layout: BuildLayout,
     recipe_dir: Path,
     last: str,
     force: bool,
@@ -96,23 +118,21 @@ def _run_stages(
     on_stage: Callable[[str, StageResult], None] | None,
 ) -> None:
     """Run the stages in order up to ``last``, filling ``results``."""
-    from pipeline import quantize, triton_repo
-    from pipeline.engine import run as run_engine
+    from pipeline.stages import engine, quantize, triton_repo
 
-    def done(name: str, res: StageResult) -> bool:
-        results[name] = res
+    def done(res: StageResult) -> bool:
+        results[res.stage] = res
         if on_stage:
-            on_stage(name, res)
-        return name == last
+            on_stage(res.stage, res)
+        return res.stage == last
 
-    q = quantize.run(recipe, build_dir / "quantize", recipe_dir=recipe_dir, force=force, dry_run=dry_run)
-    if done("quantize", q):
+    q = quantize.run(recipe, layout, recipe_dir=recipe_dir, force=force, dry_run=dry_run)
+    if done(q):
         return
-    e = run_engine(recipe, build_dir / "engine", quantized=q, force=force, dry_run=dry_run)
-    if done("engine", e):
+    e = engine.run(recipe, layout, quantized=q, force=force, dry_run=dry_run)
+    if done(e):
         return
-    r = triton_repo.run(recipe, build_dir / "triton_repo", quantized=q, engine=e, force=force, dry_run=dry_run)
-    done("triton_repo", r)
+    done(triton_repo.run(recipe, layout, quantized=q, engine=e, force=force, dry_run=dry_run))
 
 
 def _first_missing(path: Path) -> Path | None:
