@@ -171,7 +171,7 @@ def write_chart(spec: DeploySpec, out: Path) -> Path:
         "type": "application",
         "version": CHART_VERSION,
         "appVersion": spec.release.triton_container,
-        "kubeVersion": ">=1.27.0-0",
+        "kubeVersion": ">=1.29.0-0",
         "annotations": {"trtpipe.dev/tensorrt-llm": spec.tensorrt_llm, "trtpipe.dev/engine": spec.engine},
     }, sort_keys=False))
     (chart / "values.yaml").write_text(
