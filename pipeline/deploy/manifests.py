@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.deploy.spec import PORTS, TRITONSERVER, DeploySpec
+from pipeline.deploy.spec import PORTS, SHM_MULTI_GPU, SHM_SINGLE_GPU, DeploySpec
 from pipeline.errors import UserError
 
 #: PVC the manifests mount (the chart's default ``modelRepository.pvc.claimName``)
@@ -118,7 +118,7 @@ def kserve_objects(spec: DeploySpec) -> list[dict[str, Any]]:
             "minReplicas": 1, "maxReplicas": 4,
             "nodeSelector": {"nvidia.com/gpu.product": spec.gpu_product},
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "volumes": [_volume(), {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi" if spec.gpus_per_pod == 1 else "256Gi"}}],
+            "volumes": [_volume(), {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SINGLE_GPU if spec.gpus_per_pod == 1 else SHM_MULTI_GPU}}],
             "model": {
                 "modelFormat": {"name": "triton", "version": "2"},
                 "runtime": runtime,
