@@ -459,3 +459,13 @@ def test_objects_validate_against_the_full_upstream_crds(outs):
                     seen.add(key)
     assert seen, "no CRD of the directory matched a rendered object"
     print("validated against upstream CRDs:", sorted(seen))
+
+
+@pytest.mark.parametrize("key", ["trt", "pyt", "lws"])
+def test_helm_lint_strict_finds_no_warning(outs, key):
+    """`helm lint --strict` (Helm's own linter, through libhelm_c): only INFO notes (e.g. "icon is recommended")."""
+    import helm_python
+
+    report = helm_python.lint(str(_chart(outs, key)), strict=True)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []  # 1 INFO, 2 WARNING, 3 ERROR
