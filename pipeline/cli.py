@@ -12,6 +12,7 @@ import typer
 from pipeline import __version__
 from pipeline.commands import bench as bench_cmd
 from pipeline.commands import build as build_cmd
+from pipeline.commands import deploy as deploy_cmd
 from pipeline.commands import plan as plan_cmd
 from pipeline.commands import recipe as recipe_cmd
 from pipeline.commands import release as release_cmd
@@ -45,6 +46,7 @@ app.add_typer(bench_cmd.app, name="bench")
 app.command("plan")(plan_cmd.plan)
 app.add_typer(recipe_cmd.app, name="recipe")
 app.command("release")(release_cmd.release)
+app.add_typer(deploy_cmd.app, name="deploy")
 
 
 def main() -> None:

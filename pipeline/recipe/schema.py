@@ -130,6 +130,15 @@ class Recipe(StrictModel):
                 "target.tp_size",
                 f"tp_size {t.tp_size} × pp_size {t.pp_size} = {t.world_size} exceeds num_gpus {t.num_gpus}",
             )
+        if t.gpus_per_node is not None:
+            if t.gpus_per_node > t.num_gpus:
+                raise RecipeCheckError("target.gpus_per_node", f"{t.gpus_per_node} exceeds num_gpus {t.num_gpus}")
+            if t.world_size > t.gpus_per_node and t.world_size % t.gpus_per_node:
+                raise RecipeCheckError(
+                    "target.gpus_per_node",
+                    f"tp_size × pp_size = {t.world_size} spans nodes of {t.gpus_per_node} GPUs but is not a multiple "
+                    "of it: every node of a multi-node instance runs the same number of ranks",
+                )
         if t.gpu == gpus.CPU_TARGET and t.world_size != 1:
             raise RecipeCheckError("target.tp_size", "the cpu target runs one rank: tp_size and pp_size must be 1")
         geo = geometry_for_source(self.model.source)
