@@ -157,6 +157,12 @@ def test_check_runtime_refuses_engine_mismatch_on_gpu(tmp_path, monkeypatch):
     assert seen["stage_dir"] == build / "engine" and seen["manifest"]["world_size"] == 2
     fake.runtime_facts = lambda: {"tensorrt_llm": "1.2.1"}
     assert srv.check_runtime(srv.ServeTarget.resolve(build), gpu) == []
+    # a container whose TensorRT-LLM is not the release matrix's target is named, with the image to use
+    fake.runtime_facts = lambda: {"tensorrt_llm": "1.1.0"}
+    (build / "engine" / "manifest.json").unlink()
+    (warning,) = srv.check_runtime(srv.ServeTarget.resolve(build), gpu)
+    from pipeline.release import default_release
+    assert "TensorRT-LLM 1.1.0" in warning and default_release().image in warning
 
 
 # ---------------------------------------------------------------------- real Triton

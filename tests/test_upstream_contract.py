@@ -107,3 +107,19 @@ def test_the_contract_cites_upstream_code_for_every_parameter():
     for name, t in c["templates"].items():
         assert "@" in t["source"], name
         assert all("line" in x for x in t["inputs"] + t["outputs"]), name
+
+
+def test_only_the_release_matrix_spells_container_tags_and_tensorrt_versions():
+    """Code, recipes, scripts and the Dockerfile get versions from pipeline/data/release_matrix.yaml."""
+    import re
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files", "pipeline", "recipes", "scripts", "Dockerfile", "triton_repo"],
+                           cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    spelled = re.compile(r"tritonserver:\d\d\.\d\d|\b10\.1[0-9]\.\d+\.\d+\b")
+    allowed = {"pipeline/data/release_matrix.yaml", "pipeline/data/triton_backend_contract.yaml"}
+    offenders = [f for f in files if f not in allowed and (REPO / f).is_file()
+                 and spelled.search((REPO / f).read_text(errors="replace"))]
+    assert offenders == []
+    from pipeline.release import default_release
+    assert default_release().image.endswith(":26.04-trtllm-python-py3") and default_release().tensorrt_llm == "1.2.1"

@@ -98,6 +98,7 @@ def check_runtime(target: ServeTarget, install: TritonInstall) -> list[str]:
     * CPU Triton + a repository using the C++ ``tensorrtllm`` backend → refused (GPU image needed).
     * GPU Triton + a TensorRT engine → ``pipeline.engine.tensorrt.check_engine_compatible(
       manifest, runtime_facts())``; any difference is refused.
+    * GPU Triton whose TensorRT-LLM is not the release matrix's target → a warning naming the image.
 
     Raises:
         IncompatibleArtifactError: listing what differs.
@@ -109,18 +110,27 @@ def check_runtime(target: ServeTarget, install: TritonInstall) -> list[str]:
             f"{repo} uses the tensorrtllm backend (a TensorRT-LLM GPU engine) and this machine has only the CPU "
             "Triton: serve it in the GPU deploy image (docs/deploy-gpu.md) or build a cpu recipe"
         )
-    engine = EngineResult.load(target.layout.engine) if target.layout is not None else None
-    if install.kind != "gpu" or not uses_trtllm or engine is None:
+    if install.kind != "gpu":
         return []
     from pipeline.engine.tensorrt import check_engine_compatible, runtime_facts
+    from pipeline.release import default_release
 
-    problems = check_engine_compatible(engine.manifest, runtime_facts(), stage_dir=engine.path)
+    facts = runtime_facts()
+    target_release = default_release()
+    warnings = []
+    if facts["tensorrt_llm"] and facts["tensorrt_llm"] != target_release.tensorrt_llm:
+        warnings.append(f"this runtime has TensorRT-LLM {facts['tensorrt_llm']}; trtpipe targets "
+                        f"{target_release.tensorrt_llm} ({target_release.image}, `trtpipe release`)")
+    engine = EngineResult.load(target.layout.engine) if target.layout is not None else None
+    if not uses_trtllm or engine is None:
+        return warnings
+    problems = check_engine_compatible(engine.manifest, facts, stage_dir=engine.path)
     if problems:
         raise IncompatibleArtifactError(
             f"engine {engine.path} does not match this runtime: {'; '.join(problems)} "
             "— rebuild it here with `trtpipe build RECIPE --force`"
         )
-    return []
+    return warnings
 
 
 # ---------------------------------------------------------------------- the stage
