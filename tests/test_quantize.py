@@ -67,7 +67,7 @@ def test_fp8_trtllm_checkpoint(fp8, original) -> None:
         for s in ("weights_scaling_factor", "activation_scaling_factor"):
             assert w[f"{layer}.{name}.{s}"].dtype == torch.float32 and w[f"{layer}.{name}.{s}"].item() > 0
     assert w[f"{layer}.attention.kv_cache_scaling_factor"].item() > 0
-    # dequantized fused qkv vs the original q/k/v: FP8 e4m3 error is a few percent (cpu-stack.md §3: ≈2.7 %)
+    # dequantized fused qkv vs the original q/k/v: FP8 e4m3 error is a few percent (docs/reference/cpu-stack.md §3: ≈2.7 %)
     ref = torch.cat([original[f"model.layers.3.self_attn.{p}_proj.weight"] for p in "qkv"])
     err = _rel_err(qkv.float() * w[f"{layer}.attention.qkv.weights_scaling_factor"], ref)
     assert 0.005 < err < 0.06, err

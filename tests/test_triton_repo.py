@@ -25,7 +25,7 @@ from pipeline.stages.results import EngineResult, QuantizeResult
 from pipeline.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
-# Reference /work/shared/reference/triton-model-repository.md §3.4 (name → (data type, dims)).
+# Reference docs/reference/triton-model-repository.md §3.4 (name → (data type, dims)).
 TRTLLM_INPUTS = {
     "input_ids": ("TYPE_INT32", [-1]), "input_lengths": ("TYPE_INT32", [1]), "request_output_len": ("TYPE_INT32", [1]),
     "end_id": ("TYPE_INT32", [1]), "pad_id": ("TYPE_INT32", [1]), "streaming": ("TYPE_BOOL", [1]),
@@ -79,7 +79,12 @@ def fake_stages(tmp: Path, kind: str):
 RECIPES = {"tensorrt": "llama31_8b_h200_fp8", "cpu": "smollm2_135m_cpu_fp8", "pytorch": "llama31_8b_h200_fp8_pytorch"}
 
 
-@pytest.fixture(params=sorted(RECIPES))
+ALL_KINDS = pytest.mark.parametrize("built", sorted(RECIPES), indirect=True)
+IFB_KINDS = pytest.mark.parametrize("built", ["cpu", "tensorrt"], indirect=True)  # the inflight_batcher_llm layout
+LLMAPI_KIND = pytest.mark.parametrize("built", ["pytorch"], indirect=True)
+
+
+@pytest.fixture
 def built(request, tmp_path):
     kind = request.param
     recipe = load_recipe(REPO / "recipes" / f"{RECIPES[kind]}.yaml")
@@ -88,6 +93,7 @@ def built(request, tmp_path):
     return kind, recipe, res, (q, e)
 
 
+@ALL_KINDS
 def test_every_config_parses_and_has_no_placeholder(built):
     kind, recipe, res, _ = built
     expected = ["tensorrt_llm"] if kind == "pytorch" else ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm", "tensorrt_llm_bls"]
@@ -101,14 +107,18 @@ def test_every_config_parses_and_has_no_placeholder(built):
             assert cfg.model_transaction_policy.decoupled == (name in ("tensorrt_llm", "tensorrt_llm_bls"))
 
 
+@LLMAPI_KIND
+def test_llmapi_tensor_names_and_types_match_reference(built):
+    kind, recipe, res, _ = built
+    cfg = model_config.load_model_config(res.path / "tensorrt_llm")
+    assert tensors(cfg.input)["text_input"] == ("TYPE_STRING", [-1])
+    assert tensors(cfg.input)["sampling_param_max_tokens"] == ("TYPE_INT32", [1])
+    assert "text_output" in tensors(cfg.output)
+
+
+@IFB_KINDS
 def test_tensor_names_and_types_match_reference(built):
     kind, recipe, res, _ = built
-    if kind == "pytorch":
-        cfg = model_config.load_model_config(res.path / "tensorrt_llm")
-        assert tensors(cfg.input)["text_input"] == ("TYPE_STRING", [-1])
-        assert tensors(cfg.input)["sampling_param_max_tokens"] == ("TYPE_INT32", [1])
-        assert "text_output" in tensors(cfg.output)
-        return
     trt = model_config.load_model_config(res.path / "tensorrt_llm")
     assert TRTLLM_INPUTS.items() <= tensors(trt.input).items()
     assert TRTLLM_OUTPUTS.items() <= tensors(trt.output).items()
@@ -131,10 +141,9 @@ def test_tensor_names_and_types_match_reference(built):
     assert set(dict(steps["postprocessing"].input_map).values()) == {"_TOKENS_BATCH", "_SEQUENCE_LENGTH"}
 
 
+@IFB_KINDS
 def test_parameters_come_from_the_recipe(built):
     kind, recipe, res, (q, e) = built
-    if kind == "pytorch":
-        return
     p = params(model_config.load_model_config(res.path / "tensorrt_llm"))
     kv = recipe.build.kv_cache_config
     assert p["gpt_model_path"] == str(e.path.resolve())
@@ -172,10 +181,9 @@ def test_translation_single_function(tmp_path):
     assert src.count('"kv_cache_free_gpu_mem_fraction"') == 1 and src.count('"max_tokens_in_paged_kv_cache"') == 1
 
 
+@LLMAPI_KIND
 def test_llmapi_layout(built):
     kind, recipe, res, _ = built
-    if kind != "pytorch":
-        return
     v = res.path / "tensorrt_llm" / "1"
     cfg = yaml.safe_load((v / "model.yaml").read_text())
     assert cfg["backend"] == "pytorch" and cfg["triton_config"] == {
@@ -185,6 +193,7 @@ def test_llmapi_layout(built):
     assert model_config.load_model_config(res.path / "tensorrt_llm").max_batch_size == 0
 
 
+@ALL_KINDS
 def test_cache_reuse_and_invalidation(built, tmp_path):
     kind, recipe, res, (q, e) = built
     again = triton_repo.run(recipe, BuildLayout(res.path.parent), quantized=q, engine=e)

@@ -28,7 +28,7 @@ Three interfaces, told apart by the model's declared inputs (:func:`detect_inter
   ``triton_backend/all_models/llmapi/tensorrt_llm/1/model.py``), so the client keeps only the
   latest text and its length per response, and the tokens are counted after the run.
 
-Tensor names and dtypes: reference triton-model-repository.md §3.4 (token/text) and §3.7 (llmapi).
+Tensor names and dtypes: docs/reference/triton-model-repository.md §3.4 (token/text) and §3.7 (llmapi).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from pipeline.errors import UserError
 #: streams per gRPC channel before another channel is opened (HTTP/2 concurrent-stream headroom)
 STREAMS_PER_CHANNEL = 128
 #: ``end_id`` that no sampled token can equal, so EOS never ends a request early (NVIDIA's GH200
-#: gptManagerBenchmark recipe used ``--eos_id -1``; benchmark-metrics.md §5.2); min_tokens = OSL too
+#: gptManagerBenchmark recipe used ``--eos_id -1``; docs/reference/benchmark-metrics.md §5.2); min_tokens = OSL too
 NEVER_END_ID = -1
 #: interfaces whose requests carry text (``text_input``) and need a tokenizer for exact-ISL prompts
 TEXT_INTERFACES = ("text", "llmapi")
@@ -173,11 +173,11 @@ def build_request(
     """The streaming inference request for one prompt with exactly ``osl`` output tokens.
 
     Sends ``request_output_len``/``max_tokens = osl`` and ``min_tokens = osl`` (exact OSL,
-    benchmark-metrics.md §5.2), streaming on, ``return_num_output_tokens`` (text interface: the
+    docs/reference/benchmark-metrics.md §5.2), streaming on, ``return_num_output_tokens`` (text interface: the
     token interface counts ``output_ids`` itself), ``exclude_input_in_output`` (text), and when
     ``ignore_eos`` ``end_id = -1`` — each only if the model declares that input.
 
-    LLM-API interface (``llmapi``, reference §3.7): ``text_input``, ``streaming = true``,
+    LLM-API interface (``llmapi``, docs/reference/triton-model-repository.md §3.7): ``text_input``, ``streaming = true``,
     ``sampling_param_max_tokens = osl`` (an upper bound only: no min_tokens input exists),
     ``sampling_param_exclude_input_from_output = true``, greedy decoding as
     ``sampling_param_top_k = 1`` (greedy in every TensorRT-LLM sampler; ``temperature = 0`` is

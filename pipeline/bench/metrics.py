@@ -1,6 +1,6 @@
 """LLM serving metrics over :class:`~pipeline.bench.records.RequestRecord` lists.
 
-Names and definitions follow reference benchmark-metrics.md §5.1 (genai-perf JSON keys):
+Names and definitions follow docs/reference/benchmark-metrics.md §5.1 (genai-perf JSON keys):
 
 ==================================  ==========  ==========================================================
 tag                                 unit        definition

@@ -125,7 +125,7 @@ def count_text_tokens(
     Each response's text is counted on its own with ``count`` (e.g. ``len(tok.encode(t,
     add_special_tokens=False))``); the last response of a request absorbs the difference to the
     count of the whole concatenated text, so the request total equals re-tokenizing the full
-    output (how genai-perf counts, benchmark-metrics.md §5.1 "Token counting").
+    output (how genai-perf counts, docs/reference/benchmark-metrics.md §5.1 "Token counting").
 
     Cumulative text (``text_len``/``text_last`` set, see :func:`cumulative_counts`): the final
     text is tokenized once and each response gets the tokens that end inside the text it added;

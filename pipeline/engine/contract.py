@@ -171,7 +171,7 @@ def quant_config(recipe: Recipe) -> dict[str, Any]:
 
 
 def synthesize_checkpoint_config(recipe: Recipe, geo: ModelGeometry) -> dict[str, Any]:
-    """A TensorRT-LLM checkpoint ``config.json`` (PretrainedConfig keys, contract §5) from model geometry.
+    """A TensorRT-LLM checkpoint ``config.json`` (PretrainedConfig keys, docs/reference/trtllm-1.2.1-contract.md §5) from model geometry.
 
     Used for dry runs and ``--model_config`` builds without weights (the quantize stage did not run).
     ``dtype`` ``auto`` becomes the model's own ``torch_dtype`` (bfloat16 when unknown); the geometry, RoPE

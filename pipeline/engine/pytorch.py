@@ -2,7 +2,7 @@
 
 Stage directory (``<build>/engine/``)::
 
-    llm_api_config.yaml   LLM() keyword arguments (LLM-API names, contract §8–9); the Triton ``llmapi``
+    llm_api_config.yaml   LLM() keyword arguments (LLM-API names, docs/reference/trtllm-1.2.1-contract.md §8–9); the Triton ``llmapi``
                           model's ``model.yaml`` is generated from these by :mod:`pipeline.stages.triton_repo`
     llm_api_config.json   the same, as JSON
     manifest.json         engine_kind pytorch, status built | dry_run, the kwargs and their hash

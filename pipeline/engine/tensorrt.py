@@ -93,7 +93,7 @@ def resolve_max_seq_len(recipe: Recipe, ckpt_cfg: dict[str, Any]) -> int:
 
 
 def build_command(recipe: Recipe, *, source: Path, from_model_config: bool, plugins: dict[str, Any], max_seq_len: int) -> list[str]:
-    """The ``trtllm-build`` argv (program name first), every knob explicit, flag spellings of contract §2.
+    """The ``trtllm-build`` argv (program name first), every knob explicit, flag spellings of docs/reference/trtllm-1.2.1-contract.md §2.
 
     Paths inside the stage directory are relative: the command runs with the stage directory as cwd.
     ``plugins`` are the effective plugin values (:func:`contract.effective_plugins`).
@@ -115,7 +115,7 @@ def build_command(recipe: Recipe, *, source: Path, from_model_config: bool, plug
 
 
 def build_config_dict(recipe: Recipe, *, plugins: dict[str, Any], max_seq_len: int, dtype: str) -> dict[str, Any]:
-    """The BuildConfig dict (contract §3) incl. the full ``plugin_config``, as ``--build_config`` reads it."""
+    """The BuildConfig dict (docs/reference/trtllm-1.2.1-contract.md §3) incl. the full ``plugin_config``, as ``--build_config`` reads it."""
     c = contract.contract()["build_config"]
     b = recipe.build
     cfg = dict(c["fields"])
@@ -149,7 +149,7 @@ def plan(recipe: Recipe, quantized: QuantizeResult) -> dict[str, Any]:
                          ("build.kv_cache_config.enable_block_reuse", b.kv_cache_config.enable_block_reuse)):
             if on:
                 conflicts.append(f"{knob}: true needs paged context FMHA, which this engine will not have "
-                                 "(contract §2 use_paged_context_fmha); the runtime must turn it off")
+                                 "(docs/reference/trtllm-1.2.1-contract.md §2 use_paged_context_fmha); the runtime must turn it off")
     return {
         "plugins": plugins,
         "runtime_conflicts": conflicts,

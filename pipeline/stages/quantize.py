@@ -110,7 +110,7 @@ def _quantize(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_dir: Path
     q = recipe.quantization
     device = "cuda" if torch.cuda.is_available() else "cpu"
     export_dtype = getattr(torch, derived.model_dtype(recipe, _checkpoint_dtype(source.hf_dir)))
-    calib_dtype = torch.float32 if device == "cpu" else export_dtype  # fp32 is ~2× faster on CPU (cpu-stack §3)
+    calib_dtype = torch.float32 if device == "cpu" else export_dtype  # fp32 is ~2× faster on CPU (docs/reference/cpu-stack.md §3)
     timings: dict[str, float] = {}
     tok = AutoTokenizer.from_pretrained(source.hf_dir, local_files_only=True, trust_remote_code=recipe.model.trust_remote_code)
     data = calib.prepare(q.calibration, tok, recipe_dir)

@@ -59,7 +59,7 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
     ``max_attention_window`` → ``max_attention_window_size``, ``host_cache_size`` → ``kv_cache_host_memory_bytes``,
     ``scheduler_config.capacity_scheduler_policy`` → ``batch_scheduler_policy`` (lower case),
     ``build.enable_chunked_prefill`` → ``enable_chunked_context``; names and meanings from
-    tensorrtllm_backend docs/model_config.md (reference §3.2). Optional knobs left unset in the recipe
+    tensorrtllm_backend docs/model_config.md (docs/reference/triton-model-repository.md §3.2). Optional knobs left unset in the recipe
     are omitted (never left as ``${…}``). The CPU engine adds ``cpu_num_threads``.
 
     KV-cache reuse and chunked context need paged context FMHA in the engine; when the engine

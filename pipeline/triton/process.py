@@ -27,7 +27,7 @@ from pipeline.errors import UserError
 #: default python-backend shared-memory region prefix of Triton (names under /dev/shm)
 DEFAULT_SHM_PREFIX = "triton_python_backend_shm_region_"
 
-#: substrings of log lines that every CPU start prints and that mean nothing there (cpu-stack.md §1)
+#: substrings of log lines that every CPU start prints and that mean nothing there (docs/reference/cpu-stack.md §1)
 HARMLESS_CPU_LINES = (
     "pinned memory",
     "CUDA driver",
@@ -58,7 +58,7 @@ def die_with_parent() -> None:
 
 
 def is_harmless(line: str) -> bool:
-    """True for the log lines every CPU start prints that mean nothing (cpu-stack.md §1)."""
+    """True for the log lines every CPU start prints that mean nothing (docs/reference/cpu-stack.md §1)."""
     return any(s in line for s in HARMLESS_CPU_LINES)
 
 

@@ -96,7 +96,7 @@ def _pytriton_root() -> Path | None:
 
 
 def cpu_triton(cache_root: Path | None = None) -> TritonInstall:
-    """The nvidia-pytriton Triton prepared for this Python (cpu-stack.md §1 steps 1–3).
+    """The nvidia-pytriton Triton prepared for this Python (docs/reference/cpu-stack.md §1 steps 1–3).
 
     The backend directory is prepared once per (pytriton version, Python X.Y) under
     ``<cache>/triton_backends/`` (written atomically) and reused afterwards.
