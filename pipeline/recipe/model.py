@@ -61,8 +61,8 @@ class TargetSpec(StrictModel):
             "nodes (a LeaderWorkerSet group); tp_size × pp_size must then be a multiple of it."
         ),
     )
-    tp_size: int = Field(default=1, ge=1, description="Tensor parallelism (quantize.py --tp_size default 1).")
-    pp_size: int = Field(default=1, ge=1, description="Pipeline parallelism (quantize.py --pp_size default 1).")
+    tp_size: int = Field(default=1, ge=1, le=64, description="Tensor parallelism (quantize.py --tp_size default 1; at most num_gpus).")
+    pp_size: int = Field(default=1, ge=1, le=64, description="Pipeline parallelism (quantize.py --pp_size default 1; at most num_gpus).")
 
     @field_validator("gpu")
     @classmethod

@@ -50,9 +50,34 @@ class Recipe(StrictModel):
     # ------------------------------------------------------------------ cross-field checks
     @model_validator(mode="after")
     def _check(self) -> "Recipe":
-        for check in (self._check_target, self._check_formats, self._check_lengths, self._check_parallel, self._check_awq):
+        for check in (self._check_target, self._check_formats, self._check_lengths, self._check_parallel, self._check_awq,
+                      self._check_counts):
             check()
         return self
+
+    def _check_counts(self) -> None:
+        """Counts bounded by other fields, the model or this machine (each message names the number to lower)."""
+        import os
+
+        c, b, s = self.quantization.calibration, self.build, self.serving
+        if c.batch_size > c.size:
+            raise RecipeCheckError("quantization.calibration.batch_size", f"{c.batch_size} exceeds calibration.size {c.size}: lower it")
+        geo = geometry_for_source(self.model.source)
+        if geo is not None and geo.max_position_embeddings and c.max_seq_length > geo.max_position_embeddings:
+            raise RecipeCheckError(
+                "quantization.calibration.max_seq_length",
+                f"{c.max_seq_length} exceeds the model's max_position_embeddings {geo.max_position_embeddings}: lower it",
+            )
+        if b.workers > self.target.world_size:
+            raise RecipeCheckError(
+                "build.workers", f"{b.workers} build processes for {self.target.world_size} rank(s) (tp × pp): lower it "
+                "(trtllm-build builds one rank per worker)",
+            )
+        if self.target.gpu == gpus.CPU_TARGET:  # the CPU deployment runs on this machine: one process per instance
+            cores = len(os.sched_getaffinity(0))
+            for name in ("preprocessing_instance_count", "postprocessing_instance_count", "bls_instance_count"):
+                if getattr(s, name) > 4 * cores:
+                    raise RecipeCheckError(f"serving.{name}", f"{getattr(s, name)} processes on {cores} cores: lower it to ≤ {4 * cores}")
 
     def _check_target(self) -> None:
         t, engine = self.target.gpu, self.build.engine
