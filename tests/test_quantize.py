@@ -226,7 +226,7 @@ def test_int4_awq_quantize_and_export(tmp_path: Path, original, quant_one_thread
 
 def test_full_prec_still_exports_both_checkpoints(tmp_path: Path, original, quant_one_thread) -> None:
     recipe = load_recipe(RECIPES / "smollm2_135m_cpu_fp8.yaml", [
-        "quantization.qformat=full_prec", "quantization.kv_cache_dtype=none", "quantization.calibration.size=1",
+        "quantization.qformat=full_prec", "quantization.kv_cache_dtype=none", "quantization.calibration.size=1", "quantization.calibration.batch_size=1",
         "quantization.calibration.max_seq_length=32", "quantization.calibration.eval_samples=2"])
     res = quantize.run(recipe, BuildLayout(tmp_path), recipe_dir=RECIPES)
     m = res.manifest
