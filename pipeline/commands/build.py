@@ -35,7 +35,7 @@ def build(
     )
     t0 = time.perf_counter()
 
-    def on_stage(name: str, res: StageResult) -> None:
+    def on_stage(name: str, res: StageResult, changes: list[str]) -> None:
         status = res.status
         if res.cached:
             how = "[dim]reused (inputs unchanged)[/]"
@@ -44,6 +44,8 @@ def build(
         else:
             how = f"built in {res.manifest.get('timings_s', {}).get('total', 0):.1f} s"
         console.print(f"  [green]✓[/] {name:<12} {res.path}  {how}", highlight=False)
+        if changes:
+            console.print(f"    [dim]changed:[/] {'; '.join(changes)}", highlight=False, soft_wrap=True)
 
     def warn(msg: str) -> None:
         console.print(f"  [yellow]warning:[/] {msg}", highlight=False)

@@ -36,6 +36,7 @@ from pipeline.artifacts import (
 from pipeline.errors import StageError, UserError
 from pipeline.layout import BuildLayout
 from pipeline.recipe import Recipe, derived
+from pipeline.recipe.consumers import consumed
 from pipeline.stages.results import EngineResult, QuantizeResult
 
 STAGE = EngineResult.STAGE
@@ -131,8 +132,7 @@ def _cache_key(recipe: Recipe, quantized: QuantizeResult, dry_run: bool) -> str:
         {
             "stage": STAGE,
             "builder_version": BUILDER_VERSION,
-            "build": recipe.build.model_dump(mode="json"),
-            "quantization": recipe.quantization.model_dump(mode="json", exclude={"calibration"}),
+            "recipe": consumed(recipe, "engine", "runtime"),  # engine_config.json holds the KV/scheduler limits too
             "quantize_cache_key": quantized.cache_key,
             "versions": versions,
             "dry_run": dry_run,
@@ -193,6 +193,7 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
             key,
             engine_kind="cpu",
             status="dry_run" if dry_run else "built",
+            consumed=consumed(recipe, "engine", "runtime"),
             world_size=1,
             max_seq_len=ecfg["max_seq_len"],
             versions=library_versions("torch", "transformers", "safetensors", "nvidia-modelopt"),

@@ -27,6 +27,7 @@ from pipeline.errors import StageError
 from pipeline.layout import BuildLayout
 from pipeline.models import geometry_for_source, geometry_from_config
 from pipeline.recipe import Recipe, derived
+from pipeline.recipe.consumers import consumed
 from pipeline.stages.results import EngineResult, QuantizeResult
 
 CONFIG_YAML = "llm_api_config.yaml"
@@ -136,7 +137,8 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
     if problems:  # a programming error: the table and this module disagree
         raise StageError("LLM-API config: " + "; ".join(problems))
     status = "built" if present else "dry_run"
-    key = stable_hash({"recipe": recipe.model_dump(mode="json", include={"model", "target", "quantization", "build"}),
+    fields = consumed(recipe, "engine", "runtime")  # the LLM() arguments hold the KV/scheduler knobs too
+    key = stable_hash({"recipe": fields,
                        "quantize": quantized.cache_key, "kwargs": kwargs, "status": status,
                        "pins": contract.pins()})
     if not force:
@@ -144,7 +146,7 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
         if hit:
             return hit
     manifest = base_manifest(
-        EngineResult.STAGE, key, engine_kind="pytorch", status=status, llm_api_config=CONFIG_YAML, llm_api_kwargs=kwargs,
+        EngineResult.STAGE, key, engine_kind="pytorch", status=status, consumed=fields, llm_api_config=CONFIG_YAML, llm_api_kwargs=kwargs,
         llm_api_kwargs_sha256=stable_hash(kwargs), checkpoint={"path": str(hf_ckpt), "present": present},
         world_size=recipe.target.world_size, ignored_knobs=_ignored(recipe), pins=contract.pins(),
         inputs={"quantize_cache_key": quantized.cache_key}, max_seq_len=kwargs["max_seq_len"], versions=library_versions(),

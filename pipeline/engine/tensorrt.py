@@ -39,6 +39,7 @@ from pipeline.errors import MissingToolError, StageError, UserError
 from pipeline.layout import BuildLayout
 from pipeline.models import geometry_for_source, geometry_from_config
 from pipeline.recipe import Recipe, derived
+from pipeline.recipe.consumers import consumed
 from pipeline.stages.results import EngineResult, QuantizeResult
 
 TOOL = "trtllm-build"
@@ -133,8 +134,7 @@ def plan(recipe: Recipe, quantized: QuantizeResult) -> dict[str, Any]:
     """Everything the build needs, computed without side effects.
 
     Returns a dict: ``argv``, ``build_config``, ``checkpoint_config``, ``synthesized`` (bool), ``max_seq_len``,
-    ``plugins`` (effective), ``adjustments``, ``runtime_conflicts`` (recipe runtime knobs the engine cannot
-    honour, e.g. chunked prefill without paged context FMHA), ``world_size``. Raises UserError/StageError for unusable inputs.
+    ``plugins`` (effective), ``adjustments``, ``world_size``. Raises UserError/StageError for unusable inputs.
     """
     source, ckpt_cfg, synthesized = _checkpoint(recipe, quantized)
     max_seq = resolve_max_seq_len(recipe, ckpt_cfg)
@@ -142,17 +142,8 @@ def plan(recipe: Recipe, quantized: QuantizeResult) -> dict[str, Any]:
     plugins, adjustments = contract.effective_plugins(
         recipe, architecture=ckpt_cfg["architecture"], sm=contract.compute_capability_sm(gpu.compute_capability if gpu else None)
     )
-    b = recipe.build
-    conflicts = []
-    if not plugins["use_paged_context_fmha"]:
-        for knob, on in (("build.enable_chunked_prefill", b.enable_chunked_prefill),
-                         ("build.kv_cache_config.enable_block_reuse", b.kv_cache_config.enable_block_reuse)):
-            if on:
-                conflicts.append(f"{knob}: true needs paged context FMHA, which this engine will not have "
-                                 "(docs/reference/trtllm-1.2.1-contract.md §2 use_paged_context_fmha); the runtime must turn it off")
     return {
         "plugins": plugins,
-        "runtime_conflicts": conflicts,
         "argv": build_command(recipe, source=source, from_model_config=synthesized, plugins=plugins, max_seq_len=max_seq),
         "build_config": build_config_dict(recipe, plugins=plugins, max_seq_len=max_seq, dtype=ckpt_cfg["dtype"]),
         "checkpoint_config": ckpt_cfg,
@@ -330,9 +321,9 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
     t0 = time.monotonic()
     out_dir = layout.engine
     p = plan(recipe, quantized)
+    fields = consumed(recipe, "engine")  # build-time knobs only: runtime ones go to the model repository
     key = stable_hash({
-        "recipe": recipe.model_dump(mode="json", include={"model", "target", "quantization", "build"}),
-        "quantize": quantized.cache_key, "checkpoint_config": p["checkpoint_config"],
+        "recipe": fields, "quantize": quantized.cache_key, "checkpoint_config": p["checkpoint_config"],
         "argv": p["argv"], "build_config": p["build_config"], "pins": contract.pins(),
     })
     if not force:
@@ -345,20 +336,18 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
                         "first (an engine from --model_config alone would have no weights)")
     status = "dry_run" if dry_run else ("built" if tool else "not_built")
     manifest = base_manifest(
-        EngineResult.STAGE, key, engine_kind="tensorrt", status=status, engine_dir=ENGINE_DIR, world_size=p["world_size"],
+        EngineResult.STAGE, key, engine_kind="tensorrt", status=status, consumed=fields, engine_dir=ENGINE_DIR, world_size=p["world_size"],
         tp_size=recipe.target.tp_size, pp_size=recipe.target.pp_size, max_seq_len=p["max_seq_len"],
         command=p["argv"], script=SCRIPT, build_config=BUILD_CONFIG, build_config_sha256=stable_hash(p["build_config"]),
         checkpoint={"source": "synthesized" if p["synthesized"] else "quantize", "path": p["argv"][2],
                     "config_sha256": stable_hash(p["checkpoint_config"])},
-        adjustments=p["adjustments"], effective_plugins=p["plugins"], runtime_conflicts=p["runtime_conflicts"],
+        adjustments=p["adjustments"], effective_plugins=p["plugins"],
         pins=contract.pins(), inputs={"quantize_cache_key": quantized.cache_key},
         target_gpu={"key": recipe.target.gpu, "compute_capability": recipe.gpu.compute_capability if recipe.gpu else None},
         versions=library_versions(),
     )
     for a in p["adjustments"]:
         sys.stderr.write(f"trtpipe: {a['knob']} {a['requested']} -> {a['effective']}: {a['reason']}\n")
-    for c in p["runtime_conflicts"]:
-        sys.stderr.write(f"trtpipe: warning: {c}\n")
     with atomic_dir(out_dir) as tmp:
         _write_plan(tmp, p)
         if status == "built":

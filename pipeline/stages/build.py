@@ -30,6 +30,9 @@ class BuildResult:
 
     layout: BuildLayout
     stages: dict[str, StageResult]
+    #: for each stage that was rebuilt over an earlier result: the consumed recipe fields that changed
+    #: (``["build.max_batch_size 2048 → 512"]``; empty when only an upstream stage or a library changed)
+    changes: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def build_dir(self) -> Path:
@@ -60,7 +63,7 @@ def run(
     until: str | None = None,
     force: bool = False,
     dry_run: bool = False,
-    on_stage: Callable[[str, StageResult], None] | None = None,
+    on_stage: Callable[[str, StageResult, list[str]], None] | None = None,
     warn: Callable[[str], None] = print,
 ) -> BuildResult:
     """Run quantize → engine → triton_repo for ``recipe`` into ``build_dir``.
@@ -72,7 +75,8 @@ def run(
         until: stop after this stage (``quantize``, ``engine`` or ``repo``); default: all.
         force: rebuild every stage even when its cache key matches.
         dry_run: write commands and configs only (no ModelOpt run, no trtllm-build).
-        on_stage: called after each stage with its name and result (for the CLI's progress lines).
+        on_stage: called after each stage with its name, result and the consumed recipe fields that changed
+            since the stage's previous result (for the CLI's progress lines).
         warn: receives planner warnings (one line each).
 
     Raises:
@@ -95,8 +99,9 @@ def run(
     layout = BuildLayout(Path(build_dir))
     created = _first_missing(layout.root.absolute())
     results: dict[str, StageResult] = {}
+    changes: dict[str, list[str]] = {}
     try:
-        _run_stages(recipe, layout, recipe_dir, last, force, dry_run, results, on_stage)
+        _run_stages(recipe, layout, recipe_dir, last, force, dry_run, results, changes, on_stage)
     except BaseException:
         if created is not None and created.is_dir() and not any(p.is_file() for p in created.rglob("*")):
             shutil.rmtree(created, ignore_errors=True)  # a failed first build leaves nothing behind
@@ -104,7 +109,7 @@ def run(
     _write_text_atomic(layout.recipe_file, dump_recipe(recipe))
     if last == "triton_repo" and not dry_run:
         artifacts.record_last_build(layout.root)
-    return BuildResult(layout, results)
+    return BuildResult(layout, results, changes)
 
 
 def _run_stages(
@@ -115,15 +120,21 @@ def _run_stages(
     force: bool,
     dry_run: bool,
     results: dict[str, StageResult],
-    on_stage: Callable[[str, StageResult], None] | None,
+    changes: dict[str, list[str]],
+    on_stage: Callable[[str, StageResult, list[str]], None] | None,
 ) -> None:
-    """Run the stages in order up to ``last``, filling ``results``."""
+    """Run the stages in order up to ``last``, filling ``results`` and ``changes``."""
+    from pipeline.recipe.consumers import changed
     from pipeline.stages import engine, quantize, triton_repo
+
+    before = {s: (artifacts.read_manifest(layout.stage_dir(s)) or {}).get("consumed") for s in ("quantize", "engine", "triton_repo")}
 
     def done(res: StageResult) -> bool:
         results[res.stage] = res
+        diff = [] if res.cached else changed(before[res.stage], res.manifest.get("consumed") or {})
+        changes[res.stage] = diff
         if on_stage:
-            on_stage(res.stage, res)
+            on_stage(res.stage, res, diff)
         return res.stage == last
 
     q = quantize.run(recipe, layout, recipe_dir=recipe_dir, force=force, dry_run=dry_run)

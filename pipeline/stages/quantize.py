@@ -37,6 +37,7 @@ from pipeline.geometry import check_checkpoint_dir
 from pipeline.errors import StageError, UserError
 from pipeline.layout import HF_CKPT, TRTLLM_CKPT, BuildLayout
 from pipeline.recipe import Recipe, derived
+from pipeline.recipe.consumers import consumed
 from pipeline.stages.results import QuantizeResult
 
 STAGE = QuantizeResult.STAGE
@@ -54,9 +55,15 @@ def cache_key(recipe: Recipe, *, source_hash: str | None, dataset_hash: str | No
     })
 
 
+def consumed_fields(recipe: Recipe) -> dict[str, Any]:
+    """The recipe fields this stage consumes (:mod:`pipeline.recipe.consumers`), plus whether the target is the
+    CPU (it decides the export dtype of an fp32 checkpoint: :func:`pipeline.recipe.derived.model_dtype`)."""
+    return {**consumed(recipe, "quantize"), "target.is_cpu": recipe.target.gpu == "cpu"}
+
+
 def recipe_hash(recipe: Recipe) -> str:
-    """Hash of the recipe's ``model``, ``target`` and ``quantization`` sections (JSON form)."""
-    return artifacts.stable_hash(recipe.model_dump(mode="json", include={"model", "target", "quantization"}))
+    """Hash of :func:`consumed_fields`."""
+    return artifacts.stable_hash(consumed_fields(recipe))
 
 
 def run(recipe: Recipe, layout: BuildLayout, *, recipe_dir: Path, force: bool = False, dry_run: bool = False) -> QuantizeResult:
@@ -179,7 +186,7 @@ def _quantize(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_dir: Path
     if exported != expected:  # the export is the truth downstream stages must read (e.g. int4_wo → W4A16_AWQ)
         _warn(f"ModelOpt exported {exported}; the recipe's table says {expected}")
     return artifacts.base_manifest(
-        STAGE, key, status="built", recipe_hash=recipe_hash(recipe), source=source.to_manifest(),
+        STAGE, key, status="built", recipe_hash=recipe_hash(recipe), consumed=consumed_fields(recipe), source=source.to_manifest(),
         calibration=data.summary(), versions=artifacts.library_versions(*VERSIONED),
         qformat=q.qformat, kv_cache_dtype=q.kv_cache_dtype, modelopt_config=ptq.QFORMAT_CFG[q.qformat],
         device=device, calib_dtype=str(calib_dtype).removeprefix("torch."), export_dtype=str(export_dtype).removeprefix("torch."),
@@ -273,7 +280,7 @@ def _dry_run(recipe: Recipe, out_dir: Path, key: str, recipe_dir: Path) -> Quant
         (tmp / "quantize_command.sh").write_text(script)
         (tmp / "quantize_command.sh").chmod(0o755)
         manifest = artifacts.base_manifest(
-            STAGE, key, status="dry_run", recipe_hash=recipe_hash(recipe), source={"spelling": src},
+            STAGE, key, status="dry_run", recipe_hash=recipe_hash(recipe), consumed=consumed_fields(recipe), source={"spelling": src},
             qformat=q.qformat, kv_cache_dtype=q.kv_cache_dtype, modelopt_config=ptq.QFORMAT_CFG[q.qformat],
             exported={"quant_algo": q.quant_algo, "kv_cache_quant_algo": q.kv_cache_quant_algo},
             command=args, versions=artifacts.library_versions(*VERSIONED), timings_s={"total": 0.0},

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from pipeline import artifacts
 from pipeline.errors import StageError
 from pipeline.layout import BuildLayout
 from pipeline.recipe import Recipe
+from pipeline.recipe.consumers import consumed
 from pipeline.stages.results import EngineResult, QuantizeResult, RepoResult
 from pipeline.triton.model_config import layouts, package_dir, render_model_config, write_model_config
 from pipeline.triton.upstream import repository_problems
@@ -154,6 +156,17 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
     }
 
 
+def runtime_conflicts(recipe: Recipe, engine: EngineResult) -> list[str]:
+    """Runtime knobs the engine cannot honour, so the repository turns them off (:func:`tensorrt_llm_parameters`):
+    chunked context and KV-cache reuse need paged context FMHA (docs/reference/trtllm-1.2.1-contract.md §2)."""
+    if engine.paged_context_fmha:
+        return []
+    b = recipe.build
+    return [f"{knob}: true needs paged context FMHA, which this engine does not have; the repository turns it off"
+            for knob, on in (("build.enable_chunked_prefill", b.enable_chunked_prefill),
+                             ("build.kv_cache_config.enable_block_reuse", b.kv_cache_config.enable_block_reuse)) if on]
+
+
 # ---------------------------------------------------------------------------------------- files
 def template_hashes() -> dict[str, str]:
     """sha256 of every template/model file of the ``triton_repo`` package (part of the cache key)."""
@@ -222,10 +235,10 @@ def _write_llmapi_files(recipe: Recipe, model_dir: Path, quantized: QuantizeResu
 
 # ---------------------------------------------------------------------------------------- stage
 def cache_key(recipe: Recipe, *, quantized: QuantizeResult, engine: EngineResult) -> str:
-    """Hash of the serving + build sections, both upstream cache keys, the engine path and the templates."""
+    """Hash of the runtime fields (serving + KV/scheduler knobs, :mod:`pipeline.recipe.consumers`), both upstream
+    cache keys (which cover the build-time fields), the engine path and the templates."""
     return artifacts.stable_hash({
-        "serving": recipe.serving.model_dump(mode="json"),
-        "build": recipe.build.model_dump(mode="json"),
+        "recipe": consumed(recipe, "runtime"),
         "triton_max_batch_size": recipe.triton_max_batch_size,
         "quantize": quantized.cache_key,
         "engine": engine.cache_key,
@@ -272,6 +285,11 @@ def run(
         raise StageError("generated model repository breaks the upstream contract "
                          "(pipeline/data/triton_backend_contract.yaml): " + "; ".join(problems))
     extra: dict[str, Any] = {}
+    conflicts = runtime_conflicts(recipe, engine)
+    if conflicts:
+        extra["notes"] = conflicts
+        for c in conflicts:
+            sys.stderr.write(f"trtpipe: warning: {c}\n")
     with artifacts.atomic_dir(out_dir) as tmp:
         for name, cfg in configs.items():
             (tmp / name).mkdir()
@@ -299,6 +317,7 @@ def run(
         manifest = artifacts.base_manifest(
             STAGE, key,
             status="dry_run" if dry_run else "built",
+            consumed=consumed(recipe, "runtime"),
             engine_kind=kind,
             models=sorted(configs),
             inputs={"quantize": quantized.cache_key, "engine": engine.cache_key,
