@@ -8,7 +8,7 @@
 #   docker run --rm --init --gpus all --shm-size=2g -v $PWD/models:/models -e HF_TOKEN \
 #       trtpipe:gpu build recipes/llama31_8b_h200_fp8.yaml
 #   docker run --rm --init --gpus all --shm-size=2g -v $PWD/models:/models -p 8000-8002:8000-8002 \
-#       trtpipe:gpu serve --host 0.0.0.0
+#       -e TRTPIPE_ADMIN_KEY trtpipe:gpu serve --host 0.0.0.0   # off loopback the admin APIs need the key
 # (docs/deploy-gpu.md has the details.)
 #
 # An engine only runs on the TensorRT-LLM version that built it, so build AND serve in this image.
@@ -53,7 +53,7 @@ RUN cp -r /opt/trtpipe/src/recipes /workspace/recipes \
  && ln -s /models /workspace/artifacts
 VOLUME ["/models"]
 
-# HTTP, gRPC, metrics (bind them with `trtpipe serve --host 0.0.0.0` to publish them).
+# HTTP, gRPC, metrics (bind them with `trtpipe serve --host 0.0.0.0 --admin-key KEY` to publish them).
 EXPOSE 8000 8001 8002
 
 # trtpipe handles SIGTERM (docker stop) itself: the server is stopped gracefully, then killed.

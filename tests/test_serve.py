@@ -165,7 +165,47 @@ def test_check_runtime_refuses_engine_mismatch_on_gpu(tmp_path, monkeypatch):
     assert "TensorRT-LLM 1.1.0" in warning and default_release().image in warning
 
 
+def test_non_loopback_host_needs_an_admin_key():
+    with pytest.raises(UserError, match="--host 0.0.0.0 exposes Triton's administrative APIs .* set --admin-key"):
+        srv.ServeOptions(host="0.0.0.0").restricted_api_args()
+    assert srv.ServeOptions(host="127.0.0.1").restricted_api_args() == []
+    args = srv.ServeOptions(host="0.0.0.0", admin_key="s3cret").restricted_api_args()
+    assert args == [f"--http-restricted-api=model-repository,shared-memory,logging,trace:{srv.ADMIN_HEADER}=s3cret",
+                    f"--grpc-restricted-protocol=model-repository,shared-memory,logging,trace:{srv.ADMIN_HEADER}=s3cret"]
+
+
 # ---------------------------------------------------------------------- real Triton
+@pytest.mark.triton
+def test_exposed_server_refuses_admin_apis_without_the_key(tmp_path):
+    """Bound to all interfaces: a shared-memory registration without the key is refused, with it accepted;
+    inference needs no key."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.utils.shared_memory as shm
+    from tritonclient.utils import InferenceServerException
+
+    options = srv.ServeOptions(host="0.0.0.0", admin_key="s3cret", http_port=None, grpc_port=None, metrics_port=None,
+                               log_file=tmp_path / "triton.log", ready_timeout_s=60)
+    region = shm.create_shared_memory_region("trtpipe_test_region", f"/trtpipe_test_{os.getpid()}", 64)
+    try:
+        with srv.run(ECHO_REPO, options) as handle:
+            client = grpcclient.InferenceServerClient(handle.grpc_url)
+            with pytest.raises(InferenceServerException, match="protocol is restricted"):
+                client.register_system_shared_memory("r", f"/trtpipe_test_{os.getpid()}", 64)
+            with pytest.raises(InferenceServerException, match="protocol is restricted"):  # a wrong key
+                client.register_system_shared_memory("r", f"/trtpipe_test_{os.getpid()}", 64,
+                                                     headers={srv.GRPC_ADMIN_HEADER: "guess"})
+            key = {srv.GRPC_ADMIN_HEADER: "s3cret"}
+            client.register_system_shared_memory("r", f"/trtpipe_test_{os.getpid()}", 64, headers=key)
+            assert client.get_system_shared_memory_status(headers=key, as_json=True)["regions"]["r"]["byte_size"] == "64"
+            client.unregister_system_shared_memory("r", headers=key)
+            x = grpcclient.InferInput("IN", [2], "INT32")
+            x.set_data_from_numpy(np.array([5, 6], dtype=np.int32))
+            assert [int(r.as_numpy("OUT")[0]) for r in _stream(client, "echo", [x])] == [5, 6]
+            client.close()
+    finally:
+        shm.destroy_shared_memory_region(region)
+
+
 @pytest.mark.triton
 def test_echo_stream_metadata_and_clean_stop(tmp_path):
     import tritonclient.grpc as grpcclient

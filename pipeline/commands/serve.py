@@ -24,7 +24,8 @@ def serve(
     http_port: Annotated[int, typer.Option("--http-port", help="HTTP port.")] = 8000,
     grpc_port: Annotated[int, typer.Option("--grpc-port", help="gRPC port.")] = 8001,
     metrics_port: Annotated[int, typer.Option("--metrics-port", help="Prometheus metrics port.")] = 8002,
-    host: Annotated[str, typer.Option("--host", help="Bind address of all endpoints (0.0.0.0 exposes them).")] = "127.0.0.1",
+    host: Annotated[str, typer.Option("--host", help="Bind address of all endpoints (0.0.0.0 exposes them; then --admin-key is required).")] = "127.0.0.1",
+    admin_key: Annotated[str | None, typer.Option("--admin-key", envvar="TRTPIPE_ADMIN_KEY", show_envvar=True, help="Off loopback: Triton's model-repository, shared-memory, logging and trace APIs answer only requests with the key (HTTP header triton-admin-key, gRPC metadata triton-grpc-protocol-triton-admin-key).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the server to be ready.")] = 120.0,
     exit_timeout: Annotated[int, typer.Option("--exit-timeout", help="Seconds Triton waits for in-flight requests on stop.")] = 5,
     log_file: Annotated[Path | None, typer.Option("--log-file", help="Server log (default: <build dir>/triton_server-<grpc port>.log).")] = None,
@@ -54,8 +55,12 @@ def serve(
         state_file.unlink(missing_ok=True)
     options = srv.ServeOptions(
         http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, host=host, ready_timeout_s=timeout,
-        exit_timeout_s=exit_timeout, log_file=log_file,
+        exit_timeout_s=exit_timeout, log_file=log_file, admin_key=admin_key,
     )
+    if options.restricted_api_args():
+        console.print(f"administrative APIs ({', '.join(srv.ADMIN_APIS)}) restricted to requests with the key in HTTP header "
+                      f"{srv.ADMIN_HEADER} / gRPC metadata {srv.GRPC_ADMIN_HEADER}; inference, health and metadata are open",
+                      highlight=False, soft_wrap=True)
 
     def started(server) -> None:  # noqa: ANN001
         console.print(f"[bold]trtpipe serve[/] {resolved.repo}  ({server.install.kind} Triton, log {server.log_file})",

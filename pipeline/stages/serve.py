@@ -29,6 +29,15 @@ from pipeline.triton.process import http_ok, shm_regions, terminate_tree
 from pipeline.triton.server import TritonInstall, TritonServer, find_triton
 
 STATE_FILE = "serve.json"
+#: Triton's administrative APIs that a non-loopback server restricts behind a key (Triton's
+#: --http-restricted-api / --grpc-restricted-protocol; the API names are those `tritonserver --help` lists)
+ADMIN_APIS = ("model-repository", "shared-memory", "logging", "trace")
+#: the HTTP request header that carries the admin key; gRPC clients send it as metadata key
+#: GRPC_ADMIN_HEADER (Triton prefixes restricted-protocol keys with "triton-grpc-protocol-": seen on Triton 2.51,
+#: "This protocol is restricted, expecting header 'triton-grpc-protocol-<key>'")
+ADMIN_HEADER = "triton-admin-key"
+GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 _TRTLLM_BACKEND = re.compile(r'^\s*backend\s*:\s*"tensorrtllm"', re.M)
 
 
@@ -140,7 +149,9 @@ class ServeOptions:
 
     Ports ``None`` are picked free at start. ``exit_timeout_s`` is Triton's ``--exit-timeout-secs``
     (how long it waits for in-flight requests on stop); ``ready_timeout_s`` bounds the readiness wait.
-    ``log_file`` defaults to ``<build>/triton_server-<grpc port>.log``.
+    ``log_file`` defaults to ``<build>/triton_server-<grpc port>.log``. ``admin_key``: on a non-loopback
+    ``host`` Triton's administrative APIs (:data:`ADMIN_APIS`) answer only requests carrying this key in the
+    :data:`ADMIN_HEADER` header; inference, health and metadata stay open. Required off loopback.
     """
 
     http_port: int | None = 8000
@@ -150,6 +161,21 @@ class ServeOptions:
     ready_timeout_s: float = 120.0
     exit_timeout_s: int = 5
     log_file: Path | None = None
+    admin_key: str | None = None
+
+    def restricted_api_args(self) -> list[str]:
+        """Triton flags restricting :data:`ADMIN_APIS` behind ``admin_key`` (none on loopback).
+
+        Raises:
+            UserError: a non-loopback ``host`` without an ``admin_key``.
+        """
+        if self.host in LOOPBACK_HOSTS:
+            return []
+        if not self.admin_key:
+            raise UserError(f"--host {self.host} exposes Triton's administrative APIs ({', '.join(ADMIN_APIS)}): "
+                            "set --admin-key KEY (or TRTPIPE_ADMIN_KEY) to restrict them to requests carrying it")
+        spec = f"{','.join(ADMIN_APIS)}:{ADMIN_HEADER}={self.admin_key}"
+        return [f"--http-restricted-api={spec}", f"--grpc-restricted-protocol={spec}"]
 
 
 class ServeHandle:
@@ -242,12 +268,13 @@ def run(
         StageError: the server exited or was not ready within ``options.ready_timeout_s`` (it is killed).
     """
     resolved = target if isinstance(target, ServeTarget) else ServeTarget.resolve(target, root)
+    extra_args = options.restricted_api_args()
     install = install or find_triton()
     warnings = check_runtime(resolved, install)
     server = TritonServer(
         resolved.repo, http_port=options.http_port, grpc_port=options.grpc_port, metrics_port=options.metrics_port,
         host=options.host, exit_timeout_s=options.exit_timeout_s, world_size=resolved.world_size, install=install,
-        ready_timeout_s=options.ready_timeout_s, die_with_parent=die_with_parent,
+        ready_timeout_s=options.ready_timeout_s, die_with_parent=die_with_parent, extra_args=extra_args,
     )
     server.log_file = options.log_file or resolved.log_file(server.grpc_port)
     server.start()  # checks the ports first: nothing is launched when one is taken
