@@ -25,9 +25,22 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(tree: ast.AST, name: str, is_pkg: bool) -> set[str]:
-    out: set[str] = set()
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of import nodes inside ``if TYPE_CHECKING:`` blocks (not run-time arrows)."""
+    out: set[int] = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out.update(id(n) for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom)))
+    return out
+
+
+def _imports(tree: ast.AST, name: str, is_pkg: bool, modules: set[str]) -> set[str]:
+    """Modules ``name`` imports at run time; ``from pkg import sub`` is an arrow to ``pkg.sub`` only."""
+    out: set[str] = set()
+    skip = _type_checking_nodes(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -36,8 +49,12 @@ def _imports(tree: ast.AST, name: str, is_pkg: bool) -> set[str]:
                 pkg = name.split(".") if is_pkg else name.split(".")[:-1]
                 pkg = pkg[: len(pkg) - (node.level - 1)]
                 base = ".".join(pkg + ([base] if base else []))
-            out.add(base)
-            out.update(f"{base}.{a.name}" for a in node.names)
+            subs = {f"{base}.{a.name}" for a in node.names}
+            if subs <= modules:
+                out.update(subs)
+            else:
+                out.add(base)
+                out.update(subs & modules)
     return out
 
 
@@ -99,7 +116,7 @@ def report(roots: list[Path]) -> dict:
     graph: dict[str, set[str]] = {}
     for name, (tree, is_pkg) in trees.items():
         targets = set()
-        for imp in _imports(tree, name, is_pkg):
+        for imp in _imports(tree, name, is_pkg, set(modules)):
             # the longest known module name that the import names
             parts = imp.split(".")
             for k in range(len(parts), 0, -1):
