@@ -293,14 +293,16 @@ def predict_point(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl:
     if clients > b:  # closed loop beyond the batch: the extra clients queue (Little's law)
         wait = max(clients * steps * t_mean / b - e2e, 0.0)
         ttft, e2e = ttft + wait, e2e + wait
-    weights = {"step_s": t_mean}
-    split = {k: share * getattr(t_mixed, k) + (1 - share) * getattr(t_decode, k) for k in ("overhead_s", "gemm_s", "act_s", "kv_s", "attn_s")}
-    mem = (cost.pp_size * cost.weight_bytes / (eff.bw_frac * cost.bandwidth) if _gemm_memory(t_mixed, t_decode, share) else 0.0) + split["kv_s"] + split["act_s"]
-    work = split["gemm_s"] + split["act_s"] + split["kv_s"] + split["attn_s"]
-    bound = "overhead" if split["overhead_s"] > work else ("memory" if mem > work / 2 else "compute")
+    split = {k: share * getattr(t_mixed, k) + (1 - share) * getattr(t_decode, k)
+             for k in ("overhead_s", "gemm_s", "act_s", "kv_s", "attn_s")}
+    mem_s = cmp_s = 0.0
+    for t, w in ((t_mixed, share), (t_decode, 1 - share)):
+        mem_s += w * (t.act_s + t.kv_s + (t.gemm_s if t.gemm_bound == "memory" else 0.0))
+        cmp_s += w * (t.attn_s + (t.gemm_s if t.gemm_bound == "compute" else 0.0))
+    bound = "overhead" if split["overhead_s"] > mem_s + cmp_s else ("memory" if mem_s >= cmp_s else "compute")
     terms = {"calibration": eff.rel_error}
     if eff.step_overhead_uncertainty_ms:
-        terms["step_overhead"] = eff.step_overhead_uncertainty_ms * 1e-3 / weights["step_s"]
+        terms["step_overhead"] = eff.step_overhead_uncertainty_ms * 1e-3 / t_mean
     terms.update(extra_error or {})
     err = math.sqrt(sum(v * v for v in terms.values()))
     return Prediction(
@@ -310,11 +312,6 @@ def predict_point(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl:
         bound=bound, step_split_ms={k[:-2]: v * 1e3 for k, v in split.items()}, rel_error=err,
         error_terms={k: round(v, 4) for k, v in terms.items()},
     )
-
-
-def _gemm_memory(t_mixed: StepTime, t_decode: StepTime, share: float) -> bool:
-    """Whether the GEMMs of the dominant step kind are weight-read bound."""
-    return (t_mixed if share >= 0.5 else t_decode).gemm_bound == "memory"
 
 
 def activation_traffic_bytes(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, layers: int,
@@ -330,3 +327,31 @@ def activation_traffic_bytes(hidden: int, heads: int, kv_heads: int, head_dim: i
     """
     per_layer = 13 * hidden + (2 * (heads + 2 * kv_heads) * head_dim + 2 * heads * head_dim + 6 * intermediate) / tp
     return layers * per_layer * act_bytes
+
+
+def knee_batch(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl: int, osl: int, share: float = 0.9) -> int:
+    """Smallest concurrency whose predicted output tokens/s reaches ``share`` of the maximum-load prediction
+    (bisection; throughput does not fall as concurrency grows): a starting ``max_batch_size`` that gives
+    most of the throughput with the lowest latency. Raises ``ValueError`` as :func:`max_batch` does."""
+    b_max, _ = max_batch(limits, isl, osl)
+    target = share * predict_point(cost, limits, eff, isl, osl, None).output_tokens_per_s
+    lo, hi = 1, b_max
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if predict_point(cost, limits, eff, isl, osl, mid).output_tokens_per_s >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def predicted_tps(cost: StepCost | None, limits: SchedulerLimits | None, eff: Efficiency | None,
+                  isl: int, osl: int, concurrency: int) -> float | None:
+    """Predicted output tokens/s at ``concurrency`` clients, or None without model inputs or when the point
+    cannot run (see :func:`max_batch`)."""
+    if cost is None or limits is None or eff is None:
+        return None
+    try:
+        return predict_point(cost, limits, eff, isl, osl, concurrency).output_tokens_per_s
+    except ValueError:
+        return None

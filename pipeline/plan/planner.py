@@ -34,8 +34,8 @@ from pipeline.errors import UserError
 from pipeline.models import ModelGeometry, geometry_for_source
 from pipeline.plan import memory as mem
 from pipeline.plan import predict as pred
-from pipeline.plan.achievable import Efficiency, Prediction, SchedulerLimits, StepCost, predict_point
-from pipeline.plan.perf import QFORMAT_COMPUTE, Roofline, decode_flops_per_token, prefill_flops
+from pipeline.plan.achievable import Efficiency, Prediction, SchedulerLimits, StepCost, knee_batch, predict_point, predicted_tps
+from pipeline.plan.perf import QFORMAT_COMPUTE, Roofline, decode_flops_per_token, peak_flops, prefill_flops
 from pipeline.recipe import Recipe
 from pipeline.recipe.quant import FP8_QFORMATS
 
@@ -84,6 +84,8 @@ class ScenarioPlan(BaseModel):
     curve: list[ThroughputPoint] = Field(default_factory=list)
     predicted: Prediction | None = Field(default=None, description="Achievable-throughput prediction at maximum load.")
     predicted_by_concurrency: list[Prediction] = Field(default_factory=list, description="Predictions at the bench concurrencies.")
+    knee_batch: int | None = Field(default=None, description="Smallest concurrency predicted to reach 90 % of the max-load "
+                                                             "output tokens/s: a starting max_batch_size.")
 
 
 class MemoryPlan(BaseModel):
@@ -158,16 +160,6 @@ def _dtype_bytes(recipe: Recipe, geo: ModelGeometry, on_cpu: bool) -> int:
     return mem.DTYPE_BYTES.get(d, 2)
 
 
-def _peak_flops(gpu: gpus.GpuSpec, compute: str, dtype_bytes: int) -> float:
-    """Dense tensor peak (FLOP/s) of the GEMM dtype; falls back to BF16 when the GPU lacks that path."""
-    rate = {"bf16": gpu.bf16_tflops, "fp8": gpu.fp8_tflops, "fp4": gpu.fp4_tflops, "int8": gpu.int8_tops}[compute]
-    if rate is None:
-        rate = gpu.bf16_tflops
-    if compute == "bf16" and dtype_bytes == 4:
-        rate /= 2  # fp32 runs as TF32 at half the BF16 rate
-    return rate * 1e12
-
-
 def _format_errors(recipe: Recipe, gpu: gpus.GpuSpec) -> list[str]:
     """qformat / KV dtype the GPU cannot run (matters when ``--gpu`` overrides the recipe's target)."""
     q, errs = recipe.quantization, []
@@ -188,17 +180,6 @@ def _batch_points(max_conc: int, extra: Iterable[int]) -> list[int]:
     pts = {1 << i for i in range(0, 20) if (1 << i) <= max_conc} | {max_conc}
     pts |= {b for b in extra if 1 <= b <= max_conc}
     return sorted(pts)
-
-
-def _predicted_tps(cost: StepCost | None, limits: SchedulerLimits | None, eff: Efficiency | None,
-                   isl: int, osl: int, batch: int) -> float | None:
-    """Achievable output tokens/s at ``batch`` concurrent clients, or None without a model."""
-    if cost is None or limits is None or eff is None:
-        return None
-    try:
-        return predict_point(cost, limits, eff, isl, osl, batch).output_tokens_per_s
-    except ValueError:
-        return None
 
 
 def _resolve_gpu(recipe: Recipe, gpu: str | gpus.GpuSpec | None) -> gpus.GpuSpec | None:
@@ -333,20 +314,8 @@ def plan_recipe(
     # --- inputs of the achievable-throughput model
     cost = sched = eff = None
     if kv_tokens > 0 and (on_cpu or free > 0):
-        if on_cpu:
-            host = gpus.cpu_host()
-            rate, bw = host.gemm_flops(dtype_b), host.bandwidth_bytes_per_s
-            cost, sched = pred.engine_model(recipe, geo, weights, kv_tok, kv_tokens, gemm_peak=rate, bf16_peak=rate,
-                                             bandwidth=bw, spec=None)
-            eff = pred.cpu_efficiency(host)
-            notes.append(f"cpu throughput predicted from {host.name}'s measured rates ({host.read_bandwidth_gbs:g} GB/s, "
-                         f"{rate / 1e9:,.0f} GFLOP/s) and CPU-engine overheads ({host.measured}); rerun scripts/measure_cpu.py on another host")
-        else:
-            assert spec is not None
-            gemm_rate = _peak_flops(spec, QFORMAT_COMPUTE[q.qformat], dtype_b)
-            cost, sched = pred.engine_model(recipe, geo, weights, kv_tok, kv_tokens, gemm_peak=gemm_rate,
-                                             bf16_peak=_peak_flops(spec, "bf16", dtype_b), bandwidth=spec.bandwidth_bytes_per_s, spec=spec)
-            eff = pred.gpu_efficiency()
+        cost, sched, eff, note = pred.model_inputs(recipe, geo, weights, kv_tok, kv_tokens, dtype_b, spec)
+        notes += [note] if note else []
     terms = pred.error_terms(recipe, spec)
 
     # --- KV capacity checks (refuse unless the user accepts oversubscription)
@@ -378,7 +347,7 @@ def plan_recipe(
 
     # --- scenarios
     compute = QFORMAT_COMPUTE[q.qformat]
-    peak = None if on_cpu else _peak_flops(spec, compute, dtype_b)
+    peak = None if on_cpu else peak_flops(spec, compute, dtype_b)
     plans: list[ScenarioPlan] = []
     for isl, osl in pairs:
         bps = mem.blocks_per_sequence(isl + osl, b.tokens_per_block, b.max_beam_width)
@@ -393,6 +362,7 @@ def plan_recipe(
                 sp.predicted = predict_point(cost, sched, eff, isl, osl, None, extra_error=terms)
                 sp.predicted_by_concurrency = [predict_point(cost, sched, eff, isl, osl, c, extra_error=terms)
                                                for c in sorted(set(recipe.bench.concurrency))]
+                sp.knee_batch = knee_batch(cost, sched, eff, isl, osl)
             except ValueError as e:
                 warnings.append(f"ISL {isl}/OSL {osl}: no throughput prediction: {e}")
         if not on_cpu and conc >= 1:
@@ -414,7 +384,7 @@ def plan_recipe(
             sp.curve = [
                 ThroughputPoint(batch=bb, step_ms=roof.step_time_s(bb) * 1e3, decode_tokens_per_s=roof.decode_tokens_per_s(bb),
                                 output_tokens_per_s=roof.output_tokens_per_s(bb, osl), bound=roof.bound(bb),
-                                predicted_output_tokens_per_s=_predicted_tps(cost, sched, eff, isl, osl, bb))
+                                predicted_output_tokens_per_s=predicted_tps(cost, sched, eff, isl, osl, bb))
                 for bb in _batch_points(conc, list(recipe.bench.concurrency) + [sat])
             ]
             potential = min(kv_seqs, math.ceil(cross) if cross else kv_seqs, b.max_num_tokens)

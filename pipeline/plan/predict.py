@@ -28,6 +28,7 @@ from pipeline import gpus
 from pipeline.models import ModelGeometry
 from pipeline.plan import memory as mem
 from pipeline.plan.achievable import Efficiency, Prediction, SchedulerLimits, StepCost, activation_traffic_bytes, predict_point
+from pipeline.plan.perf import QFORMAT_COMPUTE, peak_flops
 from pipeline.recipe import Recipe
 from pipeline.recipe.quant import FP8_QFORMATS
 
@@ -110,6 +111,30 @@ def engine_model(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, k
         kv_tokens=kv_tokens, tokens_per_block=b.tokens_per_block, policy=b.scheduler_config.capacity_scheduler_policy,
     )
     return cost, limits
+
+
+def model_inputs(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, kv_token_bytes: int, kv_tokens: int,
+                 dtype_bytes: int, spec: gpus.GpuSpec | None) -> tuple[StepCost, SchedulerLimits, Efficiency, str | None]:
+    """Everything the model needs for ``recipe`` on ``spec`` (None: the host): step cost, scheduler limits,
+    efficiency, and a note for the plan (the host's measured rates on the cpu target, else None).
+
+    GPU: datasheet bandwidth, the dense peak of the qformat's GEMM dtype (:data:`perf.QFORMAT_COMPUTE`) and
+    of BF16, the fitted :func:`gpu_efficiency`. Host: measured bandwidth and GEMM rate in ``build.cpu.dtype``
+    and the CPU engine's measured overheads (:func:`cpu_efficiency`); the CPU engine always chunks prompts
+    longer than max_num_tokens (transformers' scheduler), so chunked prefill is on there.
+    """
+    if spec is None:
+        host = gpus.cpu_host()
+        rate = host.gemm_flops(dtype_bytes)
+        cost, limits = engine_model(recipe, geo, weights, kv_token_bytes, kv_tokens, gemm_peak=rate, bf16_peak=rate,
+                                    bandwidth=host.bandwidth_bytes_per_s, spec=None)
+        note = (f"cpu throughput predicted from {host.name}'s measured rates ({host.read_bandwidth_gbs:g} GB/s, "
+                f"{rate / 1e9:,.0f} GFLOP/s) and CPU-engine overheads ({host.measured}); rerun scripts/measure_cpu.py on another host")
+        return cost, limits.model_copy(update={"chunked_prefill": True}), cpu_efficiency(host), note
+    cost, limits = engine_model(recipe, geo, weights, kv_token_bytes, kv_tokens,
+                                gemm_peak=peak_flops(spec, QFORMAT_COMPUTE[recipe.quantization.qformat], dtype_bytes),
+                                bf16_peak=peak_flops(spec, "bf16", dtype_bytes), bandwidth=spec.bandwidth_bytes_per_s, spec=spec)
+    return cost, limits, gpu_efficiency(), None
 
 
 def error_terms(recipe: Recipe, spec: gpus.GpuSpec | None) -> dict[str, float]:

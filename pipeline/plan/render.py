@@ -61,9 +61,10 @@ def render(plan: PlanResult, concurrency: list[int] | None = None) -> Group:
     st = Table(title="Capacity per ISL/OSL (tokens)", title_justify="left", show_edge=False)
     for col in ("ISL/OSL", "KV seqs", "conc.", "limit", "prefill ms", "saturates"):
         st.add_column(col, justify="left" if col in ("ISL/OSL", "limit") else "right", no_wrap=True)
-    pt = Table(title="Output tokens/s at maximum load: roofline bound and predicted (± expected error)",
+    pt = Table(title="Output tokens/s at maximum load: roofline bound and predicted (± expected error); "
+                     "'90 % at': the concurrency that reaches 90 % of it (a starting max_batch_size)",
                title_justify="left", show_edge=False)
-    for col in ("ISL/OSL", "bound", "predicted", "batch", "TTFT ms", "ITL ms"):
+    for col in ("ISL/OSL", "bound", "predicted", "batch", "TTFT ms", "ITL ms", "90 % at"):
         pt.add_column(col, justify="left" if col == "ISL/OSL" else "right", no_wrap=True)
     for s in plan.scenarios:
         sat = "—" if s.saturation_batch is None else f"{s.saturation_batch} ({_SHORT[s.saturated_by]})"
@@ -72,7 +73,8 @@ def render(plan: PlanResult, concurrency: list[int] | None = None) -> Group:
                    "—" if s.prefill_ms is None else f"{s.prefill_ms:,.1f}", sat)
         p = s.predicted
         pt.add_row(f"{s.isl}/{s.osl}", _tps(s.peak_output_tokens_per_s), _pred(p),
-                   "—" if p is None else f"{p.batch:,} ({_SHORT[p.limited_by]})", _ms(p and p.ttft_ms), _ms(p and p.itl_ms))
+                   "—" if p is None else f"{p.batch:,} ({_SHORT[p.limited_by]})", _ms(p and p.ttft_ms), _ms(p and p.itl_ms),
+                   "—" if s.knee_batch is None else f"{s.knee_batch:,}")
 
     conc = sorted(set(concurrency or []))
     ct = Table(title="Per bench concurrency (closed loop): output tokens/s bound and predicted, per-user tokens/s, TTFT, ITL",
@@ -94,10 +96,15 @@ def render(plan: PlanResult, concurrency: list[int] | None = None) -> Group:
     if plan.efficiency is not None:
         e = plan.efficiency
         extra = ", ".join(f"{k} ±{v:.0%}" for k, v in plan.error_terms.items())
-        lines.append(Text(
-            f"  prediction: η_bw {e.bw_frac:.2f}, η_gemm {e.gemm_frac:.2f}, η_attn {e.attn_frac:.2f}, "
-            f"{e.seq_overhead_us:.1f} µs/sequence + {e.step_overhead_ms:g} ms per step; error ±{e.rel_error:.0%} where calibrated"
-            + (f" (+ uncalibrated: {extra})" if extra else "") + " — docs/plan.md", style="dim"))
+        if plan.target == "host":
+            how = (f"  prediction: the host's measured bandwidth and GEMM rate, CPU-engine overheads {e.step_overhead_ms:.1f} ms "
+                   f"per step + {e.seq_overhead_us:.0f} µs per sequence (measured); ±{e.rel_error:.0%}: not calibrated "
+                   "against served throughput (scripts/plan_vs_measured.py) — docs/plan.md")
+        else:
+            how = (f"  prediction: η_bw {e.bw_frac:.2f}, η_gemm {e.gemm_frac:.2f}, η_attn {e.attn_frac:.2f}, "
+                   f"{e.seq_overhead_us:.1f} µs/sequence + {e.step_overhead_ms:g} ms per step; error ±{e.rel_error:.0%} where "
+                   "calibrated" + (f" (+ uncalibrated: {extra})" if extra else "") + " — docs/plan.md")
+        lines.append(Text(how, style="dim"))
     v = plan.verdict
     lines.append(Text.from_markup("[bold green]fits[/]" if v.ok else "[bold red]does not fit[/]"))
     lines += [Text.assemble(("  error: ", "red"), e) for e in v.errors]
