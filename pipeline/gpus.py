@@ -93,9 +93,10 @@ def lookup(name: str) -> GpuSpec | None:
 class HostSpec(BaseModel):
     """This machine's measured rates for the CPU engine (``pipeline/data/cpu_host.yaml``).
 
-    Written by ``scripts/measure_cpu.py``: ``read_bandwidth_gbs`` GB/s (10^9 B/s) streaming a tensor far
-    larger than the caches; ``fp32_gflops``/``bf16_gflops`` GFLOP/s of torch GEMMs at the CPU engine's
-    shapes; ``engine_step_overhead_ms`` / ``engine_seq_overhead_us`` the CPU engine's time per step and per
+    Written by ``scripts/measure_cpu.py``: ``read_bandwidth_gbs`` GB/s (10^9 B/s) at which torch Linear
+    layers stream a model-sized weight set for one token (what a decode step achieves; ``stream_bandwidth_gbs``
+    is the bare ``sum()`` rate, for reference); ``fp32_gflops``/``bf16_gflops`` GFLOP/s of the same Linear
+    layers for 64 tokens; ``engine_step_overhead_ms`` / ``engine_seq_overhead_us`` the CPU engine's time per step and per
     sequence in a step at (nearly) zero bytes and FLOPs (a same-depth model of tiny width). ``sources``:
     how each figure was measured; ``measured``: date, library versions, threads.
     """
@@ -108,6 +109,7 @@ class HostSpec(BaseModel):
     memory_gib: float
     measured: str
     read_bandwidth_gbs: float
+    stream_bandwidth_gbs: float | None = None
     fp32_gflops: float
     bf16_gflops: float | None = None
     engine_step_overhead_ms: float

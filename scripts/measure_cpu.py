@@ -4,10 +4,12 @@
 What it measures (torch, all the cores this process may use, best of several repeats — the machine may be
 shared, and the best run is the closest to what the hardware does):
 
-- ``read_bandwidth_gbs``: GB/s (10^9 B/s) of ``tensor.sum()`` over a 1 GiB fp32 tensor (far beyond the caches):
-  the rate at which a step streams weights and KV;
-- ``fp32_gflops`` / ``bf16_gflops``: GFLOP/s of ``torch.mm`` at the CPU engine's GEMM shape for SmolLM2
-  ([256 tokens × 576] @ [576 × 1536]): the rate of prefill and batched decode;
+- ``read_bandwidth_gbs``: GB/s (10^9 B/s) at which ``torch.nn.functional.linear`` streams a weight set the
+  size and shapes of SmolLM2's (30 layers × 7 Linear + lm_head, 538 MB fp32, far beyond the caches) for one
+  token: the rate at which a decode step reads its weights on this machine (BLAS GEMV, not a bare stream);
+  ``stream_bandwidth_gbs``: ``tensor.sum()`` over 1 GiB, the bare streaming rate, for reference;
+- ``fp32_gflops`` / ``bf16_gflops``: GFLOP/s of the same Linear layers for 64 tokens at once: the rate of
+  prefill and batched decode at the CPU engine's shapes;
 - ``engine_step_overhead_ms`` / ``engine_seq_overhead_us``: the CPU engine's own time per step and per
   sequence in a step: :class:`pipeline.cpu_runtime.CpuEngine` runs a model of SmolLM2's depth (30 layers)
   and vocabulary but width 64, whose bytes and FLOPs are negligible (what they cost at the measured rates is
@@ -53,7 +55,7 @@ def _best(fn, repeats: int) -> float:
     return best
 
 
-def read_bandwidth_gbs(gib: float = 1.0, repeats: int = 7) -> float:
+def stream_bandwidth_gbs(gib: float = 1.0, repeats: int = 7) -> float:
     """GB/s of summing a ``gib`` GiB fp32 tensor."""
     import torch
 
@@ -62,18 +64,35 @@ def read_bandwidth_gbs(gib: float = 1.0, repeats: int = 7) -> float:
     return x.numel() * 4 / t / 1e9
 
 
-def gemm_gflops(dtype_name: str, m: int = 256, k: int = 576, n: int = 1536, repeats: int = 20) -> float:
-    """GFLOP/s of ``torch.mm`` [m × k] @ [k × n] in ``dtype_name`` (2·m·k·n FLOPs per call, 10 calls timed)."""
+def _model_weights(dtype_name: str) -> list:
+    """Random weights with SmolLM2-135M's Linear shapes (q, k, v, o, gate, up, down × 30 layers + lm_head)."""
     import torch
 
+    from pipeline.models import known_geometry
+
+    geo = known_geometry("embedded:smollm2-135m-instruct")
+    assert geo is not None
     dt = getattr(torch, dtype_name)
-    a, b = torch.randn(m, k).to(dt), torch.randn(k, n).to(dt)
+    ws = [torch.randn(o, i, dtype=torch.float32).to(dt) for _ in range(geo.num_hidden_layers) for _, i, o in geo.layer_linear_shapes]
+    return ws + [torch.randn(geo.vocab_size, geo.hidden_size).to(dt)]
 
-    def ten():
-        for _ in range(10):
-            torch.mm(a, b)
 
-    return 10 * 2 * m * k * n / _best(ten, repeats) / 1e9
+def linear_rates(dtype_name: str, tokens: int, repeats: int = 5) -> tuple[float, float]:
+    """(GB/s of weights read, GFLOP/s) of ``F.linear`` over the SmolLM2-shaped weights for ``tokens`` tokens."""
+    import torch
+
+    ws = _model_weights(dtype_name)
+    dt = getattr(torch, dtype_name)
+    inputs = {w.shape[1]: torch.randn(tokens, w.shape[1]).to(dt) for w in ws}
+
+    def run():
+        for w in ws:
+            torch.nn.functional.linear(inputs[w.shape[1]], w)
+
+    t = _best(run, repeats)
+    nbytes = sum(w.numel() * w.element_size() for w in ws)
+    flops = 2 * tokens * sum(w.numel() for w in ws)
+    return nbytes / t / 1e9, flops / t / 1e9
 
 
 def _tiny_engine(tmp: Path) -> tuple[Path, dict]:
@@ -189,10 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cores)
     measured, geo = engine_steps()
-    bw = read_bandwidth_gbs()
-    f32 = gemm_gflops("float32")
-    bf16 = gemm_gflops("bfloat16")
-    print(f"read bandwidth {bw:.1f} GB/s, GEMM fp32 {f32:.0f} GFLOP/s, bf16 {bf16:.0f} GFLOP/s ({cores} threads)")
+    bw, _ = linear_rates("float32", 1)
+    _, f32 = linear_rates("float32", 64)
+    _, bf16 = linear_rates("bfloat16", 64)
+    stream = stream_bandwidth_gbs()
+    print(f"weight-read bandwidth {bw:.1f} GB/s (bare stream {stream:.1f}), GEMM fp32 {f32:.0f} GFLOP/s, "
+          f"bf16 {bf16:.0f} GFLOP/s ({cores} threads)")
     step_ms, seq_us = engine_overheads(measured, geo, bw * 1e9, f32 * 1e9)
     steps = {n: t * 1e3 for n, t in measured.items()}
     print("CPU engine decode step (width-64 model): " + ", ".join(f"{n} seq {t:.2f} ms" for n, t in steps.items()))
@@ -207,14 +228,17 @@ def main(argv: list[str] | None = None) -> int:
         "measured": f"{datetime.date.today().isoformat()}, torch {torch.__version__}, transformers {transformers.__version__}, "
                     f"{cores} threads, scripts/measure_cpu.py",
         "read_bandwidth_gbs": round(bw, 2),
+        "stream_bandwidth_gbs": round(stream, 2),
         "fp32_gflops": round(f32, 1),
         "bf16_gflops": round(bf16, 1),
         "engine_step_overhead_ms": round(step_ms, 3),
         "engine_seq_overhead_us": round(seq_us, 1),
         "sources": {
-            "read_bandwidth_gbs": "best of 7 torch.sum over a 1 GiB fp32 tensor",
-            "fp32_gflops": "best of 20 × 10 torch.mm [256×576]@[576×1536] fp32 (SmolLM2 gate/up shape, 256 tokens)",
-            "bf16_gflops": "as fp32_gflops in bfloat16",
+            "read_bandwidth_gbs": "best of 5: F.linear of 1 token through SmolLM2-shaped fp32 weights (30 × 7 Linear + "
+                                  "lm_head, 538 MB), weight bytes / time",
+            "stream_bandwidth_gbs": "best of 7 torch.sum over a 1 GiB fp32 tensor (reference, not used)",
+            "fp32_gflops": "best of 5: F.linear of 64 tokens through the same weights, 2 × tokens × params / time",
+            "bf16_gflops": "as fp32_gflops with bfloat16 weights and inputs",
             "engine_step_overhead_ms": "CpuEngine decode step with a 30-layer width-64 SmolLM2-vocabulary model at "
                                        f"{', '.join(map(str, CONCURRENCIES))} requests, minus its modelled bytes/FLOPs: intercept "
                                        f"of a line in the request count (measured {', '.join(f'{t:.2f}' for t in steps.values())} ms)",
