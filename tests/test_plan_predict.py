@@ -255,6 +255,8 @@ def test_predict_errors_are_user_errors():
         predict(r, 128, 128, gpu="h300")
     with pytest.raises(UserError, match="exceeds build.max_seq_len"):
         predict(r, 4000, 8000)
+    with pytest.raises(UserError, match="does not fit a100_80gb: quantization.qformat fp8 needs FP8 tensor cores"):
+        predict(r, 128, 128, gpu="a100_80gb")
 
 
 # ------------------------------------------------------------------------------------------ cpu target

@@ -163,8 +163,8 @@ def predict(recipe: Recipe, isl: int, osl: int, concurrency: int | None = None, 
 
     Raises:
         UserError: unknown GPU, unknown geometry, ISL/OSL outside the recipe's limits, concurrency < 1, a
-            prompt that no step can hold (ISL > max_num_tokens without chunked prefill), a KV cache that
-            holds no sequence.
+            recipe that does not fit the GPU (:func:`pipeline.plan.check_fits`'s errors), a prompt that no
+            step can hold (ISL > max_num_tokens without chunked prefill), a KV cache that holds no sequence.
     """
     from pipeline.errors import UserError
     from pipeline.plan.planner import plan_recipe
@@ -172,8 +172,8 @@ def predict(recipe: Recipe, isl: int, osl: int, concurrency: int | None = None, 
     if concurrency is not None and concurrency < 1:
         raise UserError(f"concurrency {concurrency}: must be at least 1")
     plan = plan_recipe(recipe, gpu, [(isl, osl)], recipe_dir=recipe_dir)
-    if plan.step_cost is None or plan.scheduler is None or plan.efficiency is None:
-        raise UserError(f"{recipe.name or 'recipe'}: no prediction on {plan.target}: " + "; ".join(plan.verdict.errors or ["does not fit"]))
+    if not plan.verdict.ok or plan.step_cost is None or plan.scheduler is None or plan.efficiency is None:
+        raise UserError(f"{recipe.name or 'recipe'} does not fit {plan.target}: " + "; ".join(plan.verdict.errors or ["no KV cache"]))
     try:
         return predict_point(plan.step_cost, plan.scheduler, plan.efficiency, isl, osl, concurrency,
                              extra_error=plan.error_terms)
