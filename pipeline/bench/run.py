@@ -99,7 +99,7 @@ class BenchResult:
         try:
             return json.loads((Path(run_dir) / BENCH_JSON).read_text())
         except (OSError, ValueError):
-            raise UserError(f"{run_dir}: not a bench run directory (no readable {BENCH_JSON})") from None
+            raise UserError(f"{run_dir}: not a bench run directory (no {BENCH_JSON}, or it is not readable JSON)") from None
 
 
 def added_special_tokens(tokenizer: Any) -> int:

@@ -8,7 +8,6 @@ output tokens/s, mean TTFT and mean ITL (ms) next to the prediction and its expe
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from pydantic import BaseModel
 from pipeline.errors import UserError
 from pipeline.plan.achievable import Prediction
 
-BENCH_JSON = "bench.json"
+from pipeline.bench.exporters import BENCH_JSON  # noqa: E402  (the run file name)
 
 
 class PointComparison(BaseModel):
@@ -41,26 +40,26 @@ class PointComparison(BaseModel):
 
 
 def load_bench(run_dir: Path) -> dict:
-    """The ``bench.json`` document of a run directory. Raises :class:`UserError` when it is missing or not a
-    trtpipe bench document."""
-    path = Path(run_dir) / BENCH_JSON
-    if not path.is_file():
-        raise UserError(f"{run_dir}: not a bench run directory (no {BENCH_JSON})")
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+    """The ``bench.json`` document of a run directory (:meth:`pipeline.bench.run.BenchResult.read`).
+
+    Raises:
+        UserError: it is missing, not JSON, or not a trtpipe bench document.
+    """
+    from pipeline.bench.run import BenchResult
+
+    doc = BenchResult.read(run_dir)
     if not str(doc.get("schema", "")).startswith("trtpipe.bench/"):
-        raise UserError(f"{path}: schema {doc.get('schema')!r} is not a trtpipe bench document")
+        raise UserError(f"{run_dir}: schema {doc.get('schema')!r} is not a trtpipe bench document")
     return doc
 
 
 def recipe_of_run(doc: dict) -> Path | None:
-    """The recipe YAML a run was made against: ``<build dir>/recipe.yaml`` of the build the run recorded."""
+    """The recipe YAML a run was made against: the resolved recipe of the build the run recorded."""
+    from pipeline.layout import BuildLayout
+
     build = (doc.get("config") or {}).get("build_dir") or ((doc.get("environment") or {}).get("build") or {}).get("dir")
-    if build and (Path(build) / "recipe.yaml").is_file():
-        return Path(build) / "recipe.yaml"
-    return None
+    recipe = BuildLayout(Path(build)).recipe_file if build else None
+    return recipe if recipe is not None and recipe.is_file() else None
 
 
 def compare_run(run_dir: Path, recipe_path: Path | None = None, concurrency: list[int] | None = None,

@@ -58,8 +58,6 @@ def render_model_config(template: str, **context: Any):
             valid ``ModelConfig`` (unknown field, bad enum, …); the message names the template.
     """
     import jinja2
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
 
     try:
         text = _jinja_env().get_template(f"{template}.pbtxt.j2").render(**context)
@@ -68,12 +66,7 @@ def render_model_config(template: str, **context: Any):
     left = [m for m in PLACEHOLDER_MARKERS if m in text]
     if left:
         raise StageError(f"triton_repo/templates/{template}.pbtxt.j2: placeholder {left[0]!r} left after rendering")
-    cfg = model_config_pb2.ModelConfig()
-    try:
-        text_format.Parse(text, cfg)
-    except text_format.ParseError as e:
-        raise StageError(f"triton_repo/templates/{template}.pbtxt.j2: not a valid ModelConfig ({e})") from None
-    return cfg
+    return parse_model_config(text, f"triton_repo/templates/{template}.pbtxt.j2", StageError)
 
 
 def write_model_config(path: Path, cfg) -> None:
@@ -89,9 +82,6 @@ def load_model_config(path: str | Path):
     Raises:
         UserError: the file is missing or is not a valid ``ModelConfig``.
     """
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
     path = Path(path)
     if path.is_dir():
         path = path / "config.pbtxt"
@@ -99,9 +89,18 @@ def load_model_config(path: str | Path):
         text = path.read_text()
     except OSError as e:
         raise UserError(f"{path}: cannot read model config ({e.strerror})") from None
+    return parse_model_config(text, str(path), UserError)
+
+
+def parse_model_config(text: str, where: str, error: type[Exception]):
+    """``text`` (protobuf text format) as a ``ModelConfig``; an unknown field or bad enum raises ``error``
+    with one line naming ``where``."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
     cfg = model_config_pb2.ModelConfig()
     try:
         text_format.Parse(text, cfg)
     except text_format.ParseError as e:
-        raise UserError(f"{path}: not a valid Triton model config ({e})") from None
+        raise error(f"{where}: not a valid ModelConfig, the Triton model config ({e})") from None
     return cfg
