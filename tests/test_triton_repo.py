@@ -147,13 +147,19 @@ def test_parameters_come_from_the_recipe(built):
     p = params(model_config.load_model_config(res.path / "tensorrt_llm"))
     kv = recipe.build.kv_cache_config
     assert p["gpt_model_path"] == str(e.path.resolve())
-    assert p["gpt_model_type"] == "inflight_fused_batching"
-    assert p["kv_cache_free_gpu_mem_fraction"] == str(kv.free_gpu_memory_fraction)
-    assert p["enable_kv_cache_reuse"] == str(kv.enable_block_reuse).lower()
-    assert p["batch_scheduler_policy"] == "guaranteed_no_evict"
-    assert p["enable_chunked_context"] == str(recipe.build.enable_chunked_prefill).lower()
     assert p["exclude_input_in_output"] == "true"
-    assert ("max_tokens_in_paged_kv_cache" in p) == (kv.max_tokens is not None)
+    if kind == "tensorrt":  # the C++ backend's runtime knobs
+        assert p["gpt_model_type"] == "inflight_fused_batching"
+        assert p["kv_cache_free_gpu_mem_fraction"] == str(kv.free_gpu_memory_fraction)
+        assert p["enable_kv_cache_reuse"] == str(kv.enable_block_reuse).lower()
+        assert p["batch_scheduler_policy"] == "guaranteed_no_evict"
+        assert p["enable_chunked_context"] == str(recipe.build.enable_chunked_prefill).lower()
+        assert ("max_tokens_in_paged_kv_cache" in p) == (kv.max_tokens is not None)
+    else:  # the CPU model's config carries exactly the parameters its model.py reads
+        import re
+
+        reads = set(re.findall(r'get_param\(\s*raw,\s*"(\w+)"', (REPO / "triton_repo" / "models" / "tensorrt_llm_cpu" / "model.py").read_text()))
+        assert set(p) <= reads and reads - set(p) <= {"cpu_num_threads"}, (set(p), reads)
     trt = model_config.load_model_config(res.path / "tensorrt_llm")
     assert trt.backend == ("tensorrtllm" if kind == "tensorrt" else "python")
     assert trt.max_batch_size == recipe.triton_max_batch_size

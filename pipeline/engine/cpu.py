@@ -45,9 +45,6 @@ ENGINE_CONFIG = "engine_config.json"
 BUILDER_VERSION = 1
 #: Files of hf_ckpt/ that are not copied: weights and quantization metadata are rewritten here.
 _SKIP = ("hf_quant_config.json", "config.json", "model.safetensors.index.json")
-#: Share of physical RAM the KV pool may take when kv_cache_config.max_tokens is unset (the CPU
-#: analogue of free_gpu_memory_fraction; a quarter leaves room for weights and other processes).
-DEFAULT_KV_RAM_FRACTION = 0.25
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
@@ -78,8 +75,8 @@ def kv_bytes_per_token(model_cfg: dict[str, Any], dtype: str) -> int:
 def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
     """The ``engine_config.json`` dict for ``recipe`` and the checkpoint's ``config.json``.
 
-    KV pool: ``kv_cache_config.max_tokens`` tokens, else ``max_batch_size × max_seq_len`` capped at
-    :data:`DEFAULT_KV_RAM_FRACTION` of physical RAM; rounded up to whole blocks of
+    KV pool: :func:`pipeline.recipe.derived.cpu_kv_pool_tokens` (``kv_cache_config.max_tokens``, else
+    ``free_gpu_memory_fraction`` of physical RAM, at most ``max_batch_size × max_seq_len``), in whole blocks of
     ``tokens_per_block``. Raises :class:`UserError` when the pool cannot hold one ``max_seq_len``
     sequence or ``max_seq_len`` exceeds the model's ``max_position_embeddings``.
     """
@@ -87,11 +84,10 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
     max_seq_len = derived.require_max_seq_len(b, model_cfg.get("max_position_embeddings"))
     dtype = b.cpu.dtype
     per_tok = kv_bytes_per_token(model_cfg, dtype)
-    tokens = b.kv_cache_config.max_tokens
-    if tokens is None:
-        import psutil
+    import psutil
 
-        tokens = min(b.max_batch_size * max_seq_len, int(psutil.virtual_memory().total * DEFAULT_KV_RAM_FRACTION) // per_tok)
+    tokens, _ = derived.cpu_kv_pool_tokens(recipe, kv_bytes_per_token=per_tok, ram_bytes=psutil.virtual_memory().total,
+                                           max_seq_len=max_seq_len)
     blocks = math.ceil(tokens / b.tokens_per_block)
     if blocks * b.tokens_per_block < max_seq_len:
         raise UserError(

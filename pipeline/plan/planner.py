@@ -29,21 +29,17 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pipeline import gpus
-from pipeline.engine.cpu import DEFAULT_KV_RAM_FRACTION
 from pipeline.errors import UserError
 from pipeline.models import ModelGeometry, geometry_for_source
 from pipeline.plan import memory as mem
 from pipeline.plan import predict as pred
 from pipeline.plan.achievable import Efficiency, Prediction, SchedulerLimits, StepCost, knee_batch, predict_point, predicted_tps
 from pipeline.plan.perf import QFORMAT_COMPUTE, Roofline, decode_flops_per_token, peak_flops, prefill_flops
-from pipeline.recipe import Recipe
-from pipeline.recipe.quant import FP8_QFORMATS
+from pipeline.recipe import Recipe, derived
 
 #: bytes the CPU engine process needs besides weights/KV/activations: Python, torch, the Triton Python
 #: backend stubs (estimate).
 CPU_RUNTIME_BYTES = 1 * mem.GIB
-#: KV pool share of host RAM when kv_cache_config.max_tokens is unset: the CPU engine's own rule.
-CPU_KV_RAM_FRACTION = DEFAULT_KV_RAM_FRACTION
 #: warn when this share of device memory is left out of the KV cache by a small fraction.
 UNUSED_WARN_SHARE = 0.25
 
@@ -152,24 +148,12 @@ def _dtype_bytes(recipe: Recipe, geo: ModelGeometry, on_cpu: bool) -> int:
     ``auto`` = the checkpoint's torch_dtype (float32 becomes float16 as quantize.py does; default bf16)."""
     if on_cpu:
         return mem.DTYPE_BYTES[recipe.build.cpu.dtype]
-    d = recipe.model.dtype
-    if d == "auto":
-        d = geo.torch_dtype or "bfloat16"
-        if d == "float32":
-            d = "float16"
-    return mem.DTYPE_BYTES.get(d, 2)
+    return mem.DTYPE_BYTES.get(derived.model_dtype(recipe, geo.torch_dtype or "bfloat16"), 2)
 
 
 def _format_errors(recipe: Recipe, gpu: gpus.GpuSpec) -> list[str]:
     """qformat / KV dtype the GPU cannot run (matters when ``--gpu`` overrides the recipe's target)."""
-    q, errs = recipe.quantization, []
-    if q.qformat == "nvfp4" and not gpu.fp4:
-        errs.append(f"quantization.qformat nvfp4 needs FP4 tensor cores (Blackwell); {gpu.key} is {gpu.arch}")
-    if q.qformat in FP8_QFORMATS and not gpu.fp8:
-        errs.append(f"quantization.qformat {q.qformat} needs FP8 tensor cores; {gpu.key} is {gpu.arch} (SM {gpu.compute_capability})")
-    if q.kv_cache_dtype == "fp8" and not gpu.fp8:
-        errs.append(f"quantization.kv_cache_dtype fp8 needs Ada, Hopper or Blackwell; {gpu.key} is {gpu.arch}")
-    return errs
+    return [f"{field} {message}" for field, message in derived.format_problems(recipe.quantization, gpu)]
 
 
 def _gib(b: float) -> str:
@@ -254,15 +238,13 @@ def plan_recipe(
                                    max_beam_width=b.max_beam_width, act_dtype_bytes=dtype_b)
         overhead = CPU_RUNTIME_BYTES
         free = total - weights.per_gpu_bytes - act - overhead
-        if b.kv_cache_config.max_tokens is not None:
-            kv_tokens = math.ceil(b.kv_cache_config.max_tokens / b.tokens_per_block) * b.tokens_per_block
-            limited_by = "max_tokens"
-        else:
-            by_ram = int(total * CPU_KV_RAM_FRACTION) // kv_tok
-            kv_tokens = math.ceil(min(b.max_batch_size * max_seq_len, by_ram) / b.tokens_per_block) * b.tokens_per_block
-            limited_by = "fraction" if by_ram < b.max_batch_size * max_seq_len else "max_batch_size"
+        kv_tokens, limited_by = derived.cpu_kv_pool_tokens(recipe, kv_bytes_per_token=kv_tok, ram_bytes=total,
+                                                           max_seq_len=max_seq_len)
+        if limited_by != "max_tokens":
+            limited_by = "fraction" if limited_by == "memory_fraction" else limited_by
             notes.append(f"kv_cache_config.max_tokens unset: the CPU engine sizes its KV pool as min(max_batch_size × "
-                         f"max_seq_len, {CPU_KV_RAM_FRACTION:g} × host RAM / KV bytes per token)")
+                         f"max_seq_len, free_gpu_memory_fraction {b.kv_cache_config.free_gpu_memory_fraction:g} × host "
+                         "RAM / KV bytes per token)")
         kv_pool = kv_tokens * kv_tok
         by_fraction = None
         if weights.per_gpu_bytes + act + overhead + kv_pool > total:

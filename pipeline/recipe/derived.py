@@ -80,13 +80,53 @@ def format_problems(quant: QuantSpec, gpu: GpuSpec) -> list[tuple[str, str]]:
     arch = gpu.arch.capitalize()
     if quant.qformat == "nvfp4" and not gpu.fp4:
         alt = "fp8" if gpu.fp8 else "int8_sq or int4_awq"
-        out.append(("quantization.qformat", f"'nvfp4' needs a Blackwell GPU; {gpu.key} is {arch}: use {alt}"))
+        out.append(("quantization.qformat", f"nvfp4 needs a Blackwell GPU (FP4 tensor cores); {gpu.key} is {arch}: use {alt}"))
     elif quant.qformat in FP8_QFORMATS and not gpu.fp8:
         out.append((
             "quantization.qformat",
-            f"'{quant.qformat}' needs FP8 tensor cores (Ada, Hopper or Blackwell); {gpu.key} is {arch} "
+            f"{quant.qformat} needs FP8 tensor cores (Ada, Hopper or Blackwell); {gpu.key} is {arch} "
             f"(SM {gpu.compute_capability}): use int8_sq (or int4_awq for memory)",
         ))
     if quant.kv_cache_dtype == "fp8" and not gpu.fp8:
-        out.append(("quantization.kv_cache_dtype", f"'fp8' KV cache needs Ada, Hopper or Blackwell; {gpu.key} is {arch}: use int8"))
+        out.append(("quantization.kv_cache_dtype", f"fp8 KV cache needs Ada, Hopper or Blackwell; {gpu.key} is {arch}: use int8"))
+    return out
+
+
+def cpu_kv_pool_tokens(recipe: Recipe, *, kv_bytes_per_token: int, ram_bytes: int, max_seq_len: int) -> tuple[int, str]:
+    """Tokens of the CPU engine's paged KV pool, rounded up to whole blocks, and what limited it.
+
+    The recipe's KV settings mean on the CPU what they mean on a GPU, with host RAM as the memory:
+    ``kv_cache_config.max_tokens`` when set (``"max_tokens"``), else ``free_gpu_memory_fraction`` × physical
+    RAM / ``kv_bytes_per_token`` (``"memory_fraction"``), never more than ``max_batch_size × max_seq_len``
+    (``"max_batch_size"``: more could never be used).
+
+    Args:
+        recipe: the recipe (``build`` section).
+        kv_bytes_per_token: K+V bytes of one token over all layers, in the engine's dtype.
+        ram_bytes: physical RAM of the machine that serves, in bytes.
+        max_seq_len: the resolved :func:`max_seq_len`, in tokens.
+    """
+    b = recipe.build
+    block = b.tokens_per_block
+    if b.kv_cache_config.max_tokens is not None:
+        tokens, limited_by = b.kv_cache_config.max_tokens, "max_tokens"
+    else:
+        by_ram = int(ram_bytes * b.kv_cache_config.free_gpu_memory_fraction) // kv_bytes_per_token
+        full = b.max_batch_size * max_seq_len
+        tokens, limited_by = (by_ram, "memory_fraction") if by_ram < full else (full, "max_batch_size")
+    return -(-tokens // block) * block, limited_by
+
+
+def cpu_kv_problems(recipe: Recipe) -> list[tuple[str, str]]:
+    """KV-cache knobs the CPU engine cannot honour (``[(field, message)]``): it keeps no KV blocks for reuse
+    across requests, has no host offload tier and no sliding window."""
+    kv = recipe.build.kv_cache_config
+    out = []
+    if kv.enable_block_reuse:
+        out.append(("build.kv_cache_config.enable_block_reuse", "true is not supported by the CPU engine (no prefix "
+                                                                 "reuse): set it to false"))
+    if kv.host_cache_size:
+        out.append(("build.kv_cache_config.host_cache_size", "the CPU engine has no host offload tier: unset it"))
+    if kv.max_attention_window is not None:
+        out.append(("build.kv_cache_config.max_attention_window", "the CPU engine attends over the whole sequence: unset it"))
     return out

@@ -94,6 +94,9 @@ class Recipe(StrictModel):
     def _check_formats(self) -> None:
         q = self.quantization
         if self.target.gpu == gpus.CPU_TARGET:
+            problems = derived.cpu_kv_problems(self)
+            if problems:
+                raise RecipeCheckError(*problems[0])
             if q.qformat == "nvfp4":
                 raise RecipeCheckError(
                     "quantization.qformat",

@@ -62,7 +62,9 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
     ``scheduler_config.capacity_scheduler_policy`` → ``batch_scheduler_policy`` (lower case),
     ``build.enable_chunked_prefill`` → ``enable_chunked_context``; names and meanings from
     tensorrtllm_backend docs/model_config.md (docs/reference/triton-model-repository.md §3.2). Optional knobs left unset in the recipe
-    are omitted (never left as ``${…}``). The CPU engine adds ``cpu_num_threads``.
+    are omitted (never left as ``${…}``). For the CPU engine the parameters are exactly those its python
+    model reads (engine path, beam width, exclude-input, cancellation period, ``cpu_num_threads``): its KV pool
+    and scheduler limits are in the engine directory's ``engine_config.json``.
 
     KV-cache reuse and chunked context need paged context FMHA in the engine; when the engine
     manifest says trtllm-build turned it off (``effective_plugins``), both are set to false here
@@ -77,6 +79,16 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
         ``{parameter key: string value}`` in template order.
     """
     b, s, kv = recipe.build, recipe.serving, recipe.build.kv_cache_config
+    if b.engine == "cpu":  # exactly what triton_repo/models/tensorrt_llm_cpu/model.py reads
+        params = {
+            "gpt_model_path": str(Path(engine_dir).resolve()),
+            "max_beam_width": str(b.max_beam_width),
+            "exclude_input_in_output": _bool(s.exclude_input_in_output),
+            "cancellation_check_period_ms": str(s.cancellation_check_period_ms),
+        }
+        if b.cpu.num_threads is not None:
+            params["cpu_num_threads"] = str(b.cpu.num_threads)
+        return params
     params: dict[str, str] = {
         "max_beam_width": str(b.max_beam_width),
         "gpt_model_type": s.batching_strategy,
@@ -95,19 +107,16 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
         "kv_cache_host_memory_bytes": kv.host_cache_size,
     }
     params.update({k: str(v) for k, v in optional.items() if v is not None})
-    if b.engine == "cpu":
-        if b.cpu.num_threads is not None:
-            params["cpu_num_threads"] = str(b.cpu.num_threads)
-    else:
-        cpp = layouts()["cpp"]
-        params["FORCE_CPU_ONLY_INPUT_TENSORS"] = cpp["force_cpu_only_input_tensors"]
-        params["executor_worker_path"] = cpp["executor_worker_path"]
-        # read unguarded by the backend's guided-decoding setup: a missing key fails the model load
-        # (model_instance_state.cc@c2e65b88d852:413-415, pipeline/data/triton_backend_contract.yaml);
-        # empty = guided decoding off
-        params["tokenizer_dir"] = layouts()["tokenizer"]["param_value"]
-        params["xgrammar_tokenizer_info_path"] = ""
-        params["guided_decoding_backend"] = ""
+    # the C++ tensorrtllm backend
+    cpp = layouts()["cpp"]
+    params["FORCE_CPU_ONLY_INPUT_TENSORS"] = cpp["force_cpu_only_input_tensors"]
+    params["executor_worker_path"] = cpp["executor_worker_path"]
+    # read unguarded by the backend's guided-decoding setup: a missing key fails the model load
+    # (model_instance_state.cc@c2e65b88d852:413-415, pipeline/data/triton_backend_contract.yaml);
+    # empty = guided decoding off
+    params["tokenizer_dir"] = layouts()["tokenizer"]["param_value"]
+    params["xgrammar_tokenizer_info_path"] = ""
+    params["guided_decoding_backend"] = ""
     return params
 
 
