@@ -119,10 +119,11 @@ def cpu_kv_pool_tokens(recipe: Recipe, *, kv_bytes_per_token: int, ram_bytes: in
 
 def cpu_kv_problems(recipe: Recipe) -> list[tuple[str, str]]:
     """KV-cache knobs the CPU engine cannot honour (``[(field, message)]``): it keeps no KV blocks for reuse
-    across requests, has no host offload tier and no sliding window."""
+    across requests, has no host offload tier and no sliding window. ``enable_block_reuse`` defaults to true
+    (TensorRT-LLM's default): only a recipe that asks for it explicitly is refused."""
     kv = recipe.build.kv_cache_config
     out = []
-    if kv.enable_block_reuse:
+    if kv.enable_block_reuse and "enable_block_reuse" in kv.model_fields_set:
         out.append(("build.kv_cache_config.enable_block_reuse", "true is not supported by the CPU engine (no prefix "
                                                                  "reuse): set it to false"))
     if kv.host_cache_size:
