@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.bench.compare import compare_runs
 from pipeline.bench.exporters import write_run
-from pipeline.bench.summary_csv import csv_columns, read_summary
+from pipeline.bench.summary_csv import read_summary
 from pipeline.bench.records import RequestRecord
 from pipeline.bench.run import BenchResult, summarize_run
 from pipeline.recipe.bench import BenchSpec

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
-import socket
 from pathlib import Path
 
 import numpy as np
