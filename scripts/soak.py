@@ -68,16 +68,25 @@ async def soak(url: str, model: str, streams: int, seconds: float, isl: int, osl
     errors: dict[str, int] = {}
     deadline = time.monotonic() + seconds
 
+    from tritonclient.grpc import service_pb2
+
+    aborted: list[str] = []
+
     async def worker(w: int) -> None:
         i = w
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not aborted:
             k = i % len(requests)
             rec = RequestRecord(f"{isl}:{osl}", f"c{streams}", i, False, prompts[k].num_tokens, osl)
-            await client.stream(requests[k], rec)
+            req = service_pb2.ModelInferRequest()
+            req.CopyFrom(requests[k])
+            req.id = f"soak-{i}"  # a unique id per request: the ensemble keeps streamed-text state per id
+            await client.stream(req, rec)
             counts["requests"] += 1
             if rec.error:
                 counts["failed"] += 1
                 errors[rec.error[:120]] = errors.get(rec.error[:120], 0) + 1
+                if rec.error.startswith("UNAVAILABLE") and not aborted:  # the server went away: stop, report
+                    aborted.append(f"server unreachable after {time.monotonic() - (deadline - seconds):.0f} s: {rec.error[:200]}")
             else:
                 got = sum(t for t in rec.response_tokens if t > 0)
                 if got == 0 and tok is not None and rec.response_text:
@@ -92,7 +101,7 @@ async def soak(url: str, model: str, streams: int, seconds: float, isl: int, osl
         await asyncio.gather(*(worker(w) for w in range(streams)))
     finally:
         await client.close()
-    return {"counts": counts, "errors": errors}
+    return {"counts": counts, "errors": errors, "aborted": aborted[0] if aborted else None}
 
 
 def growth(samples: list[tuple[float, int, int]], after_s: float, column: int) -> float | None:
@@ -150,13 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     c = result["counts"]
     report = {
         "url": url, "model": args.model, "streams": args.streams, "minutes": args.minutes, "isl": args.isl,
-        "osl": args.osl, "wall_s": round(wall, 1), **c, "errors": result["errors"],
+        "osl": args.osl, "wall_s": round(wall, 1), **c, "errors": result["errors"], "aborted": result["aborted"],
         "output_tokens_per_s": c["output_tokens"] / wall if wall else 0.0,
         "server_rss_growth": growth(sampler.samples, args.warmup_minutes * 60, 1),
         "client_rss_growth": growth(sampler.samples, args.warmup_minutes * 60, 2),
         "rss_samples": [{"t_s": round(t, 1), "server_bytes": s, "client_bytes": cl} for t, s, cl in sampler.samples],
     }
-    ok = (c["failed"] == 0 and c["short"] == 0 and c["long"] == 0 and c["completed"] > 0
+    ok = (result["aborted"] is None and c["failed"] == 0 and c["short"] == 0 and c["long"] == 0 and c["completed"] > 0
           and all(g is None or g < args.max_growth for g in (report["server_rss_growth"], report["client_rss_growth"])))
     report["verdict"] = "PASS" if ok else "FAIL"
     if args.json:
@@ -168,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak {args.streams} streams × {args.minutes:g} min on {args.model} ({url}): {c['requests']} requests, "
           f"{c['completed']} completed, {c['failed']} failed, {c['short']} short, {c['long']} long; "
           f"{report['output_tokens_per_s']:.1f} output tok/s; RSS growth after warm-up: server "
-          f"{pct(report['server_rss_growth'])}, client {pct(report['client_rss_growth'])} → {report['verdict']}")
+          f"{pct(report['server_rss_growth'])}, client {pct(report['client_rss_growth'])} → {report['verdict']}"
+          + (f" ({result['aborted']})" if result["aborted"] else ""))
     return 0 if ok else 1
 
 
