@@ -63,6 +63,10 @@ class Job:
     arrival_ns: int
     engine_id: str | None = None
     generated: list[int] = dataclasses.field(default_factory=list)
+    #: held while the final response is sent and while the watcher asks ``is_cancelled()``: once the final
+    #: response is out, Triton releases the request's response factory, and asking it then crashed the
+    #: server (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled, Triton 2.51, seen in a 32-stream soak)
+    final_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     first_token_ns: int = 0
     sent_any: bool = False
     done: bool = False
@@ -99,11 +103,16 @@ class TritonPythonModel:
     # ------------------------------------------------------------------ responses
     def _finish(self, job: Job, tensors=None, error: str | None = None) -> None:
         """Send the last response (or just the final flag) exactly once."""
-        with self.lock:
-            if job.done:
-                return
-            job.done = True
-            self.jobs.pop(id(job), None)
+        with job.final_lock:
+            with self.lock:
+                if job.done:
+                    return
+                job.done = True
+                self.jobs.pop(id(job), None)
+            self._send_final(job, tensors, error)
+
+    @staticmethod
+    def _send_final(job: Job, tensors, error: str | None) -> None:
         try:
             if error is not None:
                 job.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error)), flags=FINAL)
@@ -241,10 +250,13 @@ class TritonPythonModel:
             with self.lock:
                 jobs = list(self.jobs.values())
             for job in jobs:
-                try:
-                    cancelled = job.request.is_cancelled()
-                except Exception:
-                    cancelled = False
+                with job.final_lock:  # never ask a request whose final response is out (see Job.final_lock)
+                    if job.done:
+                        continue
+                    try:
+                        cancelled = job.request.is_cancelled()
+                    except Exception:
+                        cancelled = False
                 if cancelled:
                     self._cancel(job, "request cancelled by the client")
 
