@@ -152,13 +152,16 @@ def eval_cmd(
     with progress_bar(err_console) as start:
         def on_progress(description: str, total: int):  # noqa: ANN202 - one bar for both deployments
             if "advance" not in bar:
-                bar["advance"] = start(description, 2 * total)
+                bar["advance"] = start("generate: candidate, then baseline", 2 * total)
             return bar["advance"]
 
         result = stage.run(spec, candidate, base_target, recipe=recipe, recipe_dir=recipe_dir, reference=reference,
                            out=out, on_progress=on_progress, on_status=status)
+    from rich.console import Console
+
+    con = console if console.is_terminal else Console(width=160)
     for table in result_tables(result):
-        console.print(table)
+        con.print(table)
     for r in result.rule.reasons:
         console.print(f"  {r}", highlight=False)
     color = {"PASS": "green", "FAIL": "red", "INCONCLUSIVE": "yellow"}[result.verdict]

@@ -168,8 +168,9 @@ def _combine(rule: str, checks: list[MetricCheck], rows: list[Power], reasons: l
     verdicts = {c.verdict for c in checks}
     if FAIL in verdicts:
         verdict = FAIL
-        reasons += [f"{c.metric}: {c.candidate:.2f} vs {c.reference:.2f}, CI of the difference "
-                    f"[{c.ci[0]:.2f}, {c.ci[1]:.2f}] entirely below {c.threshold:.2f}" for c in checks if c.verdict == FAIL]
+        what = "CI of the mean delta" if rule == "paired" else "CI"
+        reasons += [f"{c.metric}: {c.candidate:.2f} vs {c.reference:.2f}, {what} [{c.ci[0]:.2f}, {c.ci[1]:.2f}] "
+                    f"outside the threshold {c.threshold:.2f}" for c in checks if c.verdict == FAIL]
     elif verdicts == {PASS}:
         weak = [p for p in rows if not p.supported]
         verdict = INCONCLUSIVE if weak else PASS
@@ -254,7 +255,7 @@ def trtllm(cand: Sequence[float], ref: float, *, sigma: float, alpha: float, bet
     acc = float(x.mean())
     v = PASS if acc >= thr else FAIL
     se = math.sqrt(2 * sigma**2 / n)
-    need = math.ceil(2 * sigma**2 * ((z(alpha) + z(beta)) / design) ** 2)
+    need = math.ceil(2 * sigma**2 * ((z(alpha) + z(beta)) / design) ** 2 - 1e-6)  # = design_n
     row = Power("rouge1", n, thr, design, se, theta, need)
     reasons = []
     if v == FAIL:
