@@ -183,6 +183,21 @@ def test_jsonl_task_errors_are_one_line(tmp_path: Path):
         tasks.check("nope.txt", tmp_path)
 
 
+def test_agreement_task_uses_calibration_passages_the_calibration_did_not_use(smollm2_tokenizer):
+    from calib import pack, split
+    from calib.sources import embedded_source
+
+    cal_spec = load_recipe(CPU_RECIPE).quantization.calibration
+    task = tasks.load(EvalSpec(task="agreement", n=10_000), calibration=cal_spec, tokenizer=smollm2_tokenizer)
+    assert not task.labelled and all(s.reference is None for s in task.samples)
+    samples = pack(embedded_source().records, smollm2_tokenizer, cal_spec.max_seq_length)
+    cal, held = split(samples, cal_spec.size, cal_spec.eval_samples, cal_spec.seed)
+    texts = [s.article for s in task.samples]
+    assert texts[:len(held)] == [h.text for h in held]  # the quality report's held-out passages first
+    assert not set(texts) & {c.text for c in cal}
+    assert len(texts) == len(samples) - len(cal)
+
+
 # ---------------------------------------------------------------------- CLI user mistakes
 def _fake_build(root: Path) -> Path:
     (root / "triton_repo" / "ensemble").mkdir(parents=True)

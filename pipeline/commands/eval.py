@@ -85,7 +85,7 @@ def result_tables(result: Any) -> list[Any]:
         p.add_row(row.metric, str(row.n), f"{row.threshold:.2f}", f"{row.margin:.3f}", f"{row.se:.3f}", f"{row.mde:.3f}",
                   "-" if row.n_required is None else f"{row.n_required:,}", "yes" if row.supported else "no")
     p.caption = "one-sided alpha %g, beta %g (power %g)" % (result.spec.alpha, result.spec.beta, 1 - result.spec.beta)
-    return [t, p]
+    return [t, p] if rule.power else [t]
 
 
 @handle_errors
