@@ -97,8 +97,12 @@ def agreement(calibration: Any, tokenizer: Any, base_dir: Path) -> list[EvalSamp
                         f"{calibration.dataset!r}")
     samples = pack(embedded_source().records, tokenizer, calibration.max_seq_length)
     cal, held = split(samples, calibration.size, calibration.eval_samples, calibration.seed)
-    used = {id(s) for s in cal}
-    rest = [s for s in samples if id(s) not in used and all(s is not h for h in held)]
+    seen = {s.text for s in cal} | {h.text for h in held}  # by text: the corpus repeats some passages
+    rest = []
+    for s in samples:
+        if s.text not in seen:
+            seen.add(s.text)
+            rest.append(s)
     return [EvalSample(f"calib-{i}", s.text, None) for i, s in enumerate(held + rest)]
 
 
