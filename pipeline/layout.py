@@ -7,6 +7,7 @@ A build (``trtpipe build RECIPE --out OUT``, default ``artifacts/<recipe name>``
     OUT/triton_repo/            the Triton model repository + manifest.json
     OUT/recipe.yaml             the resolved recipe of the last successful build
     OUT/triton_server-<port>.log   server logs of ``trtpipe serve`` (one per gRPC port)
+    OUT/eval_outputs/<key>.jsonl   outputs ``trtpipe eval`` generated on this build (cached by content key)
 
 No other module spells these names; stages, ``serve``, ``bench``, ``eval`` and ``deploy`` ask the layout.
 """
@@ -76,6 +77,10 @@ class BuildLayout:
     def server_log(self, grpc_port: int) -> Path:
         """Log of a ``trtpipe serve`` of this build on ``grpc_port``."""
         return self.root / f"triton_server-{int(grpc_port)}.log"
+
+    def eval_outputs(self, key: str) -> Path:
+        """Generated outputs of ``trtpipe eval`` on this build for one content key (repo key, data, params)."""
+        return self.root / "eval_outputs" / f"{key}.jsonl"
 
     # ----------------------------------------------------------------- questions about a build
     def is_build(self) -> bool:

@@ -168,7 +168,8 @@ def _add(req: service_pb2.ModelInferRequest, name: str, datatype: str, arr: np.n
 
 
 def build_request(
-    info: ModelInfo, prompt: Prompt, osl: int, *, request_id: str, ignore_eos: bool = True, perf_metrics: bool = False
+    info: ModelInfo, prompt: Prompt, osl: int, *, request_id: str, ignore_eos: bool = True, perf_metrics: bool = False,
+    exact_osl: bool = True,
 ) -> service_pb2.ModelInferRequest:
     """The streaming inference request for one prompt with exactly ``osl`` output tokens.
 
@@ -183,6 +184,10 @@ def build_request(
     ``sampling_param_top_k = 1`` (greedy in every TensorRT-LLM sampler; ``temperature = 0`` is
     not: older PyTorch samplers assert ``temperature > 0``) and, with ``perf_metrics``,
     ``sampling_param_return_perf_metrics`` — again only inputs the model declares.
+
+    ``exact_osl=False`` (``trtpipe eval``) sends no ``min_tokens``: ``osl`` is then only ``max_tokens``, and
+    with ``ignore_eos=False`` no ``end_id`` either, so the model stops at its own EOS (the ensemble's
+    preprocessing default ``end_id``).
     """
     req = service_pb2.ModelInferRequest(model_name=info.name, id=request_id)
     req.parameters["triton_enable_empty_final_response"].bool_param = True
@@ -218,7 +223,8 @@ def build_request(
         scalar("max_tokens", "INT32", osl)
         scalar("stream", "BOOL", True)
         scalar("exclude_input_in_output", "BOOL", True)
-    scalar("min_tokens", "INT32", osl)
+    if exact_osl:
+        scalar("min_tokens", "INT32", osl)
     if info.interface == "text":  # token ids are counted from output_ids; text needs the server's count
         scalar("return_num_output_tokens", "BOOL", True)
     if ignore_eos:
@@ -236,9 +242,11 @@ class StreamClient:
         info: the model, from :func:`preflight`.
         timeout_s: per-request deadline in seconds (gRPC deadline; error ``timeout``).
         max_streams: the most streams in flight at once (sizes the channel pool).
+        keep_text: also keep every ``text_output`` piece in ``rec.response_text`` when the token count
+            comes as ``num_output_tokens`` (``trtpipe eval`` needs the text; the bench does not).
     """
 
-    def __init__(self, url: str, info: ModelInfo, *, timeout_s: float, max_streams: int = 1) -> None:
+    def __init__(self, url: str, info: ModelInfo, *, timeout_s: float, max_streams: int = 1, keep_text: bool = False) -> None:
         self.info = info
         self.timeout_s = timeout_s
         opts = [("grpc.max_receive_message_length", -1), ("grpc.use_local_subchannel_pool", 1)]
@@ -250,6 +258,7 @@ class StreamClient:
         self._stopping = False
         self._tokens = info.interface == "tokens"
         self._cumulative = info.interface == "llmapi"
+        self._keep_text = keep_text
 
     async def stream(self, request: service_pb2.ModelInferRequest, rec: RequestRecord) -> None:
         """Send ``request`` and record every response into ``rec``; never raises for request
@@ -323,6 +332,10 @@ class StreamClient:
         if self._tokens and "output_ids" in names:
             shape = ir.outputs[names.index("output_ids")].shape
             return int(shape[-1]) if shape else 0
+        if self._keep_text and "text_output" in names and "num_output_tokens" in names:
+            if rec.response_text is None:
+                rec.response_text = []
+            rec.response_text.append(ir.raw_output_contents[names.index("text_output")][4:])
         if "num_output_tokens" in names:
             i = names.index("num_output_tokens")
             return int.from_bytes(ir.raw_output_contents[i][:4], "little", signed=True)

@@ -9,6 +9,7 @@ from pipeline.models import geometry_for_source
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bench import BenchSpec
 from pipeline.recipe.build import BuildSpec
+from pipeline.recipe.eval import EvalSpec
 from pipeline.recipe.model import ModelSpec, TargetSpec
 from pipeline.recipe import derived
 from pipeline.recipe.quant import BLOCK_QFORMATS, QuantSpec
@@ -35,6 +36,7 @@ class Recipe(StrictModel):
     build: BuildSpec = Field(default_factory=BuildSpec, description="Engine kind and TensorRT-LLM build/KV/scheduler knobs.")
     serving: ServingSpec = Field(default_factory=ServingSpec, description="Triton model-repository parameters.")
     bench: BenchSpec = Field(default_factory=BenchSpec, description="Default ISL/OSL scenarios and load points of `trtpipe bench`.")
+    eval: EvalSpec = Field(default_factory=EvalSpec, description="Accuracy gate of `trtpipe eval`: task, sample size, rule.")
 
     # ------------------------------------------------------------------ derived values
     @property
