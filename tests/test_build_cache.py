@@ -51,17 +51,33 @@ RUNTIME_OVERRIDES = {
 }
 #: fields with a single allowed value or changed elsewhere (no other value to try)
 RUNTIME_FIXED = {"serving.batching_strategy", "serving.decoupled_mode"}
+#: one change (one or more overrides) per build-time field of a TensorRT engine recipe
 BUILD_OVERRIDES = {
-    "build.max_batch_size": "512",
-    "build.max_input_len": "2048",
-    "build.max_seq_len": "6144",
-    "build.max_num_tokens": "4096",
-    "build.max_beam_width": "2",
-    "build.tokens_per_block": "64",
-    "build.plugins.use_fused_mlp": "false",
-    "build.plugins.gemm_plugin": "auto",
-    "target.gpu": "h100_sxm",
+    "build.max_batch_size": ["build.max_batch_size=512"],
+    "build.max_input_len": ["build.max_input_len=2048"],
+    "build.max_seq_len": ["build.max_seq_len=6144"],
+    "build.max_num_tokens": ["build.max_num_tokens=4096"],
+    "build.opt_num_tokens": ["build.opt_num_tokens=1024", "build.plugins.multiple_profiles=false"],
+    "build.max_beam_width": ["build.max_beam_width=2"],
+    "build.tokens_per_block": ["build.tokens_per_block=64"],
+    "build.plugins.context_fmha": ["build.plugins.context_fmha=false", "build.plugins.use_paged_context_fmha=false",
+                                   "build.plugins.use_fp8_context_fmha=false", "build.enable_chunked_prefill=false",
+                                   "build.kv_cache_config.enable_block_reuse=false"],
+    "build.plugins.gemm_plugin": ["build.plugins.gemm_plugin=auto"],
+    "build.plugins.gpt_attention_plugin": ["build.plugins.gpt_attention_plugin=float16"],
+    "build.plugins.multiple_profiles": ["build.plugins.multiple_profiles=false"],
+    "build.plugins.norm_quant_fusion": ["build.plugins.norm_quant_fusion=true"],
+    "build.plugins.reduce_fusion": ["build.plugins.reduce_fusion=true"],
+    "build.plugins.remove_input_padding": ["build.plugins.remove_input_padding=false"],
+    "build.plugins.use_fp8_context_fmha": ["build.plugins.use_fp8_context_fmha=false"],
+    "build.plugins.use_fused_mlp": ["build.plugins.use_fused_mlp=false"],
+    "build.plugins.use_paged_context_fmha": ["build.plugins.use_paged_context_fmha=false", "build.enable_chunked_prefill=false",
+                                             "build.kv_cache_config.enable_block_reuse=false"],
+    "target.gpu": ["target.gpu=h100_sxm"],
 }
+#: build-time fields with no other value to try on this recipe: the engine kind (another builder), the only KV
+#: cache type that supports in-flight batching, workers (needs tp × pp > 1, another quantized checkpoint)
+BUILD_FIXED = {"build.engine", "build.kv_cache_type", "build.workers"}
 
 
 @pytest.fixture
@@ -97,9 +113,10 @@ def _build(recipe, layout: BuildLayout, q: QuantizeResult):
     return engine, repo
 
 
-def test_every_runtime_field_of_the_recipe_is_exercised():
-    fields = consumed(load_recipe(RECIPE), "runtime")
-    assert set(fields) == set(RUNTIME_OVERRIDES) | RUNTIME_FIXED
+def test_every_runtime_and_build_field_of_the_recipe_is_exercised():
+    recipe = load_recipe(RECIPE)
+    assert set(consumed(recipe, "runtime")) == set(RUNTIME_OVERRIDES) | RUNTIME_FIXED
+    assert set(consumed(recipe, "engine")) == set(BUILD_OVERRIDES) | BUILD_FIXED
 
 
 def test_every_recipe_field_is_classified():
@@ -123,15 +140,24 @@ def test_runtime_knobs_rebuild_only_the_repository(tmp_path, counted):
     assert counted() == 1  # trtllm-build ran once in all
 
 
-@pytest.mark.parametrize("field,value", sorted(BUILD_OVERRIDES.items()))
-def test_build_knobs_rebuild_the_engine(tmp_path, counted, field: str, value: str):
+@pytest.mark.parametrize("field,overrides", sorted(BUILD_OVERRIDES.items()))
+def test_build_knobs_rebuild_the_engine(tmp_path, counted, field: str, overrides: list[str]):
     base = load_recipe(RECIPE)
     layout = BuildLayout(tmp_path / "b")
     q = _quantized(layout.root, base)
     _build(base, layout, q)
     assert stage_of(field) == "engine"
-    engine, repo = _build(load_recipe(RECIPE, [f"{field}={value}"]), layout, q)
+    engine, repo = _build(load_recipe(RECIPE, overrides), layout, q)
     assert not engine.cached and not repo.cached and counted() == 2
+
+
+def test_cpu_engine_settings_do_not_rebuild_a_tensorrt_engine(tmp_path, counted):
+    base = load_recipe(RECIPE)
+    layout = BuildLayout(tmp_path / "b")
+    q = _quantized(layout.root, base)
+    first, _ = _build(base, layout, q)
+    again, _ = _build(load_recipe(RECIPE, ["build.cpu.num_threads=2"]), layout, q)
+    assert again.cached and counted() == 1
 
 
 def test_build_says_which_fields_changed(tmp_path):

@@ -128,7 +128,7 @@ def _cache_key(recipe: Recipe, quantized: QuantizeResult, dry_run: bool) -> str:
         {
             "stage": STAGE,
             "builder_version": BUILDER_VERSION,
-            "recipe": consumed(recipe, "engine", "runtime"),  # engine_config.json holds the KV/scheduler limits too
+            "recipe": consumed(recipe, "engine", "engine_cpu", "runtime"),  # engine_config.json holds the KV/scheduler limits too
             "quantize_cache_key": quantized.cache_key,
             "versions": versions,
             "dry_run": dry_run,
@@ -189,7 +189,7 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
             key,
             engine_kind="cpu",
             status="dry_run" if dry_run else "built",
-            consumed=consumed(recipe, "engine", "runtime"),
+            consumed=consumed(recipe, "engine", "engine_cpu", "runtime"),
             world_size=1,
             max_seq_len=ecfg["max_seq_len"],
             versions=library_versions("torch", "transformers", "safetensors", "nvidia-modelopt"),

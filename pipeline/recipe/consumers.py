@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-#: field path (prefix) → consuming stage: quantize | engine | runtime (the model repository) | bench | eval |
-#: plan (checked before building, produces nothing) | deploy | none (labels)
+#: field path (prefix) → consuming stage: quantize | engine (every engine kind) | engine_cpu (the CPU engine only) |
+#: runtime (the model repository) | bench | eval | plan (checked before building, produces nothing) | deploy |
+#: none (labels)
 CONSUMERS: dict[str, str] = {
     "name": "none",
     "description": "none",
@@ -38,7 +39,7 @@ CONSUMERS: dict[str, str] = {
     "build.tokens_per_block": "engine",
     "build.workers": "engine",
     "build.plugins": "engine",
-    "build.cpu": "engine",
+    "build.cpu": "engine_cpu",      # only the CPU engine reads it
     "build.kv_cache_config": "runtime",
     "build.scheduler_config": "runtime",
     "build.enable_chunked_prefill": "runtime",
