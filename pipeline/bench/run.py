@@ -73,6 +73,12 @@ class BenchResult:
     url: str = ""
     layout: BuildLayout | None = None
     run_dir: Path | None = None
+    gpus: int | None = None
+
+    @property
+    def osl_forced(self) -> bool:
+        """Exact OSL was asked for: the model declares ``min_tokens`` (sent as OSL)."""
+        return self.info is not None and "min_tokens" in self.info.inputs
 
     @property
     def scenarios(self) -> list[tuple[int, int]]:
@@ -239,7 +245,7 @@ def summarize_run(run: BenchResult) -> None:
     """Fill each load point's ``summary`` from the records (after text token counting)."""
     for point in run.load_points:
         recs = [r for r in run.records if r.scenario == point["scenario"] and r.load == point["load"]]
-        point["summary"] = bmetrics.summarize(recs, dict(run.spec.goodput))
+        point["summary"] = bmetrics.summarize(recs, dict(run.spec.goodput), gpus=run.gpus)
 
 
 def execute(
@@ -296,7 +302,7 @@ def execute(
     run_dir = Path(out) if out is not None else Path("artifacts") / "bench" / now.strftime("%Y%m%d-%H%M%S")
     run = BenchResult(spec, started_at=now.astimezone().isoformat(timespec="seconds"), t0_ns=time.perf_counter_ns(),
                       info=info, t0_epoch_ns=time.time_ns(), tokenizer_path=None if tokenizer is None else str(tokenizer),
-                      notes=notes, url=url, layout=layout, run_dir=run_dir)
+                      notes=notes, url=url, layout=layout, run_dir=run_dir, gpus=build_gpus(layout))
     try:
         asyncio.run(_run_async(run, tok, progress))
     except KeyboardInterrupt:
@@ -311,8 +317,26 @@ def execute(
         short = sum(p["summary"]["counts"]["short"] for p in run.load_points)
         if short:
             run.warnings.append(f"{short} request(s) came back with fewer than OSL tokens (see `short` per load point)")
+        mismatch = sum(p["summary"]["counts"]["osl_mismatch"] for p in run.load_points)
+        if mismatch:
+            run.warnings.append(f"{mismatch} request(s): output-token counts disagree between methods (see `osl_check`)")
         exporters.write_run(run_dir, run)
     return run
+
+
+def build_gpus(layout: BuildLayout | None) -> int | None:
+    """GPUs one model instance of the build uses: ``target.tp_size × target.pp_size`` of its recipe.yaml;
+    ``None`` without a build or a readable recipe (tok/s per GPU is then not reported)."""
+    if layout is None or not layout.recipe_file.is_file():
+        return None
+    from pipeline.errors import TrtpipeError
+    from pipeline.recipe.load import load_recipe
+
+    try:
+        target = load_recipe(layout.recipe_file).target
+    except TrtpipeError:
+        return None
+    return target.tp_size * target.pp_size
 
 
 def _token_ends(tokenizer: Any) -> Callable[[str], list[int]] | None:
@@ -342,6 +366,20 @@ def check_outcome(run: BenchResult, out: Path | None = None) -> None:
     failed = sum(p["summary"]["counts"]["failed"] for p in run.load_points)
     if failed:
         raise StageError(f"{failed} request(s) failed (first: {_first_error(run)}); results in {out}")
+    if run.osl_forced and not run.spec.allow_short:
+        short = [r for r in run.records if not r.warmup and r.short]
+        if short:
+            raise StageError(f"{short_summary(short)}; results in {out} (--allow-short accepts this)")
+
+
+def short_summary(short: list[RequestRecord], shown: int = 5) -> str:
+    """One line naming short requests (``scenario load #index got/requested``) and by how much."""
+    worst = max(r.requested_tokens - r.output_tokens for r in short)
+    named = ", ".join(f"{r.scenario} {r.load} #{r.index}: {r.output_tokens}/{r.requested_tokens} (−{r.requested_tokens - r.output_tokens})"
+                      for r in short[:shown])
+    more = f", … {len(short) - shown} more" if len(short) > shown else ""
+    return (f"{len(short)} request(s) stopped short of the forced OSL (min_tokens), up to {worst} token(s) short: "
+            f"{named}{more}")
 
 
 def _first_error(run: BenchResult) -> str:

@@ -27,6 +27,7 @@ FLAGS = {
     "model": "--model", "scenarios": "--scenario", "concurrency": "--concurrency", "request_rate": "--request-rate",
     "arrival": "--arrival", "num_requests": "--num-requests", "duration_s": "--duration", "warmup_requests": "--warmup",
     "goodput": "--goodput", "request_timeout_s": "--timeout", "dataset": "--dataset", "seed": "--seed",
+    "allow_short": "--allow-short",
 }
 
 app = typer.Typer(
@@ -125,6 +126,7 @@ def bench(
     out: Annotated[Path | None, typer.Option("--out", help="Run directory (default artifacts/bench/<YYYYmmdd-HHMMSS>).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the synthetic prompts and Poisson arrivals.")] = None,
     server_timestamps: Annotated[bool, typer.Option("--server-timestamps", help="Also request the server's perf timestamps (return_perf_metrics).")] = False,
+    allow_short: Annotated[bool, typer.Option("--allow-short", help="Do not fail when requests return fewer than OSL tokens although min_tokens forced it.")] = False,
 ) -> None:
     """Benchmark TTFT / ITL / TPOT / throughput at exact ISL/OSL over Triton gRPC (decoupled streaming)."""
     if ctx.invoked_subcommand is not None:
@@ -162,6 +164,7 @@ def bench(
         "dataset": dataset,
         "seed": seed,
         "server_timestamps": server_timestamps or None,
+        "allow_short": allow_short or None,
     }
     if concurrency:  # explicit concurrency wins over a recipe's request_rate
         overrides["request_rate"] = []
