@@ -305,3 +305,28 @@ def test_ctrl_c_stops_cleanly_writes_results_and_releases_the_server(tmp_path):
     doc = json.loads((out / "bench.json").read_text())
     assert doc["status"]["interrupted"] and doc["load_points"][0]["summary"]["counts"]["requests"] >= 4
     assert rc == 0 and stop_s < 4.0, (rc, stop_s)
+
+
+def test_server_metrics_deltas_from_triton_prometheus(server, tmp_path):
+    """Triton's /metrics scraped before and after the measured phase: its request count is the bench's."""
+    spec = BenchSpec(model="tensorrt_llm", scenarios=[{"isl": 16, "osl": 8}], concurrency=[1, 4], num_requests=12, warmup_requests=2)
+    run = bench.run(spec, BenchTarget(url=server.grpc_url, out=tmp_path / "run", metrics_url=server.metrics_url))
+    check_outcome(run, run.run_dir)
+    for point in run.load_points:
+        sm = point["server_metrics"]
+        assert sm["url"] == server.metrics_url
+        assert sm["counters"]["request_success"] == 12 and sm["counters"].get("request_failure", 0) == 0, sm
+        # the python-backend model returns from execute() at once (a thread streams): compute ≪ the 120 ms request
+        assert 0 <= sm["queue_ms_per_request"] < 50 and 0 <= sm["compute_infer_ms_per_request"] < 50, sm
+        assert sm["trt_llm"] == {}  # no TensorRT-LLM backend on the CPU Triton
+    doc = json.loads((run.run_dir / "bench.json").read_text())
+    assert doc["load_points"][1]["server_metrics"]["counters"]["request_success"] == 12
+
+
+def test_unreachable_metrics_url_is_a_note_not_a_failure(server, tmp_path):
+    spec = BenchSpec(model="tensorrt_llm", scenarios=[{"isl": 8, "osl": 4}], concurrency=[1], num_requests=2, warmup_requests=0)
+    bad = f"http://127.0.0.1:{free_port()}/metrics"
+    run = bench.run(spec, BenchTarget(url=server.grpc_url, out=tmp_path / "run", metrics_url=bad))
+    check_outcome(run, run.run_dir)
+    assert "server_metrics" not in run.load_points[0]
+    assert any(n.startswith(f"server metrics not scraped: {bad}") for n in run.notes)

@@ -74,6 +74,7 @@ class BenchResult:
     layout: BuildLayout | None = None
     run_dir: Path | None = None
     gpus: int | None = None
+    metrics_url: str | None = None
 
     @property
     def osl_forced(self) -> bool:
@@ -224,9 +225,11 @@ async def _load_point(run, client, stop, scenario, isl, osl, mode, value, prompt
 
     if spec.warmup_requests:
         await phase(True, spec.warmup_requests, 0)
+    before = await _scrape(run)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     sent = await phase(False, n_measure if spec.duration_s is None else 10**9, spec.warmup_requests)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    after = await _scrape(run)
     frac = cpu / wall if wall > 0 else 0.0
     point = {
         "scenario": scenario, "isl": isl, "osl": osl, "mode": mode.value, "load": label,
@@ -234,11 +237,28 @@ async def _load_point(run, client, stop, scenario, isl, osl, mode, value, prompt
         "request_rate": value if mode is not Schedule.CONCURRENCY else None,
         "requests_sent": sent, "client_cpu_s": cpu, "wall_s": wall, "client_cpu_fraction": frac,
     }
+    if before is not None and after is not None:
+        from pipeline.bench.server_metrics import delta
+
+        point["server_metrics"] = delta(before, after, run.info.name) | {"url": run.metrics_url}
     if frac > CPU_WARN_FRACTION:
         run.warnings.append(
             f"{scenario} {label}: the bench client used {frac:.0%} of one core — it may have limited this result"
         )
     run.load_points.append(point)
+
+
+async def _scrape(run: BenchResult) -> dict | None:
+    """Triton's metrics now (off the event loop), or ``None`` without a metrics URL or on a failed scrape (noted)."""
+    if run.metrics_url is None:
+        return None
+    from pipeline.bench.server_metrics import scrape
+
+    try:
+        return await asyncio.to_thread(scrape, run.metrics_url)
+    except (OSError, ValueError) as e:
+        run.warnings.append(f"server metrics scrape failed ({run.metrics_url}): {' '.join(str(e).split())[:200]}")
+        return None
 
 
 def summarize_run(run: BenchResult) -> None:
@@ -255,6 +275,7 @@ def execute(
     tokenizer: Path | None = None,
     out: Path | None = None,
     layout: BuildLayout | None = None,
+    metrics_url: str | None = None,
     on_progress: Callable[[str, int], Callable[[int], None]] | None = None,
     on_status: Callable[[str], None] | None = None,
 ) -> BenchResult:
@@ -266,6 +287,8 @@ def execute(
         tokenizer: HF tokenizer directory (needed by text interfaces and to count LLM-API output).
         out: the run directory (default ``artifacts/bench/<YYYYmmdd-HHMMSS>``).
         layout: the build being served (provenance in bench.json).
+        metrics_url: Triton's Prometheus endpoint; default ``http://<gRPC host>:8002/metrics`` when it answers
+            (:mod:`pipeline.bench.server_metrics`). Each load point then gets ``server_metrics`` deltas.
         on_progress: ``(description, total) -> advance(n)`` for a progress display.
         on_status: receives one-line status messages.
 
@@ -297,12 +320,19 @@ def execute(
     if info.interface == "llmapi":
         notes.append(bclient.LLMAPI_OSL_WARNING)
         status(f"warning: {bclient.LLMAPI_OSL_WARNING}")
+    from pipeline.bench.server_metrics import probe
+
+    metrics_url, why = probe(metrics_url, url)
+    if why:
+        notes.append(why)
+        status(f"note: {why}")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     now = _dt.datetime.now()
     run_dir = Path(out) if out is not None else Path("artifacts") / "bench" / now.strftime("%Y%m%d-%H%M%S")
     run = BenchResult(spec, started_at=now.astimezone().isoformat(timespec="seconds"), t0_ns=time.perf_counter_ns(),
                       info=info, t0_epoch_ns=time.time_ns(), tokenizer_path=None if tokenizer is None else str(tokenizer),
-                      notes=notes, url=url, layout=layout, run_dir=run_dir, gpus=build_gpus(layout))
+                      notes=notes, url=url, layout=layout, run_dir=run_dir, gpus=build_gpus(layout),
+                      metrics_url=metrics_url)
     try:
         asyncio.run(_run_async(run, tok, progress))
     except KeyboardInterrupt:

@@ -126,6 +126,7 @@ def bench(
     out: Annotated[Path | None, typer.Option("--out", help="Run directory (default artifacts/bench/<YYYYmmdd-HHMMSS>).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the synthetic prompts and Poisson arrivals.")] = None,
     server_timestamps: Annotated[bool, typer.Option("--server-timestamps", help="Also request the server's perf timestamps (return_perf_metrics).")] = False,
+    metrics_url: Annotated[str | None, typer.Option("--metrics-url", help="Triton's Prometheus endpoint (default http://<--url host>:8002/metrics when it answers); queue/compute deltas per load point.")] = None,
     allow_short: Annotated[bool, typer.Option("--allow-short", help="Do not fail when requests return fewer than OSL tokens although min_tokens forced it.")] = False,
 ) -> None:
     """Benchmark TTFT / ITL / TPOT / throughput at exact ISL/OSL over Triton gRPC (decoupled streaming)."""
@@ -169,7 +170,7 @@ def bench(
     if concurrency:  # explicit concurrency wins over a recipe's request_rate
         overrides["request_rate"] = []
     spec = stage.with_overrides(stage.spec_for(recipe, layout), overrides, flags=FLAGS)
-    target = stage.BenchTarget(url=url, layout=layout, tokenizer=tokenizer, out=out)
+    target = stage.BenchTarget(url=url, layout=layout, tokenizer=tokenizer, out=out, metrics_url=metrics_url)
     with progress_bar(err_console) as start:
         result = stage.run(spec, target, on_progress=start, on_status=lambda s: err_console.print(s, highlight=False))
     con = _wide(console)
