@@ -322,8 +322,9 @@ def execute(
         status(f"warning: {bclient.LLMAPI_OSL_WARNING}")
     from pipeline.bench.server_metrics import probe
 
+    given = metrics_url
     metrics_url, why = probe(metrics_url, url)
-    if why:
+    if why and given:  # the default endpoint not answering is normal (another port, or no metrics): silent
         notes.append(why)
         status(f"note: {why}")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
