@@ -331,6 +331,8 @@ class StreamClient:
             return -1
         if self._tokens and "output_ids" in names:
             shape = ir.outputs[names.index("output_ids")].shape
+            if "sequence_length" in names:  # the server's own count (cumulative): kept for osl_check
+                rec.server_tokens = int.from_bytes(ir.raw_output_contents[names.index("sequence_length")][:4], "little", signed=True)
             return int(shape[-1]) if shape else 0
         if self._keep_text and "text_output" in names and "num_output_tokens" in names:
             if rec.response_text is None:
@@ -338,6 +340,10 @@ class StreamClient:
             rec.response_text.append(ir.raw_output_contents[names.index("text_output")][4:])
         if "num_output_tokens" in names:
             i = names.index("num_output_tokens")
+            if "text_output" in names:  # keep the text too: re-tokenized after the run (osl_check)
+                if rec.response_text is None:
+                    rec.response_text = []
+                rec.response_text.append(ir.raw_output_contents[names.index("text_output")][4:])
             return int.from_bytes(ir.raw_output_contents[i][:4], "little", signed=True)
         if "text_output" in names:
             raw = ir.raw_output_contents[names.index("text_output")]

@@ -4,6 +4,8 @@ Layout of ``artifacts/bench/<YYYYmmdd-HHMMSS>/`` (or ``--out``)::
 
     bench.json    config, environment/provenance, status, load points with summaries, every request
     summary.csv   one row per scenario × load point (:mod:`pipeline.bench.summary_csv`)
+    profile_export.jsonl, profile_export_aiperf.json/.csv, aiperf/   AIPerf's export files
+                  (:mod:`pipeline.bench.aiperf_export`)
     plots/*.png   from summary.csv only (:mod:`pipeline.bench.plots`)
 
 The directory is written atomically (:func:`pipeline.artifacts.atomic_dir`).
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import artifacts
-from pipeline.bench.metrics import METRICS
+from pipeline.bench.metrics import METRICS, definitions
 from pipeline.bench.summary_csv import SUMMARY_CSV, csv_columns, csv_row
 
 SCHEMA = "trtpipe.bench/1"
@@ -64,16 +66,48 @@ def run_document(run: Any) -> dict[str, Any]:
         "status": {"complete": not (run.interrupted or run.aborted), "interrupted": run.interrupted,
                    "aborted": run.aborted, "warnings": run.warnings, "notes": getattr(run, "notes", [])},
         "units": {tag: spec.unit for tag, spec in METRICS.items()} | {"times": "ns since run start (perf_counter_ns)"},
-        "load_points": run.load_points,
+        "definitions": definitions(),
+        "gpus": getattr(run, "gpus", None),
+        "load_points": [p | ({"vllm": vllm_block(p)} if "summary" in p else {}) for p in run.load_points],
         "requests": [r.to_json(run.t0_ns) for r in run.records],
     }
+
+
+#: vLLM benchmark_serving result key stem → our metric tag (vllm-project/vllm@0049e29c
+#: benchmarks/benchmark_serving.py, ``benchmark()``'s ``result`` dict and ``process_one_metric``)
+_VLLM_LATENCIES = {"ttft": "time_to_first_token", "tpot": "time_per_output_token", "itl": "inter_chunk_latency",
+                   "e2el": "request_latency"}
+
+
+def vllm_block(point: dict[str, Any]) -> dict[str, Any]:
+    """One load point's summary under the keys vLLM's ``benchmark_serving.py --save-result`` writes
+    (``duration`` s, ``completed``, token totals, throughputs, and ``mean_/median_/std_/p99_<m>_ms`` for
+    ttft, tpot, itl (= our per-chunk ``inter_chunk_latency``), e2el). vLLM's ``std`` is numpy's
+    population std like ours; its ``median`` is our p50."""
+    s = point["summary"]
+    m, c = s["metrics"], s["counts"]
+    out: dict[str, Any] = {
+        "duration": s["duration_s"], "completed": c["completed"], "total_input_tokens": c["input_tokens"],
+        "total_output_tokens": c["output_tokens"], "request_throughput": m["request_throughput"],
+        "request_goodput": m["request_goodput"], "output_throughput": m["output_token_throughput"],
+        "total_token_throughput": m["total_token_throughput"],
+        "max_concurrency": point.get("concurrency"), "request_rate": point.get("request_rate") or "inf",
+    }
+    for short, tag in _VLLM_LATENCIES.items():
+        st = m[tag]
+        out |= {f"mean_{short}_ms": st["avg"], f"median_{short}_ms": st["p50"], f"std_{short}_ms": st["std"],
+                f"p90_{short}_ms": st["p90"], f"p95_{short}_ms": st["p95"], f"p99_{short}_ms": st["p99"]}
+    return out
 
 
 def write_run(out: Path, run: Any) -> Path:
     """Write ``bench.json``, ``summary.csv`` and the plots into ``out`` (atomically); returns ``out``."""
     from pipeline.bench import plots
 
+    from pipeline.bench import aiperf_export
+
     with artifacts.atomic_dir(Path(out)) as tmp:
+        aiperf_export.write(tmp, run)
         (tmp / BENCH_JSON).write_text(json.dumps(run_document(run), default=str, separators=(",", ":")) + "\n")
         with open(tmp / SUMMARY_CSV, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=csv_columns())

@@ -73,6 +73,13 @@ class BenchResult:
     url: str = ""
     layout: BuildLayout | None = None
     run_dir: Path | None = None
+    gpus: int | None = None
+    metrics_url: str | None = None
+
+    @property
+    def osl_forced(self) -> bool:
+        """Exact OSL was asked for: the model declares ``min_tokens`` (sent as OSL)."""
+        return self.info is not None and "min_tokens" in self.info.inputs
 
     @property
     def scenarios(self) -> list[tuple[int, int]]:
@@ -218,9 +225,11 @@ async def _load_point(run, client, stop, scenario, isl, osl, mode, value, prompt
 
     if spec.warmup_requests:
         await phase(True, spec.warmup_requests, 0)
+    before = await _scrape(run)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     sent = await phase(False, n_measure if spec.duration_s is None else 10**9, spec.warmup_requests)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    after = await _scrape(run)
     frac = cpu / wall if wall > 0 else 0.0
     point = {
         "scenario": scenario, "isl": isl, "osl": osl, "mode": mode.value, "load": label,
@@ -228,6 +237,10 @@ async def _load_point(run, client, stop, scenario, isl, osl, mode, value, prompt
         "request_rate": value if mode is not Schedule.CONCURRENCY else None,
         "requests_sent": sent, "client_cpu_s": cpu, "wall_s": wall, "client_cpu_fraction": frac,
     }
+    if before is not None and after is not None:
+        from pipeline.bench.server_metrics import delta
+
+        point["server_metrics"] = delta(before, after, run.info.name) | {"url": run.metrics_url}
     if frac > CPU_WARN_FRACTION:
         run.warnings.append(
             f"{scenario} {label}: the bench client used {frac:.0%} of one core — it may have limited this result"
@@ -235,11 +248,24 @@ async def _load_point(run, client, stop, scenario, isl, osl, mode, value, prompt
     run.load_points.append(point)
 
 
+async def _scrape(run: BenchResult) -> dict | None:
+    """Triton's metrics now (off the event loop), or ``None`` without a metrics URL or on a failed scrape (noted)."""
+    if run.metrics_url is None:
+        return None
+    from pipeline.bench.server_metrics import scrape
+
+    try:
+        return await asyncio.to_thread(scrape, run.metrics_url)
+    except (OSError, ValueError) as e:
+        run.warnings.append(f"server metrics scrape failed ({run.metrics_url}): {' '.join(str(e).split())[:200]}")
+        return None
+
+
 def summarize_run(run: BenchResult) -> None:
     """Fill each load point's ``summary`` from the records (after text token counting)."""
     for point in run.load_points:
         recs = [r for r in run.records if r.scenario == point["scenario"] and r.load == point["load"]]
-        point["summary"] = bmetrics.summarize(recs, dict(run.spec.goodput))
+        point["summary"] = bmetrics.summarize(recs, dict(run.spec.goodput), gpus=run.gpus)
 
 
 def execute(
@@ -249,6 +275,7 @@ def execute(
     tokenizer: Path | None = None,
     out: Path | None = None,
     layout: BuildLayout | None = None,
+    metrics_url: str | None = None,
     on_progress: Callable[[str, int], Callable[[int], None]] | None = None,
     on_status: Callable[[str], None] | None = None,
 ) -> BenchResult:
@@ -260,6 +287,8 @@ def execute(
         tokenizer: HF tokenizer directory (needed by text interfaces and to count LLM-API output).
         out: the run directory (default ``artifacts/bench/<YYYYmmdd-HHMMSS>``).
         layout: the build being served (provenance in bench.json).
+        metrics_url: Triton's Prometheus endpoint; default ``http://<gRPC host>:8002/metrics`` when it answers
+            (:mod:`pipeline.bench.server_metrics`). Each load point then gets ``server_metrics`` deltas.
         on_progress: ``(description, total) -> advance(n)`` for a progress display.
         on_status: receives one-line status messages.
 
@@ -291,12 +320,20 @@ def execute(
     if info.interface == "llmapi":
         notes.append(bclient.LLMAPI_OSL_WARNING)
         status(f"warning: {bclient.LLMAPI_OSL_WARNING}")
+    from pipeline.bench.server_metrics import probe
+
+    given = metrics_url
+    metrics_url, why = probe(metrics_url, url)
+    if why and given:  # the default endpoint not answering is normal (another port, or no metrics): silent
+        notes.append(why)
+        status(f"note: {why}")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     now = _dt.datetime.now()
     run_dir = Path(out) if out is not None else Path("artifacts") / "bench" / now.strftime("%Y%m%d-%H%M%S")
     run = BenchResult(spec, started_at=now.astimezone().isoformat(timespec="seconds"), t0_ns=time.perf_counter_ns(),
                       info=info, t0_epoch_ns=time.time_ns(), tokenizer_path=None if tokenizer is None else str(tokenizer),
-                      notes=notes, url=url, layout=layout, run_dir=run_dir)
+                      notes=notes, url=url, layout=layout, run_dir=run_dir, gpus=build_gpus(layout),
+                      metrics_url=metrics_url)
     try:
         asyncio.run(_run_async(run, tok, progress))
     except KeyboardInterrupt:
@@ -311,8 +348,26 @@ def execute(
         short = sum(p["summary"]["counts"]["short"] for p in run.load_points)
         if short:
             run.warnings.append(f"{short} request(s) came back with fewer than OSL tokens (see `short` per load point)")
+        mismatch = sum(p["summary"]["counts"]["osl_mismatch"] for p in run.load_points)
+        if mismatch:
+            run.warnings.append(f"{mismatch} request(s): output-token counts disagree between methods (see `osl_check`)")
         exporters.write_run(run_dir, run)
     return run
+
+
+def build_gpus(layout: BuildLayout | None) -> int | None:
+    """GPUs one model instance of the build uses: ``target.tp_size × target.pp_size`` of its recipe.yaml;
+    ``None`` without a build or a readable recipe (tok/s per GPU is then not reported)."""
+    if layout is None or not layout.recipe_file.is_file():
+        return None
+    from pipeline.errors import TrtpipeError
+    from pipeline.recipe.load import load_recipe
+
+    try:
+        target = load_recipe(layout.recipe_file).target
+    except TrtpipeError:
+        return None
+    return target.tp_size * target.pp_size
 
 
 def _token_ends(tokenizer: Any) -> Callable[[str], list[int]] | None:
@@ -342,6 +397,20 @@ def check_outcome(run: BenchResult, out: Path | None = None) -> None:
     failed = sum(p["summary"]["counts"]["failed"] for p in run.load_points)
     if failed:
         raise StageError(f"{failed} request(s) failed (first: {_first_error(run)}); results in {out}")
+    if run.osl_forced and not run.spec.allow_short:
+        short = [r for r in run.records if not r.warmup and r.short]
+        if short:
+            raise StageError(f"{short_summary(short)}; results in {out} (--allow-short accepts this)")
+
+
+def short_summary(short: list[RequestRecord], shown: int = 5) -> str:
+    """One line naming short requests (``scenario load #index got/requested``) and by how much."""
+    worst = max(r.requested_tokens - r.output_tokens for r in short)
+    named = ", ".join(f"{r.scenario} {r.load} #{r.index}: {r.output_tokens}/{r.requested_tokens} (−{r.requested_tokens - r.output_tokens})"
+                      for r in short[:shown])
+    more = f", … {len(short) - shown} more" if len(short) > shown else ""
+    return (f"{len(short)} request(s) stopped short of the forced OSL (min_tokens), up to {worst} token(s) short: "
+            f"{named}{more}")
 
 
 def _first_error(run: BenchResult) -> str:

@@ -27,6 +27,7 @@ FLAGS = {
     "model": "--model", "scenarios": "--scenario", "concurrency": "--concurrency", "request_rate": "--request-rate",
     "arrival": "--arrival", "num_requests": "--num-requests", "duration_s": "--duration", "warmup_requests": "--warmup",
     "goodput": "--goodput", "request_timeout_s": "--timeout", "dataset": "--dataset", "seed": "--seed",
+    "allow_short": "--allow-short",
 }
 
 app = typer.Typer(
@@ -125,6 +126,8 @@ def bench(
     out: Annotated[Path | None, typer.Option("--out", help="Run directory (default artifacts/bench/<YYYYmmdd-HHMMSS>).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the synthetic prompts and Poisson arrivals.")] = None,
     server_timestamps: Annotated[bool, typer.Option("--server-timestamps", help="Also request the server's perf timestamps (return_perf_metrics).")] = False,
+    metrics_url: Annotated[str | None, typer.Option("--metrics-url", help="Triton's Prometheus endpoint (default http://<--url host>:8002/metrics when it answers); queue/compute deltas per load point.")] = None,
+    allow_short: Annotated[bool, typer.Option("--allow-short", help="Do not fail when requests return fewer than OSL tokens although min_tokens forced it.")] = False,
 ) -> None:
     """Benchmark TTFT / ITL / TPOT / throughput at exact ISL/OSL over Triton gRPC (decoupled streaming)."""
     if ctx.invoked_subcommand is not None:
@@ -162,11 +165,12 @@ def bench(
         "dataset": dataset,
         "seed": seed,
         "server_timestamps": server_timestamps or None,
+        "allow_short": allow_short or None,
     }
     if concurrency:  # explicit concurrency wins over a recipe's request_rate
         overrides["request_rate"] = []
     spec = stage.with_overrides(stage.spec_for(recipe, layout), overrides, flags=FLAGS)
-    target = stage.BenchTarget(url=url, layout=layout, tokenizer=tokenizer, out=out)
+    target = stage.BenchTarget(url=url, layout=layout, tokenizer=tokenizer, out=out, metrics_url=metrics_url)
     with progress_bar(err_console) as start:
         result = stage.run(spec, target, on_progress=start, on_status=lambda s: err_console.print(s, highlight=False))
     con = _wide(console)

@@ -70,6 +70,12 @@ class BenchSpec(StrictModel):
             "(each request records its own input tokens)."
         ),
     )
+    allow_short: bool = Field(
+        default=False, description=(
+            "Accept requests that return fewer than OSL tokens although exact OSL was forced (min_tokens): by default "
+            "such a run fails, naming the requests and how short they were."
+        ),
+    )
     server_timestamps: bool = Field(
         default=False, description="Also ask the server for its per-request perf timestamps (return_perf_metrics)."
     )

@@ -30,13 +30,15 @@ class BenchTarget:
 
     ``url`` is Triton's gRPC ``host:port``; ``layout`` the build the server runs (its tokenizer and
     manifests go into the results' provenance); ``tokenizer`` overrides the build's tokenizer directory;
-    ``out`` is the run directory (default ``artifacts/bench/<YYYYmmdd-HHMMSS>``).
+    ``out`` is the run directory (default ``artifacts/bench/<YYYYmmdd-HHMMSS>``); ``metrics_url`` Triton's
+    Prometheus endpoint (default ``http://<host of url>:8002/metrics`` when it answers).
     """
 
     url: str = "localhost:8001"
     layout: BuildLayout | None = None
     tokenizer: Path | None = None
     out: Path | None = None
+    metrics_url: str | None = None
 
     def tokenizer_dir(self) -> Path | None:
         """``tokenizer``, else the build's (:meth:`BuildLayout.tokenizer_dir`), else ``None``.
@@ -119,4 +121,4 @@ def run(
         UserError: unreachable server / model problems (before any load), a missing tokenizer.
     """
     return execute(spec, url=target.url, tokenizer=target.tokenizer_dir(), out=target.out, layout=target.layout,
-                   on_progress=on_progress, on_status=on_status)
+                   metrics_url=target.metrics_url, on_progress=on_progress, on_status=on_status)
