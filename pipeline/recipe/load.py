@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import pydantic
 import yaml
 from pydantic import ValidationError
 
 from pipeline.errors import RecipeError
 from pipeline.recipe.schema import Recipe, RecipeCheckError
 from pipeline.recipe.yaml_bounded import BoundedYAMLError, compose_bounded, load_bounded
+
+S = TypeVar("S", bound="pydantic.BaseModel")
 
 
 def _line_index(text: str) -> dict[tuple[str, ...], int]:
@@ -162,6 +165,31 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         line = _line_for(index, loc)
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
         raise RecipeError(f"{shown}{f':{line}' if line else ''} {'.'.join(loc) or '<root>'}: {what}{more}") from None
+
+
+def override_section(spec: S, overrides: dict[str, Any], *, section: str, flags: dict[str, str] | None = None) -> S:
+    """``spec`` (one recipe section) with ``overrides`` (field → value; ``None`` values skipped), re-validated whole.
+
+    Args:
+        spec: the section to start from (e.g. the recipe's ``bench``).
+        overrides: new values by field name of ``type(spec)``.
+        section: the section's name in a recipe, for messages (``bench``).
+        flags: field → the CLI flag that set it, so an error names what the user typed.
+
+    Raises:
+        UserError: a value the section rejects (one line naming the flag, else ``section.field``).
+    """
+    from pipeline.errors import UserError
+
+    data = spec.model_dump()
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return type(spec).model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else ""
+        where = (flags or {}).get(field) or f"{section}.{'.'.join(str(p) for p in err['loc'])}"
+        raise UserError(f"{where}: {err['msg']}") from None
 
 
 def recipe_json_schema() -> dict[str, Any]:

@@ -146,17 +146,9 @@ def with_overrides(spec: EvalSpec, overrides: dict[str, Any], flags: dict[str, s
     Raises:
         UserError: a value :class:`EvalSpec` rejects (one line naming the flag or field).
     """
-    from pydantic import ValidationError
+    from pipeline.recipe.load import override_section
 
-    data = spec.model_dump()
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return EvalSpec.model_validate(data)
-    except ValidationError as e:
-        err = e.errors()[0]
-        field = str(err["loc"][0]) if err["loc"] else ""
-        where = (flags or {}).get(field) or f"eval.{'.'.join(str(p) for p in err['loc'])}"
-        raise UserError(f"{where}: {err['msg']}") from None
+    return override_section(spec, overrides, section="eval", flags=flags)
 
 
 # ---------------------------------------------------------------------- generation
