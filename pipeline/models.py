@@ -41,6 +41,14 @@ class ModelGeometry(BaseModel):
     rope_scaling: dict | None = None
     source: str = ""
 
+    def kv_bytes_per_token(self, kv_dtype_bytes: int, *, tp_size: int = 1, pp_size: int = 1) -> int:
+        """KV-cache bytes per token on one rank: 2 (K and V) × ceil(layers / pp) × max(1, kv_heads / tp) ×
+        head_dim × ``kv_dtype_bytes`` (KV heads are replicated when tp > kv_heads). Llama-3.1-8B with an fp8 KV
+        cache: 2 × 32 × 8 × 128 × 1 = 65,536 B per token."""
+        layers = -(-self.num_hidden_layers // pp_size)
+        heads = max(1, self.num_key_value_heads // tp_size)
+        return 2 * layers * heads * self.head_dim * kv_dtype_bytes
+
     def hf_config(self) -> dict:
         """The geometry as a HF ``config.json`` dict (transformers 4.57 spelling), for checks that take one."""
         cfg = {"architectures": [self.architecture], **self.model_dump(exclude={"architecture", "source"})}
@@ -93,7 +101,14 @@ def geometry_from_config(config_json: Path) -> ModelGeometry:
 
     Raises ``KeyError``/``ValueError`` when the file lacks a required field.
     """
-    cfg = json.loads(Path(config_json).read_text())
+    return geometry_from_dict(json.loads(Path(config_json).read_text()), source=str(config_json))
+
+
+def geometry_from_dict(cfg: dict, source: str = "") -> ModelGeometry:
+    """Geometry from a parsed HF ``config.json`` (its ``text_config`` for multimodal wrappers).
+
+    Raises ``KeyError``/``ValueError`` when it lacks a required field.
+    """
     cfg = cfg.get("text_config", cfg)
     heads = cfg["num_attention_heads"]
     return ModelGeometry(
@@ -112,7 +127,7 @@ def geometry_from_config(config_json: Path) -> ModelGeometry:
         rms_norm_eps=cfg.get("rms_norm_eps"),
         rope_theta=hf_rope(cfg)[0],
         rope_scaling=_hf_scaling(cfg),
-        source=str(config_json),
+        source=source,
     )
 
 

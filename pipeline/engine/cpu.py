@@ -35,6 +35,7 @@ from pipeline.artifacts import (
 )
 from pipeline.errors import StageError, UserError
 from pipeline.layout import BuildLayout
+from pipeline.models import geometry_from_dict
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.consumers import consumed
 from pipeline.stages.results import EngineResult, QuantizeResult
@@ -64,14 +65,6 @@ def _model_config(hf_ckpt: Path, recipe: Recipe, dry_run: bool) -> dict[str, Any
     return cfg.get("text_config", cfg)
 
 
-def kv_bytes_per_token(model_cfg: dict[str, Any], dtype: str) -> int:
-    """Bytes of K and V for one token over all layers: 2 × layers × kv_heads × head_dim × dtype size."""
-    heads = model_cfg["num_attention_heads"]
-    kv_heads = model_cfg.get("num_key_value_heads") or heads
-    head_dim = model_cfg.get("head_dim") or model_cfg["hidden_size"] // heads
-    return 2 * model_cfg["num_hidden_layers"] * kv_heads * head_dim * _DTYPE_BYTES[dtype]
-
-
 def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
     """The ``engine_config.json`` dict for ``recipe`` and the checkpoint's ``config.json``.
 
@@ -83,7 +76,7 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
     b = recipe.build
     max_seq_len = derived.require_max_seq_len(b, model_cfg.get("max_position_embeddings"))
     dtype = b.cpu.dtype
-    per_tok = kv_bytes_per_token(model_cfg, dtype)
+    per_tok = geometry_from_dict(model_cfg).kv_bytes_per_token(_DTYPE_BYTES[dtype])
     import psutil
 
     tokens, _ = derived.cpu_kv_pool_tokens(recipe, kv_bytes_per_token=per_tok, ram_bytes=psutil.virtual_memory().total,
