@@ -68,8 +68,6 @@ async def soak(url: str, model: str, streams: int, seconds: float, isl: int, osl
     errors: dict[str, int] = {}
     deadline = time.monotonic() + seconds
 
-    from tritonclient.grpc import service_pb2
-
     aborted: list[str] = []
 
     async def worker(w: int) -> None:
@@ -77,10 +75,7 @@ async def soak(url: str, model: str, streams: int, seconds: float, isl: int, osl
         while time.monotonic() < deadline and not aborted:
             k = i % len(requests)
             rec = RequestRecord(f"{isl}:{osl}", f"c{streams}", i, False, prompts[k].num_tokens, osl)
-            req = service_pb2.ModelInferRequest()
-            req.CopyFrom(requests[k])
-            req.id = f"soak-{i}"  # a unique id per request: the ensemble keeps streamed-text state per id
-            await client.stream(req, rec)
+            await client.stream(bclient.with_request_id(requests[k], f"soak-{i}"), rec)
             counts["requests"] += 1
             if rec.error:
                 counts["failed"] += 1

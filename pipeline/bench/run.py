@@ -204,7 +204,7 @@ async def _load_point(run, client, stop, scenario, isl, osl, mode, value, prompt
             k = i % len(requests)
             rec = RequestRecord(scenario, label, i, warmup, prompts[k].num_tokens, osl)
             run.records.append(rec)
-            await client.stream(requests[k], rec)
+            await client.stream(bclient.with_request_id(requests[k], f"{scenario}-{label}-{i}"), rec)
             if rec.error and rec.error.startswith("UNAVAILABLE") and not stop.is_set():
                 run.aborted = f"server became unreachable during {scenario} {label}: {rec.error}"
                 stop.set()
