@@ -3,15 +3,10 @@
 Every stage writes one directory that holds its outputs and a ``manifest.json``. Directories
 are built in a sibling temp dir and renamed into place (:func:`atomic_dir`), so an interrupted
 stage never leaves a half-built result. A stage is skipped only when the ``cache_key`` stored
-in the existing manifest equals the key of the current inputs (:func:`cached_result`), never
-merely because files exist.
+in the existing manifest equals the key of the current inputs
+(:meth:`pipeline.stages.results.StageResult.load`), never merely because files exist.
 
-Layout of one build (``trtpipe build RECIPE --out OUT``, default ``artifacts/<recipe name>``)::
-
-    OUT/quantize/      ModelOpt checkpoints (trtllm_ckpt/, hf_ckpt/) + manifest.json
-    OUT/engine/        engine files or engine configuration + manifest.json
-    OUT/triton_repo/   Triton model repository + manifest.json
-    OUT/recipe.yaml    the resolved recipe of the last build
+The layout of one build directory is :class:`pipeline.layout.BuildLayout`.
 
 The path of the last successful build is kept in ``artifacts/.last_build`` (see
 :func:`record_last_build`) so that ``trtpipe serve`` without arguments finds it.
@@ -20,7 +15,6 @@ The path of the last successful build is kept in ``artifacts/.last_build`` (see
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as _dt
 import hashlib
 import json
@@ -38,7 +32,6 @@ from pipeline import __version__
 MANIFEST = "manifest.json"
 DEFAULT_ARTIFACTS_ROOT = Path("artifacts")
 LAST_BUILD_FILE = ".last_build"
-STAGES = ("quantize", "engine", "triton_repo")
 
 _CHUNK = 1 << 20
 
@@ -112,6 +105,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_tmp(final)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir()
     try:
@@ -128,6 +122,35 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def remove_stale_tmp(final: Path) -> list[Path]:
+    """Remove the ``.<name>.tmp-<pid>-*`` / ``.<name>.old-<pid>-*`` dirs next to ``final`` whose process is gone.
+
+    :func:`atomic_dir` removes its temp dir on any exception, but SIGKILL (or a power cut) skips that;
+    the next writer of the same directory calls this first. Directories of live processes are kept
+    (another build may be writing). Returns the removed paths.
+    """
+    final = Path(final)
+    removed: list[Path] = []
+    if not final.parent.is_dir():
+        return removed
+    for p in final.parent.glob(f".{final.name}.*-*"):
+        kind, _, rest = p.name[len(final.name) + 2:].partition("-")
+        if kind not in ("tmp", "old"):
+            continue
+        try:
+            pid = int(rest.split("-")[0])
+        except ValueError:
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+        except PermissionError:
+            continue
+    return removed
+
+
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
     """Write ``manifest.json`` (indented, sorted keys) into ``directory`` and return its path."""
     path = Path(directory) / MANIFEST
@@ -142,24 +165,6 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-@dataclasses.dataclass(frozen=True)
-class StageResult:
-    """What a stage returns: its artifact directory, its manifest, and whether it was reused."""
-
-    stage: str
-    path: Path
-    manifest: dict[str, Any]
-    cached: bool = False
-
-
-def cached_result(stage: str, directory: Path, cache_key: str) -> StageResult | None:
-    """A :class:`StageResult` for ``directory`` if its manifest was made from ``cache_key``."""
-    manifest = read_manifest(directory)
-    if manifest and manifest.get("stage") == stage and manifest.get("cache_key") == cache_key:
-        return StageResult(stage=stage, path=Path(directory), manifest=manifest, cached=True)
-    return None
 
 
 def base_manifest(stage: str, cache_key: str, **fields: Any) -> dict[str, Any]:

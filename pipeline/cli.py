@@ -1,6 +1,6 @@
 """``trtpipe`` console script: a thin typer shell over the stage functions.
 
-Commands: ``build``, ``serve``, ``bench`` (+ ``bench compare``), ``plan``, ``recipe``
+Commands: ``build``, ``serve``, ``bench`` (+ ``bench compare``), ``eval``, ``plan``, ``recipe``
 (``validate``/``schema``/``show``). Each lives in :mod:`pipeline.commands`; errors map to exit
 codes in :func:`pipeline.commands.common.handle_errors` (user mistakes: 2, no traceback).
 """
@@ -12,8 +12,11 @@ import typer
 from pipeline import __version__
 from pipeline.commands import bench as bench_cmd
 from pipeline.commands import build as build_cmd
+from pipeline.commands import deploy as deploy_cmd
+from pipeline.commands import eval as eval_cmd
 from pipeline.commands import plan as plan_cmd
 from pipeline.commands import recipe as recipe_cmd
+from pipeline.commands import release as release_cmd
 from pipeline.commands import serve as serve_cmd
 
 app = typer.Typer(
@@ -43,6 +46,9 @@ app.command("serve")(serve_cmd.serve)
 app.add_typer(bench_cmd.app, name="bench")
 app.command("plan")(plan_cmd.plan)
 app.add_typer(recipe_cmd.app, name="recipe")
+app.command("release")(release_cmd.release)
+app.add_typer(deploy_cmd.app, name="deploy")
+app.command("eval")(eval_cmd.eval_cmd)
 
 
 def main() -> None:

@@ -3,7 +3,9 @@
 Recipe validation uses ``arch``/``fp8``/``fp4``/``compute_capability``; the planner
 (:mod:`pipeline.plan`) budgets ``memory_mib`` (the total nvidia-smi reports, MiB) and uses
 ``memory_bandwidth_tbs`` and the dense tensor-core rates. ``"cpu"`` is not in the catalog: it is the
-target of the CPU engine. Every figure's source is in the entry (``source``/``sources``).
+target of the CPU engine, whose host rates are measured (``pipeline/data/cpu_host.yaml``,
+:func:`cpu_host`). Every figure carries its source: ``sources`` names one per constant
+(:data:`SOURCED_FIELDS`), ``source`` is the main datasheet.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, model_validator
 CPU_TARGET = "cpu"
 MIB = 1 << 20
 GIB = 1 << 30
+#: numeric constants of a catalog entry that must name their source in ``sources`` (when not null).
+SOURCED_FIELDS = ("memory_mib", "memory_gb", "memory_bandwidth_tbs", "bf16_tflops", "fp8_tflops", "fp4_tflops", "int8_tops")
 
 
 class GpuSpec(BaseModel):
@@ -54,6 +58,9 @@ class GpuSpec(BaseModel):
             raise ValueError(f"{self.key}: memory_gib {self.memory_gib} != memory_mib {self.memory_mib} / 1024")
         if self.fp8 != (self.fp8_tflops is not None) or self.fp4 != (self.fp4_tflops is not None):
             raise ValueError(f"{self.key}: fp8/fp4 flags disagree with fp8_tflops/fp4_tflops")
+        missing = [f for f in SOURCED_FIELDS if getattr(self, f) is not None and not self.sources.get(f)]
+        if missing:
+            raise ValueError(f"{self.key}: no source for {', '.join(missing)} (add them under sources:)")
         return self
 
     @property
@@ -81,3 +88,47 @@ def lookup(name: str) -> GpuSpec | None:
         if wanted == spec.key or wanted in (a.lower() for a in spec.aliases):
             return spec
     return None
+
+
+class HostSpec(BaseModel):
+    """This machine's measured rates for the CPU engine (``pipeline/data/cpu_host.yaml``).
+
+    Written by ``scripts/measure_cpu.py``: ``read_bandwidth_gbs`` GB/s (10^9 B/s) at which torch Linear
+    layers stream a model-sized weight set for one token (what a decode step achieves; ``stream_bandwidth_gbs``
+    is the bare ``sum()`` rate, for reference); ``fp32_gflops``/``bf16_gflops`` GFLOP/s of the same Linear
+    layers for 64 tokens; ``engine_step_overhead_ms`` / ``engine_seq_overhead_us`` the CPU engine's time per step and per
+    sequence in a step at (nearly) zero bytes and FLOPs (a same-depth model of tiny width). ``sources``:
+    how each figure was measured; ``measured``: date, library versions, threads.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    cpu_model: str
+    cores: int
+    memory_gib: float
+    measured: str
+    read_bandwidth_gbs: float
+    stream_bandwidth_gbs: float | None = None
+    fp32_gflops: float
+    bf16_gflops: float | None = None
+    engine_step_overhead_ms: float
+    engine_seq_overhead_us: float
+    sources: dict[str, str]
+
+    def gemm_flops(self, dtype_bytes: int) -> float:
+        """FLOP/s of the CPU engine's GEMMs in its compute dtype (4: fp32, 2: bf16 when measured)."""
+        rate = self.bf16_gflops if dtype_bytes == 2 and self.bf16_gflops else self.fp32_gflops
+        return rate * 1e9
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        """Measured read bandwidth in bytes/s."""
+        return self.read_bandwidth_gbs * 1e9
+
+
+@functools.cache
+def cpu_host() -> HostSpec:
+    """The measured host entry (``pipeline/data/cpu_host.yaml``)."""
+    raw = yaml.safe_load(resources.files("pipeline").joinpath("data/cpu_host.yaml").read_text())
+    return HostSpec(**raw)

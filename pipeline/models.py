@@ -15,6 +15,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from pipeline.geometry import hf_rope
+
 
 class ModelGeometry(BaseModel):
     """Shape of a decoder-only transformer, in the names of HF ``config.json``."""
@@ -32,7 +34,25 @@ class ModelGeometry(BaseModel):
     tie_word_embeddings: bool = False
     max_position_embeddings: int | None = None
     torch_dtype: str | None = None
+    hidden_act: str = "silu"
+    rms_norm_eps: float | None = None
+    #: RoPE base θ and scaling as HF config.json (transformers 4.57 form) spells them; None when unknown
+    rope_theta: float | None = None
+    rope_scaling: dict | None = None
     source: str = ""
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: int, *, tp_size: int = 1, pp_size: int = 1) -> int:
+        """KV-cache bytes per token on one rank: 2 (K and V) × ceil(layers / pp) × max(1, kv_heads / tp) ×
+        head_dim × ``kv_dtype_bytes`` (KV heads are replicated when tp > kv_heads). Llama-3.1-8B with an fp8 KV
+        cache: 2 × 32 × 8 × 128 × 1 = 65,536 B per token."""
+        layers = -(-self.num_hidden_layers // pp_size)
+        heads = max(1, self.num_key_value_heads // tp_size)
+        return 2 * layers * heads * self.head_dim * kv_dtype_bytes
+
+    def hf_config(self) -> dict:
+        """The geometry as a HF ``config.json`` dict (transformers 4.57 spelling), for checks that take one."""
+        cfg = {"architectures": [self.architecture], **self.model_dump(exclude={"architecture", "source"})}
+        return {k: v for k, v in cfg.items() if v is not None}
 
     @property
     def linear_input_dims(self) -> tuple[int, ...]:
@@ -81,7 +101,14 @@ def geometry_from_config(config_json: Path) -> ModelGeometry:
 
     Raises ``KeyError``/``ValueError`` when the file lacks a required field.
     """
-    cfg = json.loads(Path(config_json).read_text())
+    return geometry_from_dict(json.loads(Path(config_json).read_text()), source=str(config_json))
+
+
+def geometry_from_dict(cfg: dict, source: str = "") -> ModelGeometry:
+    """Geometry from a parsed HF ``config.json`` (its ``text_config`` for multimodal wrappers).
+
+    Raises ``KeyError``/``ValueError`` when it lacks a required field.
+    """
     cfg = cfg.get("text_config", cfg)
     heads = cfg["num_attention_heads"]
     return ModelGeometry(
@@ -96,8 +123,20 @@ def geometry_from_config(config_json: Path) -> ModelGeometry:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_position_embeddings=cfg.get("max_position_embeddings"),
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
-        source=str(config_json),
+        hidden_act=cfg.get("hidden_act") or "silu",
+        rms_norm_eps=cfg.get("rms_norm_eps"),
+        rope_theta=hf_rope(cfg)[0],
+        rope_scaling=_hf_scaling(cfg),
+        source=source,
     )
+
+
+def _hf_scaling(cfg: dict) -> dict | None:
+    """The HF RoPE scaling in the 4.57 spelling (``rope_type`` + numeric keys), or ``None``."""
+    scaling = hf_rope(cfg)[1]
+    if scaling is None:
+        return None
+    return {"rope_type": scaling["type"], **{k: v for k, v in scaling.items() if k != "type"}}
 
 
 def geometry_for_source(source: str, base_dir: Path | None = None) -> ModelGeometry | None:

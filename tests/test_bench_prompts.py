@@ -86,15 +86,16 @@ def _llmapi_info():
 
 
 def test_llmapi_prompts_leave_room_for_the_special_tokens_the_server_adds(tokenizer):
-    from pipeline.bench.run import BenchConfig, added_special_tokens, make_prompts
+    from pipeline.bench.run import added_special_tokens, make_prompts
+    from pipeline.recipe.bench import BenchSpec
 
     bos = _BosTokenizer(tokenizer)
     assert added_special_tokens(bos) == 1 and added_special_tokens(tokenizer) == 0
-    prompts = make_prompts(BenchConfig(), _llmapi_info(), 20, 3, bos)
+    prompts = make_prompts(BenchSpec(), _llmapi_info(), 20, 3, bos)
     assert [p.num_tokens for p in prompts] == [20] * 3  # what the model sees: BOS + 19
     assert [len(bos.encode(p.text)) for p in prompts] == [20] * 3
     with pytest.raises(UserError, match="ISL 1: model 'tensorrt_llm' adds 1 special token"):
-        make_prompts(BenchConfig(), _llmapi_info(), 1, 3, bos)
+        make_prompts(BenchSpec(), _llmapi_info(), 1, 3, bos)
 
 
 def test_llmapi_request_sends_only_declared_llmapi_inputs():

@@ -19,9 +19,13 @@ import pytest
 
 from pipeline.bench.client import LLMAPI_OSL_WARNING
 from pipeline.bench.fidelity import fidelity_report, reference_response_path, tolerance_ms
-from pipeline.bench.run import BenchConfig, check_outcome, run_bench
+from pipeline.bench.run import check_outcome
+from pipeline.recipe.bench import BenchSpec
+from pipeline.stages import bench
+from pipeline.stages.bench import BenchTarget
 from pipeline.errors import StageError
-from pipeline.serve import TritonServer, free_port
+from pipeline.triton.server import TritonServer
+from support import free_port
 
 pytestmark = pytest.mark.triton
 
@@ -29,6 +33,11 @@ REPO = Path(__file__).resolve().parents[1]
 TIMED_REPO = REPO / "tests" / "data" / "timed_llm_repo"
 TRTPIPE = str(Path(sys.executable).parent / "trtpipe")
 TMP_SMOLLM2 = Path("/tmp/smollm2_hf")
+
+
+def _cli_env() -> dict[str, str]:
+    """The CLI's environment: this checkout's ``pipeline`` first (the venv's editable install may be another)."""
+    return {"COLUMNS": "250", "PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(REPO)}
 
 
 def _server(log: Path) -> TritonServer:
@@ -48,9 +57,9 @@ def response_floor(server):
 
 
 def _fidelity(server, floor, c, out):
-    cfg = BenchConfig(url=server.grpc_url, model="tensorrt_llm", scenarios=[(32, 20)], concurrency=[c],
-                      num_requests=max(3 * c, 16), warmup=min(c, 8), out=out, timeout_s=60, perf_metrics=True, seed=c)
-    run, out = run_bench(cfg)
+    spec = BenchSpec(model="tensorrt_llm", scenarios=[{"isl": 32, "osl": 20}], concurrency=[c], num_requests=max(3 * c, 16), warmup_requests=min(c, 8), request_timeout_s=60, server_timestamps=True, seed=c)
+    run = bench.run(spec, BenchTarget(url=server.grpc_url, out=out))
+    out = run.run_dir
     check_outcome(run, out)
     (row,) = fidelity_report(json.loads((out / "bench.json").read_text()), response_floor_ms=floor)
     return row
@@ -72,16 +81,41 @@ def test_ttft_and_itl_match_the_truth_at_64(server, response_floor, tmp_path):
     assert abs(row["itl_error"]) <= tolerance_ms(row["truth_itl"]), row
 
 
-def test_short_requests_are_detected(server, tmp_path):
-    cfg = BenchConfig(url=server.grpc_url, model="tensorrt_llm_short", scenarios=[(16, 8)], concurrency=[2],
-                      num_requests=6, warmup=1, out=tmp_path / "run")
-    run, out = run_bench(cfg)
-    check_outcome(run, out)  # short is a warning, not a failure
+def test_short_requests_fail_a_forced_osl_run_unless_allowed(server, tmp_path):
+    """tensorrt_llm_short stops at 5 tokens although min_tokens = OSL = 8 was sent."""
+    spec = BenchSpec(model="tensorrt_llm_short", scenarios=[{"isl": 16, "osl": 8}], concurrency=[2], num_requests=6, warmup_requests=1)
+    run = bench.run(spec, BenchTarget(url=server.grpc_url, out=tmp_path / "run"))
+    out = run.run_dir
+    with pytest.raises(StageError) as e:
+        check_outcome(run, out)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("6 request(s) stopped short of the forced OSL") and "3 token(s) short" in msg
+    assert "16:8 c2 #1: 5/8 (−3)" in msg and "--allow-short" in msg
     counts = run.load_points[0]["summary"]["counts"]
     assert counts["short"] == 6 and counts["completed"] == 6 and counts["output_tokens"] == 30
     assert any("fewer than OSL" in w for w in run.warnings)
     row = next(csv_row for csv_row in (out / "summary.csv").read_text().splitlines()[1:])
     assert ",6,6,0,6," in row  # requests, completed, failed, short
+    # the server's sequence_length agrees with the counted output_ids: short, but no count mismatch
+    check = run.load_points[0]["summary"]["osl_check"]
+    assert check["methods"] == ["client", "server"] and check["mismatch"] == 0 and check["mismatch_pct"] == 0.0
+
+    allowed = bench.run(spec.model_copy(update={"allow_short": True}), BenchTarget(url=server.grpc_url, out=tmp_path / "ok"))
+    check_outcome(allowed, allowed.run_dir)  # accepted: short stays a warning
+    assert allowed.load_points[0]["summary"]["counts"]["short"] == 6
+
+
+def test_cli_short_run_exits_1_with_one_line_and_allow_short_exits_0(server, tmp_path):
+    args = [TRTPIPE, "bench", "--url", server.grpc_url, "--model", "tensorrt_llm_short", "--scenario", "16:8",
+            "--concurrency", "2", "--num-requests", "4", "--warmup", "0"]
+    env = _cli_env()
+    p = subprocess.run([*args, "--out", str(tmp_path / "a")], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert p.returncode == 1, p.stderr
+    err = [line for line in p.stderr.splitlines() if "stopped short" in line]
+    assert len(err) == 1 and "5/8 (−3)" in err[0], p.stderr
+    p = subprocess.run([*args, "--allow-short", "--out", str(tmp_path / "b")], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stderr
 
 
 def _smollm2_tokenizer() -> Path:
@@ -94,17 +128,21 @@ def _smollm2_tokenizer() -> Path:
 
 def test_text_interface_exact_isl_and_counted_osl(server, tmp_path):
     tok = _smollm2_tokenizer()
-    cfg = BenchConfig(url=server.grpc_url, model="ensemble", scenarios=[(40, 6)], concurrency=[4], num_requests=8,
-                      warmup=0, tokenizer=tok, out=tmp_path / "run", goodput={"ttft": 1000, "itl": 100})
-    run, out = run_bench(cfg)
+    spec = BenchSpec(model="ensemble", scenarios=[{"isl": 40, "osl": 6}], concurrency=[4], num_requests=8, warmup_requests=0, goodput={"ttft": 1000, "itl": 100})
+    run = bench.run(spec, BenchTarget(url=server.grpc_url, tokenizer=tok, out=tmp_path / "run"))
+    out = run.run_dir
     check_outcome(run, out)
     s = run.load_points[0]["summary"]
     assert s["metrics"]["input_sequence_length"]["min"] == s["metrics"]["input_sequence_length"]["max"] == 40
     assert s["counts"]["output_tokens"] == 48 and s["counts"]["short"] == 0 and s["counts"]["good"] == 8
+    # OSL two ways: the server's num_output_tokens and re-tokenizing the returned text (" a" × 6)
+    assert s["osl_check"]["methods"] == ["client", "retokenized"] and s["osl_check"]["mismatch"] == 0
+    doc = json.loads((out / "bench.json").read_text())
+    assert {r["text_tokens"] for r in doc["requests"]} == {6}
 
 
 def test_llmapi_test_model_declares_the_template_tensors():
-    from pipeline.triton_repo import load_model_config, render_model_config
+    from pipeline.triton.model_config import load_model_config, render_model_config
 
     def tensors(cfg):
         return [[(t.name, t.data_type, list(t.dims), getattr(t, "optional", None)) for t in ts] for ts in (cfg.input, cfg.output)]
@@ -118,9 +156,9 @@ def test_llmapi_test_model_declares_the_template_tensors():
 def test_llmapi_interface_counts_cumulative_text_and_reports_short(server, tmp_path):
     """The LLM-API model streams the whole text so far (pieces of 1, 1, 4, 2, 2 SmolLM2 tokens)."""
     status: list[str] = []
-    cfg = BenchConfig(url=server.grpc_url, model="llmapi_echo", scenarios=[(24, 16), (24, 10)], concurrency=[2],
-                      num_requests=4, warmup=1, tokenizer=_smollm2_tokenizer(), out=tmp_path / "run")
-    run, out = run_bench(cfg, on_status=status.append)
+    spec = BenchSpec(model="llmapi_echo", scenarios=[{"isl": 24, "osl": 16}, {"isl": 24, "osl": 10}], concurrency=[2], num_requests=4, warmup_requests=1)
+    run = bench.run(spec, BenchTarget(url=server.grpc_url, tokenizer=_smollm2_tokenizer(), out=tmp_path / "run"), on_status=status.append)
+    out = run.run_dir
     check_outcome(run, out)  # every request accepted by the model (Triton checks names/dtypes/shapes)
     assert run.info.interface == "llmapi"
     assert [s for s in status if s.startswith("warning:")] == ["warning: " + LLMAPI_OSL_WARNING]
@@ -135,9 +173,9 @@ def test_llmapi_interface_counts_cumulative_text_and_reports_short(server, tmp_p
 
 
 def test_request_timeout_fails_requests_and_closes_streams(server, tmp_path):
-    cfg = BenchConfig(url=server.grpc_url, model="tensorrt_llm", scenarios=[(8, 50)], concurrency=[4], num_requests=4,
-                      warmup=0, timeout_s=0.2, out=tmp_path / "run")
-    run, out = run_bench(cfg)
+    spec = BenchSpec(model="tensorrt_llm", scenarios=[{"isl": 8, "osl": 50}], concurrency=[4], num_requests=4, warmup_requests=0, request_timeout_s=0.2)
+    run = bench.run(spec, BenchTarget(url=server.grpc_url, out=tmp_path / "run"))
+    out = run.run_dir
     assert run.load_points[0]["summary"]["counts"]["failed"] == 4
     assert all(r.error == "timeout after 0.2 s" for r in run.records)
     with pytest.raises(StageError, match="4 request\\(s\\) failed"):
@@ -150,7 +188,7 @@ def test_cli_run_writes_table_json_csv_and_plots(server, tmp_path):
                         "--scenario", "8:4", "--concurrency", "1,4", "--num-requests", "8", "--warmup", "1",
                         "--goodput", "ttft:200,itl:20", "--out", str(out)],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                       env={"COLUMNS": "250", "PATH": str(Path(sys.executable).parent)})
+                       env=_cli_env())
     assert p.returncode == 0, p.stderr
     assert "ISL:OSL 16:8" in p.stdout and "ISL:OSL 8:4" in p.stdout and "goodput" in p.stdout
     rows = (out / "summary.csv").read_text().splitlines()
@@ -159,6 +197,30 @@ def test_cli_run_writes_table_json_csv_and_plots(server, tmp_path):
     doc = json.loads((out / "bench.json").read_text())
     assert doc["environment"]["triton_server"]["version"] == "2.51.0"
     assert len([r for r in doc["requests"] if not r["warmup"]]) == 32
+    # AIPerf's per-request export: one MetricRecordInfo per measured request (aiperf@db4f6397 record_models.py)
+    lines = [json.loads(x) for x in (out / "profile_export.jsonl").read_text().splitlines()]
+    assert len(lines) == 32 and all(set(x) == {"metadata", "metrics", "error"} and x["error"] is None for x in lines)
+    rec = next(x for x in lines if x["metadata"]["scenario"] == "16:8")
+    assert rec["metrics"]["output_sequence_length"] == {"value": 8, "unit": "tokens"}
+    assert len(rec["metrics"]["inter_chunk_latency"]["value"]) == 7  # 8 one-token responses → 7 gaps
+    assert 5.0 < rec["metrics"]["inter_token_latency"]["value"] < 50.0  # the model sends one token per 10 ms
+    meta = rec["metadata"]
+    assert meta["request_start_ns"] < meta["request_ack_ns"] < meta["request_end_ns"] and meta["benchmark_phase"] == "profiling"
+    # aggregated AIPerf files per load point (4 here), none at the top
+    aggs = sorted(p.parent.name for p in (out / "aiperf").glob("*/profile_export_aiperf.json"))
+    assert aggs == ["16x8_c1", "16x8_c4", "8x4_c1", "8x4_c4"] and not (out / "profile_export_aiperf.json").exists()
+    agg = json.loads((out / "aiperf" / "8x4_c4" / "profile_export_aiperf.json").read_text())
+    assert agg["output_sequence_length"]["avg"] == 4 and agg["request_count"] == {"unit": "requests", "avg": 8}
+    assert set(agg["time_to_first_token"]) == {"unit", "avg", "min", "max", "p1", "p5", "p10", "p25", "p50", "p75", "p90",
+                                               "p95", "p99", "std"}
+    head = (out / "aiperf" / "8x4_c4" / "profile_export_aiperf.csv").read_text().splitlines()[0]
+    assert head == "Metric,avg,min,max,p1,p5,p10,p25,p50,p75,p90,p95,p99,std"
+    # vLLM-style block and the definitions table in bench.json
+    v = doc["load_points"][0]["vllm"]
+    assert v["completed"] == 8 and v["total_output_tokens"] == 64 and v["max_concurrency"] == 1
+    assert v["mean_itl_ms"] == doc["load_points"][0]["summary"]["metrics"]["inter_chunk_latency"]["avg"]
+    assert doc["definitions"]["inter_chunk_latency"]["vllm"] == "ITL"
+    assert doc["definitions"]["inter_token_latency"]["aiperf"] == "inter_token_latency"
 
 
 def test_cli_text_model_without_tokenizer_is_one_clear_error(server, tmp_path):
@@ -243,3 +305,28 @@ def test_ctrl_c_stops_cleanly_writes_results_and_releases_the_server(tmp_path):
     doc = json.loads((out / "bench.json").read_text())
     assert doc["status"]["interrupted"] and doc["load_points"][0]["summary"]["counts"]["requests"] >= 4
     assert rc == 0 and stop_s < 4.0, (rc, stop_s)
+
+
+def test_server_metrics_deltas_from_triton_prometheus(server, tmp_path):
+    """Triton's /metrics scraped before and after the measured phase: its request count is the bench's."""
+    spec = BenchSpec(model="tensorrt_llm", scenarios=[{"isl": 16, "osl": 8}], concurrency=[1, 4], num_requests=12, warmup_requests=2)
+    run = bench.run(spec, BenchTarget(url=server.grpc_url, out=tmp_path / "run", metrics_url=server.metrics_url))
+    check_outcome(run, run.run_dir)
+    for point in run.load_points:
+        sm = point["server_metrics"]
+        assert sm["url"] == server.metrics_url
+        assert sm["counters"]["request_success"] == 12 and sm["counters"].get("request_failure", 0) == 0, sm
+        # the python-backend model returns from execute() at once (a thread streams): compute ≪ the 120 ms request
+        assert 0 <= sm["queue_ms_per_request"] < 50 and 0 <= sm["compute_infer_ms_per_request"] < 50, sm
+        assert sm["trt_llm"] == {}  # no TensorRT-LLM backend on the CPU Triton
+    doc = json.loads((run.run_dir / "bench.json").read_text())
+    assert doc["load_points"][1]["server_metrics"]["counters"]["request_success"] == 12
+
+
+def test_unreachable_metrics_url_is_a_note_not_a_failure(server, tmp_path):
+    spec = BenchSpec(model="tensorrt_llm", scenarios=[{"isl": 8, "osl": 4}], concurrency=[1], num_requests=2, warmup_requests=0)
+    bad = f"http://127.0.0.1:{free_port()}/metrics"
+    run = bench.run(spec, BenchTarget(url=server.grpc_url, out=tmp_path / "run", metrics_url=bad))
+    check_outcome(run, run.run_dir)
+    assert "server_metrics" not in run.load_points[0]
+    assert any(n.startswith(f"server metrics not scraped: {bad}") for n in run.notes)

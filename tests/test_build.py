@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build import run_build
+from pipeline.stages.build import run as run_build
 from pipeline.recipe import load_recipe
-from pipeline.triton_repo import load_model_config
+from pipeline.triton.model_config import load_model_config
 
 REPO = Path(__file__).resolve().parents[1]
 FAKES = REPO / "tests" / "fakes"

@@ -51,8 +51,12 @@ def test_parquet_column(tmp_path: Path) -> None:
         calib.open_source("d.parquet", text_field=None, base_dir=tmp_path, seed=0)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pyarrow") is not None, reason="pyarrow is installed")
-def test_parquet_without_pyarrow_is_one_clear_error(tmp_path: Path) -> None:
+def test_parquet_without_pyarrow_is_one_clear_error(tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    for name in [m for m in sys.modules if m == "pyarrow" or m.startswith("pyarrow.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if the extra were not installed: import fails
     (tmp_path / "d.parquet").write_bytes(b"PAR1")
     with pytest.raises(UserError, match=r"needs pyarrow: pip install 'trtpipe\[parquet\]'"):
         calib.open_source("d.parquet", text_field=None, base_dir=tmp_path, seed=0)

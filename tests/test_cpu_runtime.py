@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.artifacts import StageResult
+from pipeline.layout import BuildLayout
 from pipeline.cpu_runtime.engine import CpuEngine
-from pipeline.cpu_runtime.testing import quantized_stage
+from support import quantized_stage
 from pipeline.engine import cpu as cpu_stage
 from pipeline.recipe import load_recipe
 
@@ -27,7 +27,7 @@ END_ID = 2  # SmolLM2 <|im_end|> (= its eos and pad token)
 def engine_dir() -> Path:
     q = quantized_stage(FIXTURES, "fp8", kv_cache_dtype="fp8")
     recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.max_batch_size=8"])
-    return cpu_stage.run(recipe, FIXTURES / "engine-fp8-bs8", quantized=q).path
+    return cpu_stage.run(recipe, BuildLayout(FIXTURES / "build-fp8-bs8"), quantized=q).path
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +228,7 @@ def test_throughput_1_vs_16_concurrent(tok) -> None:
     """ISL ~100, OSL 64: 16 concurrent requests must give far more tokens/s than one (prints figures)."""
     q = quantized_stage(FIXTURES, "fp8", kv_cache_dtype="fp8")
     recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml")  # max_batch_size 32
-    eng = CpuEngine(cpu_stage.run(recipe, FIXTURES / "engine-fp8", quantized=q).path, num_threads=2)
+    eng = CpuEngine(cpu_stage.run(recipe, BuildLayout(FIXTURES / "build-fp8"), quantized=q).path, num_threads=2)
     try:
         ids = _prompt(tok, "The history of the city " * 20)[:100]
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,9 @@ TEXT = "naïve café — 東京 🚀 and  two  spaces, Ünïcödé!"
 
 @pytest.fixture(scope="module")
 def tok_dir() -> Path:
-    from pipeline.cpu_runtime.testing import smollm2_hf_dir
+    from support import smollm2_hf_dir
 
-    return smollm2_hf_dir(Path(os.environ["TRTPIPE_CACHE_DIR"]))
+    return smollm2_hf_dir()
 
 
 @pytest.fixture(scope="module")

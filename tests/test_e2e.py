@@ -1,13 +1,13 @@
-"""The main job end to end on the embedded CPU default, as a user runs it (README quickstart):
+"""The main job end to end on the embedded CPU default:
 
-    trtpipe build recipes/smollm2_135m_cpu_fp8.yaml   (the session fixture ``cpu_build``)
-    trtpipe serve --detach                             (the last build, real Triton)
-    trtpipe bench --isl 100 --osl N --concurrency …    (real gRPC streaming through ``ensemble``)
-    trtpipe serve --stop
+    trtpipe build recipes/smollm2_135m_cpu_fp8.yaml   (the session fixture ``cpu_build``, a CLI subprocess;
+                                                       rebuilt here to check every stage is reused)
+    pipeline.stages.serve.run(build)                   (real Triton, free ports)
+    pipeline.stages.bench.run(spec, target)            (real gRPC streaming through ``ensemble``)
 
-Every command runs as a subprocess from the build's working directory, so the defaults
-(``artifacts/.last_build``, the build's tokenizer and bench model) are the ones a user gets.
-Smaller OSL and request counts than the quickstart keep the default test run short.
+serve and bench are called as stage functions, as a sweep calls them (the CLI shells over them are tested
+in test_serve.py and test_bench_triton.py). Smaller OSL and request counts than the quickstart keep the
+default test run short.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline.triton_server import free_port
+from pipeline.bench.run import check_outcome
+from pipeline.layout import BuildLayout
+from pipeline.stages import bench, serve
+from support import free_port
 
 TRTPIPE = str(Path(sys.executable).parent / "trtpipe")
 ISL, OSL = 100, 48
@@ -49,20 +52,21 @@ def test_build_serve_bench_stop_on_the_cpu_default(cpu_build: Path, tmp_path: Pa
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("reused (inputs") == 3, again.stdout
 
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    up = trtpipe("serve", "--detach", "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                 cwd=work)
-    assert up.returncode == 0, up.stdout + up.stderr
-    assert "ready in" in up.stdout
-    pid = json.loads((work / "artifacts" / "serve.json").read_text())["pid"]
-    try:
+    # serve and bench through the stage functions (what `trtpipe serve` / `trtpipe bench` and a sweep call)
+    layout = BuildLayout(cpu_build)
+    options = serve.ServeOptions(http_port=None, grpc_port=None, metrics_port=None, ready_timeout_s=240)
+    with serve.run(layout, options) as handle:
+        pid = handle.server.pid
+        assert {m["name"] for m in handle.models()} >= {"ensemble", "tensorrt_llm"}
+        spec = bench.with_overrides(bench.spec_for(None, layout), {
+            "scenarios": [{"isl": ISL, "osl": OSL}], "concurrency": [1, 4], "num_requests": 4, "warmup_requests": 1})
         out = tmp_path / "run"
-        bench = trtpipe("bench", "--url", f"127.0.0.1:{grpc}", "--isl", str(ISL), "--osl", str(OSL),
-                        "--concurrency", "1,4", "--num-requests", "4", "--warmup", "1", "--out", str(out), cwd=work)
-        assert bench.returncode == 0, bench.stdout + bench.stderr
-        assert f"ISL:OSL {ISL}:{OSL}" in bench.stdout and "c4" in bench.stdout
+        result = bench.run(spec, bench.BenchTarget(url=handle.grpc_url, layout=layout, out=out))
+        check_outcome(result)
+        assert result.run_dir == out
         doc = json.loads((out / "bench.json").read_text())
         assert doc["config"]["model"] == "ensemble"  # the build's recipe default
+        assert doc["environment"]["build"]["dir"] == str(cpu_build)
         measured = [r for r in doc["requests"] if not r["warmup"]]
         assert len(measured) == 8
         # exact ISL and exact OSL for every request
@@ -75,6 +79,30 @@ def test_build_serve_bench_stop_on_the_cpu_default(cpu_build: Path, tmp_path: Pa
         # in-flight batching: 4 concurrent requests give more output tokens/s than 1
         tput = {p["load"]: p["summary"]["metrics"]["output_token_throughput"] for p in doc["load_points"]}
         assert tput["c4"] > 1.3 * tput["c1"], tput
+    assert handle.server.proc.returncode is not None  # stopped on leaving the block
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.triton
+def test_cli_serve_detach_bench_stop_on_the_cpu_default(cpu_build: Path, tmp_path: Path):
+    """The same job as a user types it, from the build's working directory: the defaults
+    (``artifacts/.last_build``, the build's tokenizer and bench model) are the ones a user gets."""
+    work = cpu_build.parent.parent  # the directory the build ran in (holds artifacts/)
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    up = trtpipe("serve", "--detach", "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                 cwd=work)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "ready in" in up.stdout
+    pid = json.loads((work / "artifacts" / "serve.json").read_text())["pid"]
+    try:
+        out = tmp_path / "run"
+        run = trtpipe("bench", "--url", f"127.0.0.1:{grpc}", "--isl", str(ISL), "--osl", "16",
+                      "--concurrency", "4", "--num-requests", "4", "--warmup", "0", "--out", str(out), cwd=work)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert f"ISL:OSL {ISL}:16" in run.stdout and "c4" in run.stdout
+        doc = json.loads((out / "bench.json").read_text())
+        assert doc["config"]["model"] == "ensemble"  # the build's recipe default
+        assert {r["output_tokens"] for r in doc["requests"]} == {16}
     finally:
         down = trtpipe("serve", "--stop", cwd=work, timeout=120)
     assert down.returncode == 0, down.stderr

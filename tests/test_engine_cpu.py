@@ -1,6 +1,6 @@
 """The ``build.engine: cpu`` stage and the dequantization it relies on, on real ModelOpt exports.
 
-Fixture exports come from :mod:`pipeline.cpu_runtime.testing` (ModelOpt PTQ of SmolLM2-135M on CPU,
+Fixture exports come from tests/support.py (ModelOpt PTQ of SmolLM2-135M on CPU,
 cached under the repo-local ``.trtpipe-cache/``; first FP8 run ~1 min, later runs reuse it).
 """
 
@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.artifacts import StageResult, sha256_file
+from pipeline.artifacts import sha256_file
+from pipeline.layout import BuildLayout
+from pipeline.stages.results import EngineResult, QuantizeResult
 from pipeline.cpu_runtime import dequant
-from pipeline.cpu_runtime.testing import quantized_stage
+from support import quantized_stage
 from pipeline.engine import cpu as cpu_stage
 from pipeline.errors import UserError
 from pipeline.recipe import load_recipe
@@ -31,11 +33,11 @@ def _one_thread():
 
 
 @pytest.fixture(scope="session")
-def fp8_export() -> StageResult:
+def fp8_export() -> QuantizeResult:
     return quantized_stage(FIXTURES, "fp8", kv_cache_dtype="fp8")
 
 
-def _assert_matches_fakequant(export: StageResult, step_of) -> None:
+def _assert_matches_fakequant(export: QuantizeResult, step_of) -> None:
     """Every dequantized Linear equals ModelOpt's fake-quant weight, except at rounding ties.
 
     ModelOpt's fake-quant kernels round halfway cases away from zero; the export's torch casts
@@ -60,7 +62,7 @@ def _assert_matches_fakequant(export: StageResult, step_of) -> None:
         assert ((d - r).norm() / r.norm()) < 1e-2, name  # vs ~3 % (FP8) / ~13 % (INT4) quantization error
 
 
-def test_dequant_fp8_matches_modelopt_fakequant(fp8_export: StageResult) -> None:
+def test_dequant_fp8_matches_modelopt_fakequant(fp8_export: QuantizeResult) -> None:
     from safetensors import safe_open
 
     h = safe_open(str(fp8_export.path / "hf_ckpt" / "model.safetensors"), "pt")
@@ -134,11 +136,11 @@ def _recipe(*overrides: str):
 
 
 @pytest.fixture(scope="session")
-def fp8_engine(fp8_export: StageResult) -> StageResult:
-    return cpu_stage.run(_recipe(), FIXTURES / "engine-fp8", quantized=fp8_export)
+def fp8_engine(fp8_export: QuantizeResult) -> EngineResult:
+    return cpu_stage.run(_recipe(), BuildLayout(FIXTURES / "build-fp8"), quantized=fp8_export)
 
 
-def test_stage_writes_engine_dir(fp8_engine: StageResult, fp8_export: StageResult) -> None:
+def test_stage_writes_engine_dir(fp8_engine: EngineResult, fp8_export: QuantizeResult) -> None:
     d = fp8_engine.path
     for f in ("model.safetensors", "config.json", "engine_config.json", "tokenizer.json", "manifest.json"):
         assert (d / f).is_file(), f
@@ -159,7 +161,7 @@ def test_stage_writes_engine_dir(fp8_engine: StageResult, fp8_export: StageResul
     assert m["timings_s"]["total"] > 0 and m["peak_rss_bytes"] > 0
 
 
-def test_engine_dir_loads_offline_and_answers(fp8_engine: StageResult) -> None:
+def test_engine_dir_loads_offline_and_answers(fp8_engine: EngineResult) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(fp8_engine.path, local_files_only=True)
@@ -171,49 +173,36 @@ def test_engine_dir_loads_offline_and_answers(fp8_engine: StageResult) -> None:
     assert "Paris" in text, text
 
 
-def test_stage_reuses_and_rebuilds(fp8_engine: StageResult, fp8_export: StageResult, tmp_path: Path) -> None:
-    again = cpu_stage.run(_recipe(), fp8_engine.path, quantized=fp8_export)
+def test_stage_reuses_and_rebuilds(fp8_engine: EngineResult, fp8_export: QuantizeResult, tmp_path: Path) -> None:
+    again = cpu_stage.run(_recipe(), BuildLayout(fp8_engine.path.parent), quantized=fp8_export)
     assert again.cached and again.manifest["cache_key"] == fp8_engine.manifest["cache_key"]
     # a changed build section (not the weights) rebuilds: dry-run to keep it cheap
-    out = tmp_path / "engine"
-    a = cpu_stage.run(_recipe("build.max_batch_size=8"), out, quantized=fp8_export, dry_run=True)
+    out = BuildLayout(tmp_path).engine
+    a = cpu_stage.run(_recipe("build.max_batch_size=8"), BuildLayout(out.parent), quantized=fp8_export, dry_run=True)
     assert not a.cached and json.loads((out / "engine_config.json").read_text())["max_batch_size"] == 8
     assert not (out / "model.safetensors").exists()
-    assert cpu_stage.run(_recipe("build.max_batch_size=8"), out, quantized=fp8_export, dry_run=True).cached
-    b = cpu_stage.run(_recipe("build.max_batch_size=4"), out, quantized=fp8_export, dry_run=True)
+    assert cpu_stage.run(_recipe("build.max_batch_size=8"), BuildLayout(out.parent), quantized=fp8_export, dry_run=True).cached
+    b = cpu_stage.run(_recipe("build.max_batch_size=4"), BuildLayout(out.parent), quantized=fp8_export, dry_run=True)
     assert not b.cached and b.manifest["cache_key"] != a.manifest["cache_key"]
-    assert not cpu_stage.run(_recipe("build.max_batch_size=4"), out, quantized=fp8_export, dry_run=True, force=True).cached
+    assert not cpu_stage.run(_recipe("build.max_batch_size=4"), BuildLayout(out.parent), quantized=fp8_export, dry_run=True, force=True).cached
 
 
-def test_stage_rejects_kv_pool_smaller_than_a_sequence(fp8_export: StageResult, tmp_path: Path) -> None:
+def test_stage_rejects_kv_pool_smaller_than_a_sequence(fp8_export: QuantizeResult, tmp_path: Path) -> None:
     with pytest.raises(UserError, match="max_tokens 512 is smaller than max_seq_len 1024"):
-        cpu_stage.run(_recipe("build.kv_cache_config.max_tokens=512"), tmp_path / "e", quantized=fp8_export, dry_run=True)
-    assert not (tmp_path / "e").exists()
-
-
-@pytest.mark.parametrize("override, field", [
-    ("build.kv_cache_config.enable_block_reuse=true", "build.kv_cache_config.enable_block_reuse"),
-    ("build.kv_cache_config.max_attention_window=256", "build.kv_cache_config.max_attention_window"),
-    ("build.kv_cache_config.host_cache_size=1000000", "build.kv_cache_config.host_cache_size"),
-    ("build.scheduler_config.capacity_scheduler_policy=MAX_UTILIZATION", "capacity_scheduler_policy"),
-])
-def test_stage_refuses_what_the_cpu_engine_cannot_honour(fp8_export: StageResult, tmp_path: Path, override, field) -> None:
-    with pytest.raises(UserError, match=field) as e:
-        cpu_stage.run(_recipe(override), tmp_path / "e", quantized=fp8_export, dry_run=True)
-    assert "\n" not in str(e.value)
-    assert not (tmp_path / "e").exists()
+        cpu_stage.run(_recipe("build.kv_cache_config.max_tokens=512"), BuildLayout(tmp_path / "b"), quantized=fp8_export, dry_run=True)
+    assert not (tmp_path / "b").exists()
 
 
 @pytest.mark.slow
 def test_stage_on_the_real_quantize_stage_output(tmp_path: Path) -> None:
     """End to end with the quantize stage itself (pipeline.quantize), small calibration."""
-    from pipeline import quantize
+    from pipeline.stages import quantize
 
     small = ["quantization.calibration.size=8", "quantization.calibration.max_seq_length=64",
              "quantization.calibration.batch_size=8", "quantization.calibration.eval_samples=2"]
     recipe = _recipe(*small)
-    q = quantize.run(recipe, tmp_path / "quantize", recipe_dir=FP8_RECIPE.parent)
-    e = cpu_stage.run(recipe, tmp_path / "engine", quantized=q)
+    q = quantize.run(recipe, BuildLayout(tmp_path), recipe_dir=FP8_RECIPE.parent)
+    e = cpu_stage.run(recipe, BuildLayout(tmp_path), quantized=q)
     assert e.manifest["inputs"]["quantize_cache_key"] == q.manifest["cache_key"]
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.artifacts import StageResult, read_manifest
+from pipeline.artifacts import read_manifest
+from pipeline.layout import BuildLayout
+from pipeline.stages.results import QuantizeResult
 from pipeline.engine import contract
 from pipeline.engine import pytorch as pt
 from pipeline.errors import StageError
@@ -18,12 +20,12 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "llama31_8b_h200_fp8_pytorch.yaml"
 
 
-def quantized(tmp_path: Path, *, hf_config: dict | None = None) -> StageResult:
+def quantized(tmp_path: Path, *, hf_config: dict | None = None) -> QuantizeResult:
     qdir = tmp_path / "quantize"
     (qdir / "hf_ckpt").mkdir(parents=True, exist_ok=True)
     if hf_config is not None:
         (qdir / "hf_ckpt" / "config.json").write_text(json.dumps(hf_config))
-    return StageResult("quantize", qdir, {"cache_key": "q-key", "stage": "quantize"})
+    return QuantizeResult(qdir, {"cache_key": "q-key", "stage": "quantize", "status": "built"})
 
 
 HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096,
@@ -67,20 +69,20 @@ def test_max_seq_len_resolved_from_checkpoint(tmp_path):
 
 def test_run_writes_yaml_json_and_manifest(tmp_path):
     recipe = load_recipe(RECIPE)
-    res = pt.run(recipe, tmp_path / "engine", quantized=quantized(tmp_path, hf_config=HF_CONFIG))
+    res = pt.run(recipe, BuildLayout(tmp_path), quantized=quantized(tmp_path, hf_config=HF_CONFIG))
     from_yaml = yaml.safe_load((res.path / pt.CONFIG_YAML).read_text())
     from_json = json.loads((res.path / pt.CONFIG_JSON).read_text())
     assert from_yaml == from_json == res.manifest["llm_api_kwargs"]
     m = read_manifest(res.path)
-    assert m["engine_kind"] == "pytorch" and m["status"] == "configured" and m["checkpoint"]["present"]
+    assert m["engine_kind"] == "pytorch" and m["status"] == "built" and m["checkpoint"]["present"]
     assert Path(from_json["model"]) == (tmp_path / "quantize" / "hf_ckpt").resolve()
     assert any(k.startswith("build.plugins") for k in m["ignored_knobs"])  # recipe sets multiple_profiles
-    assert pt.run(recipe, tmp_path / "engine", quantized=quantized(tmp_path, hf_config=HF_CONFIG)).cached
+    assert pt.run(recipe, BuildLayout(tmp_path), quantized=quantized(tmp_path, hf_config=HF_CONFIG)).cached
 
 
 def test_dry_run_without_checkpoint_and_refusal_without_it(tmp_path):
     recipe = load_recipe(RECIPE)
-    res = pt.run(recipe, tmp_path / "engine", quantized=quantized(tmp_path), dry_run=True)
+    res = pt.run(recipe, BuildLayout(tmp_path), quantized=quantized(tmp_path), dry_run=True)
     assert res.manifest["status"] == "dry_run" and not res.manifest["checkpoint"]["present"]
     with pytest.raises(StageError, match="no unified HF checkpoint"):
-        pt.run(recipe, tmp_path / "engine2", quantized=quantized(tmp_path))
+        pt.run(recipe, BuildLayout(tmp_path / "b2"), quantized=quantized(tmp_path))

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifacts import StageResult, read_manifest, sha256_file
+from pipeline.artifacts import read_manifest, sha256_file
+from pipeline.layout import BuildLayout
+from pipeline.stages.results import QuantizeResult
 from pipeline.engine import contract
 from pipeline.engine import tensorrt as trt
 from pipeline.errors import MissingToolError, StageError, UserError
@@ -53,8 +55,8 @@ def no_tools(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", _path_with(empty))
 
 
-def quantized(tmp_path: Path, recipe, *, with_checkpoint: bool) -> StageResult:
-    """A quantize StageResult; with a TensorRT-LLM checkpoint (config.json + placeholder rank files) if asked."""
+def quantized(tmp_path: Path, recipe, *, with_checkpoint: bool) -> QuantizeResult:
+    """A quantize result; with a TensorRT-LLM checkpoint (config.json + placeholder rank files) if asked."""
     qdir = tmp_path / "quantize"
     qdir.mkdir(exist_ok=True)
     if with_checkpoint:
@@ -64,7 +66,7 @@ def quantized(tmp_path: Path, recipe, *, with_checkpoint: bool) -> StageResult:
         (ckpt / "config.json").write_text(json.dumps(cfg))
         for r in range(recipe.target.world_size):
             (ckpt / f"rank{r}.safetensors").write_bytes(b"placeholder weights")
-    return StageResult("quantize", qdir, {"cache_key": "q-key", "stage": "quantize"})
+    return QuantizeResult(qdir, {"cache_key": "q-key", "stage": "quantize", "status": "built"})
 
 
 def _geometry(recipe):
@@ -98,7 +100,7 @@ def test_command_uses_only_table_flags_each_once(path, tmp_path):
 @pytest.mark.parametrize("path", GPU_RECIPES, ids=IDS)
 def test_run_with_fake_builds_engine_matching_recipe(path, tmp_path, fake_tools):
     recipe = load_recipe(path)
-    res = trt.run(recipe, tmp_path / "engine", quantized=quantized(tmp_path, recipe, with_checkpoint=True))
+    res = trt.run(recipe, BuildLayout(tmp_path), quantized=quantized(tmp_path, recipe, with_checkpoint=True))
     m = res.manifest
     assert m["status"] == "built" and m["engine_kind"] == "tensorrt"
     engine_dir = res.path / m["engine_dir"]
@@ -129,7 +131,7 @@ def test_run_with_fake_builds_engine_matching_recipe(path, tmp_path, fake_tools)
 @pytest.mark.parametrize("path", GPU_RECIPES, ids=IDS)
 def test_dry_run_script_passes_fake_via_model_config(path, tmp_path, fake_tools):
     recipe = load_recipe(path)
-    res = trt.run(recipe, tmp_path / "engine", quantized=quantized(tmp_path, recipe, with_checkpoint=False), dry_run=True)
+    res = trt.run(recipe, BuildLayout(tmp_path), quantized=quantized(tmp_path, recipe, with_checkpoint=False), dry_run=True)
     assert res.manifest["status"] == "dry_run"
     assert res.manifest["command"][1:3] == ["--model_config", trt.MODEL_CONFIG]
     ckpt_cfg = json.loads((res.path / trt.MODEL_CONFIG).read_text())
@@ -158,7 +160,7 @@ def test_predicted_adjustments_agree_with_fake(path, tmp_path, fake_tools):
 
 def test_build_config_json_is_accepted_by_fake(tmp_path, fake_tools):
     recipe = load_recipe(GPU_RECIPES[0])
-    res = trt.run(recipe, tmp_path / "engine", quantized=quantized(tmp_path, recipe, with_checkpoint=False), dry_run=True)
+    res = trt.run(recipe, BuildLayout(tmp_path), quantized=quantized(tmp_path, recipe, with_checkpoint=False), dry_run=True)
     bc = json.loads((res.path / trt.BUILD_CONFIG).read_text())
     assert set(contract.contract()["build_config"]["required_keys"]) <= set(bc)
     tb = contract.contract()["trtllm_build"]
@@ -201,7 +203,7 @@ def test_missing_tool_writes_command_then_raises(tmp_path, no_tools):
     recipe = load_recipe(GPU_RECIPES[0])
     out_dir = tmp_path / "engine"
     with pytest.raises(MissingToolError, match="trtllm-build is not on PATH") as e:
-        trt.run(recipe, out_dir, quantized=quantized(tmp_path, recipe, with_checkpoint=True))
+        trt.run(recipe, BuildLayout(tmp_path), quantized=quantized(tmp_path, recipe, with_checkpoint=True))
     assert e.value.exit_code == 3
     assert (out_dir / trt.SCRIPT).is_file() and (out_dir / trt.BUILD_CONFIG).is_file()
     m = read_manifest(out_dir)
@@ -211,7 +213,7 @@ def test_missing_tool_writes_command_then_raises(tmp_path, no_tools):
 
 def test_dry_run_without_tool_returns_and_resolves_max_seq_len(tmp_path, no_tools):
     recipe = load_recipe(GPU_RECIPES[0], ["build.max_seq_len=null"])
-    res = trt.run(recipe, tmp_path / "engine", quantized=quantized(tmp_path, recipe, with_checkpoint=False), dry_run=True)
+    res = trt.run(recipe, BuildLayout(tmp_path), quantized=quantized(tmp_path, recipe, with_checkpoint=False), dry_run=True)
     argv = res.manifest["command"]
     assert argv[argv.index("--max_seq_len") + 1] == str(_geometry(recipe).max_position_embeddings)
     assert json.loads((res.path / trt.BUILD_CONFIG).read_text())["max_seq_len"] == _geometry(recipe).max_position_embeddings
@@ -220,14 +222,14 @@ def test_dry_run_without_tool_returns_and_resolves_max_seq_len(tmp_path, no_tool
 def test_real_build_without_checkpoint_is_refused(tmp_path, fake_tools):
     recipe = load_recipe(GPU_RECIPES[0])
     with pytest.raises(UserError, match="no TensorRT-LLM checkpoint"):
-        trt.run(recipe, tmp_path / "engine", quantized=quantized(tmp_path, recipe, with_checkpoint=False))
+        trt.run(recipe, BuildLayout(tmp_path), quantized=quantized(tmp_path, recipe, with_checkpoint=False))
 
 
 def test_failed_build_raises_and_keeps_log(tmp_path, fake_tools, monkeypatch):
     monkeypatch.setenv("FAKE_TRTLLM_BUILD_FAIL", "1")
     recipe = load_recipe(GPU_RECIPES[0])
     with pytest.raises(StageError, match="exited with status 1"):
-        trt.run(recipe, tmp_path / "engine", quantized=quantized(tmp_path, recipe, with_checkpoint=True))
+        trt.run(recipe, BuildLayout(tmp_path), quantized=quantized(tmp_path, recipe, with_checkpoint=True))
     assert not (tmp_path / "engine").exists()
     assert "FAKE_TRTLLM_BUILD_FAIL" in (tmp_path / "engine.build-failed.log").read_text()
 
@@ -235,18 +237,18 @@ def test_failed_build_raises_and_keeps_log(tmp_path, fake_tools, monkeypatch):
 def test_cache_reuse_and_force(tmp_path, fake_tools):
     recipe = load_recipe(GPU_RECIPES[0])
     q = quantized(tmp_path, recipe, with_checkpoint=True)
-    first = trt.run(recipe, tmp_path / "engine", quantized=q)
-    again = trt.run(recipe, tmp_path / "engine", quantized=q)
+    first = trt.run(recipe, BuildLayout(tmp_path), quantized=q)
+    again = trt.run(recipe, BuildLayout(tmp_path), quantized=q)
     assert again.cached and again.manifest["cache_key"] == first.manifest["cache_key"]
-    assert not trt.run(recipe, tmp_path / "engine", quantized=q, force=True).cached
+    assert not trt.run(recipe, BuildLayout(tmp_path), quantized=q, force=True).cached
     other = load_recipe(GPU_RECIPES[0], ["build.max_batch_size=64"])
-    assert not trt.run(other, tmp_path / "engine", quantized=q).cached
+    assert not trt.run(other, BuildLayout(tmp_path), quantized=q).cached
 
 
 # ------------------------------------------------------------------------------ serve-time checks
 def test_check_engine_compatible(tmp_path, fake_tools):
     recipe = load_recipe(GPU_RECIPES[0])
-    res = trt.run(recipe, tmp_path / "engine", quantized=quantized(tmp_path, recipe, with_checkpoint=True))
+    res = trt.run(recipe, BuildLayout(tmp_path), quantized=quantized(tmp_path, recipe, with_checkpoint=True))
     m = res.manifest
     ok = {"tensorrt_llm": "1.2.1", "tensorrt": m["versions"]["tensorrt"], "gpus": [{"name": "NVIDIA H200", "compute_capability": "9.0"}]}
     assert trt.check_engine_compatible(m, ok, stage_dir=res.path) == []

@@ -58,3 +58,22 @@ def test_inconsistent_entry_is_rejected():
     g["memory_gib"] = 24.0  # the datasheet figure, not memory_mib / 1024
     with pytest.raises(ValueError, match="memory_gib"):
         gpus.GpuSpec(**g)
+
+
+@pytest.mark.parametrize("key", REQUIRED)
+def test_every_constant_names_its_source(key):
+    """Each numeric constant of an entry carries its own source: a URL, a datasheet or a stated derivation."""
+    g = gpus.catalog()[key]
+    for field in gpus.SOURCED_FIELDS:
+        if getattr(g, field) is None:
+            continue
+        src = g.sources.get(field, "")
+        assert src, f"{key}.{field} has no source"
+        assert "http" in src or "derived" in src or "assumed" in src, f"{key}.{field}: {src!r} names no URL nor derivation"
+
+
+def test_entry_without_a_source_is_rejected():
+    g = gpus.catalog()["h200"].model_dump()
+    g["sources"] = {k: v for k, v in g["sources"].items() if k != "memory_bandwidth_tbs"}
+    with pytest.raises(ValueError, match="no source for memory_bandwidth_tbs"):
+        gpus.GpuSpec(**g)

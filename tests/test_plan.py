@@ -209,7 +209,7 @@ def test_geometry_from_a_local_config_json(tmp_path):
     assert geo.num_parameters == TOY.num_parameters and geo.torch_dtype == "float32"
     r = load_recipe(A100_LLAMA, [f"model.source={tmp_path}", "model.dtype=auto", "build.max_input_len=128",
                                  "build.max_seq_len=256", "build.max_num_tokens=256",
-                                 "bench.scenarios=[{isl: 100, osl: 100}]"])
+                                 "bench.scenarios=[{isl: 100, osl: 100}]", "quantization.calibration.max_seq_length=128"])
     plan = plan_recipe(r)
     # fp32 checkpoint → float16 (quantize.py), lm_head copy in the engine
     assert plan.memory.weights.model_dtype_bytes == 2

@@ -15,7 +15,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pipeline import quantize
+from pipeline import ptq
+from pipeline.layout import BuildLayout
+from pipeline.stages import quantize
 from pipeline.errors import UserError
 from pipeline.recipe import load_recipe
 from pipeline.sources import SMOLLM2_GGUF_SHA256
@@ -46,7 +48,7 @@ def fp8(tmp_path_factory, smollm2_dir, quant_one_thread):
     recipe = load_recipe(RECIPES / "smollm2_135m_cpu_fp8.yaml", SMALL)
     out = tmp_path_factory.mktemp("fp8") / "quantize"
     t = time.perf_counter()
-    res = quantize.run(recipe, out, recipe_dir=RECIPES)
+    res = quantize.run(recipe, BuildLayout(out.parent), recipe_dir=RECIPES)
     return recipe, res, time.perf_counter() - t
 
 
@@ -65,7 +67,7 @@ def test_fp8_trtllm_checkpoint(fp8, original) -> None:
         for s in ("weights_scaling_factor", "activation_scaling_factor"):
             assert w[f"{layer}.{name}.{s}"].dtype == torch.float32 and w[f"{layer}.{name}.{s}"].item() > 0
     assert w[f"{layer}.attention.kv_cache_scaling_factor"].item() > 0
-    # dequantized fused qkv vs the original q/k/v: FP8 e4m3 error is a few percent (cpu-stack.md §3: ≈2.7 %)
+    # dequantized fused qkv vs the original q/k/v: FP8 e4m3 error is a few percent (docs/reference/cpu-stack.md §3: ≈2.7 %)
     ref = torch.cat([original[f"model.layers.3.self_attn.{p}_proj.weight"] for p in "qkv"])
     err = _rel_err(qkv.float() * w[f"{layer}.attention.qkv.weights_scaling_factor"], ref)
     assert 0.005 < err < 0.06, err
@@ -101,7 +103,7 @@ def test_fp8_quality_report_and_manifest(fp8) -> None:
     assert 0.0 < qual["kl_mean_nats"] < 1.0
     assert 0.5 < qual["top1_agreement"] <= 1.0
     assert m["quantizers"]["enabled"] == {"input": 210, "k_bmm": 30, "v_bmm": 30, "weight": 210}
-    assert m["exported"] == {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"} and m["dry_run"] is False
+    assert m["exported"] == {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"} and m["status"] == "built"
     assert m["source"]["content_hash"] == SMOLLM2_GGUF_SHA256 and m["source"]["kind"] == "embedded"
     assert m["recipe_hash"] == quantize.recipe_hash(recipe)
     assert set(m["timings_s"]) == {"load", "calibrate", "evaluate", "export_trtllm", "export_hf", "total"}
@@ -114,7 +116,7 @@ def test_rerun_reuses_result(fp8) -> None:
     recipe, res, first_s = fp8
     stamp = (res.path / "manifest.json").stat().st_mtime_ns
     t = time.perf_counter()
-    again = quantize.run(recipe, res.path, recipe_dir=RECIPES)
+    again = quantize.run(recipe, BuildLayout(res.path.parent), recipe_dir=RECIPES)
     assert again.cached and again.manifest == res.manifest
     assert (res.path / "manifest.json").stat().st_mtime_ns == stamp
     assert time.perf_counter() - t < min(10.0, first_s / 3)
@@ -126,9 +128,9 @@ def test_rerun_reuses_result(fp8) -> None:
 def test_interrupted_run_leaves_nothing(tmp_path: Path, smollm2_dir) -> None:
     """SIGINT during the run: no out_dir, no temp dir (atomic_dir cleans up on KeyboardInterrupt)."""
     out = tmp_path / "quantize"
-    code = ("import sys; from pathlib import Path; from pipeline.recipe import load_recipe; from pipeline import quantize;"
+    code = ("import sys; from pathlib import Path; from pipeline.recipe import load_recipe; from pipeline.stages import quantize;"
             f"r = load_recipe({str(RECIPES / 'smollm2_135m_cpu_fp8.yaml')!r}, {SMALL!r});"
-            f"quantize.run(r, Path({str(out)!r}), recipe_dir=Path({str(RECIPES)!r}))")
+            f"from pipeline.layout import BuildLayout; quantize.run(r, BuildLayout(Path({str(out.parent)!r})), recipe_dir=Path({str(RECIPES)!r}))")
     env = os.environ | {"TRTPIPE_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -153,7 +155,7 @@ def test_interrupted_run_leaves_nothing(tmp_path: Path, smollm2_dir) -> None:
 def test_dry_run_gpu_recipe_writes_quantize_command(tmp_path: Path) -> None:
     recipe = load_recipe(RECIPES / "llama31_8b_l40s_int4_awq.yaml")
     t = time.perf_counter()
-    res = quantize.run(recipe, tmp_path / "quantize", recipe_dir=RECIPES, dry_run=True)
+    res = quantize.run(recipe, BuildLayout(tmp_path), recipe_dir=RECIPES, dry_run=True)
     assert time.perf_counter() - t < 5.0  # no model, no ModelOpt
     script = (res.path / "quantize_command.sh").read_text()
     for flag in ("--model_dir meta-llama/Llama-3.1-8B-Instruct", "--dtype bfloat16", "--qformat int4_awq",
@@ -164,16 +166,28 @@ def test_dry_run_gpu_recipe_writes_quantize_command(tmp_path: Path) -> None:
     assert os.access(res.path / "quantize_command.sh", os.X_OK)
     subprocess.run(["bash", "-n", str(res.path / "quantize_command.sh")], check=True, timeout=30)
     m = res.manifest
-    assert m["dry_run"] is True and m["exported"] == {"quant_algo": "W4A16_AWQ", "kv_cache_quant_algo": "FP8"}
+    assert m["status"] == "dry_run" and m["exported"] == {"quant_algo": "W4A16_AWQ", "kv_cache_quant_algo": "FP8"}
     assert not (res.path / "trtllm_ckpt").exists()
-    assert quantize.run(recipe, tmp_path / "quantize", recipe_dir=RECIPES, dry_run=True).cached
+    assert quantize.run(recipe, BuildLayout(tmp_path), recipe_dir=RECIPES, dry_run=True).cached
 
 
 def test_gpu_recipe_without_weights_is_a_user_error(tmp_path: Path) -> None:
     recipe = load_recipe(RECIPES / "llama31_8b_h200_fp8.yaml")
     with pytest.raises(UserError, match="hf download meta-llama/Llama-3.1-8B-Instruct"):
-        quantize.run(recipe, tmp_path / "quantize", recipe_dir=RECIPES)
+        quantize.run(recipe, BuildLayout(tmp_path), recipe_dir=RECIPES)
     assert not (tmp_path / "quantize").exists()
+
+
+def _quantizer_entries(quant_cfg) -> dict:
+    """``{quantizer wildcard: attributes}`` of a ModelOpt ``quant_cfg``: a list of entries (0.47) or a dict (0.37);
+    the last entry of a name wins, as ModelOpt applies them in order."""
+    if isinstance(quant_cfg, dict):
+        return dict(quant_cfg)
+    out = {}
+    for e in quant_cfg:
+        if "parent_class" not in e:
+            out[e["quantizer_name"]] = e.get("cfg") if "cfg" in e else {"enable": e.get("enable")}
+    return out
 
 
 def test_quant_config_copies_modelopt_constants() -> None:
@@ -181,16 +195,16 @@ def test_quant_config_copies_modelopt_constants() -> None:
 
     before = json.dumps(mtq.INT4_AWQ_CFG, default=str)
     r = load_recipe(RECIPES / "smollm2_135m_cpu_int4_awq.yaml")
-    cfg = quantize.quant_config(r)
+    cfg = ptq.quant_config(r.quantization)
     assert json.dumps(mtq.INT4_AWQ_CFG, default=str) == before  # module constant untouched
-    entries = {e["quantizer_name"]: e for e in cfg["quant_cfg"] if "parent_class" not in e}
-    assert entries["*weight_quantizer"]["cfg"]["block_sizes"][-1] == 64
-    assert entries["*[kv]_bmm_quantizer"]["cfg"]["num_bits"] == (4, 3)
+    entries = _quantizer_entries(cfg["quant_cfg"])
+    assert entries["*weight_quantizer"]["block_sizes"][-1] == 64
+    assert entries["*[kv]_bmm_quantizer"]["num_bits"] == (4, 3)
+    assert entries["*input_quantizer"]["enable"] is False  # INT4 AWQ weights only: the KV merge switched nothing else
     r8 = load_recipe(RECIPES / "llama31_8b_a100_int8_sq.yaml")
-    kv = [e for e in quantize.quant_config(r8)["quant_cfg"] if e["quantizer_name"] == "*[kv]_bmm_quantizer"]
-    assert kv[-1]["cfg"]["num_bits"] == 8
+    assert _quantizer_entries(ptq.quant_config(r8.quantization)["quant_cfg"])["*[kv]_bmm_quantizer"]["num_bits"] == 8
     full = load_recipe(RECIPES / "smollm2_135m_cpu_fp8.yaml", ["quantization.qformat=full_prec", "quantization.kv_cache_dtype=none"])
-    assert quantize.quant_config(full) is None
+    assert ptq.quant_config(full.quantization) is None
 
 
 @pytest.mark.slow
@@ -198,7 +212,7 @@ def test_int4_awq_quantize_and_export(tmp_path: Path, original, quant_one_thread
     recipe = load_recipe(RECIPES / "smollm2_135m_cpu_int4_awq.yaml", [
         "quantization.calibration.size=4", "quantization.calibration.max_seq_length=64",
         "quantization.calibration.batch_size=4", "quantization.calibration.eval_samples=2"])
-    res = quantize.run(recipe, tmp_path / "quantize", recipe_dir=RECIPES)
+    res = quantize.run(recipe, BuildLayout(tmp_path), recipe_dir=RECIPES)
     cfg = json.loads((res.path / "trtllm_ckpt" / "config.json").read_text())["quantization"]
     assert cfg["quant_algo"] == "W4A16_AWQ" and cfg["group_size"] == 64 and cfg["pre_quant_scale"] is True
     w = _tensors(res.path / "hf_ckpt" / "model.safetensors")
@@ -212,9 +226,9 @@ def test_int4_awq_quantize_and_export(tmp_path: Path, original, quant_one_thread
 
 def test_full_prec_still_exports_both_checkpoints(tmp_path: Path, original, quant_one_thread) -> None:
     recipe = load_recipe(RECIPES / "smollm2_135m_cpu_fp8.yaml", [
-        "quantization.qformat=full_prec", "quantization.kv_cache_dtype=none", "quantization.calibration.size=1",
+        "quantization.qformat=full_prec", "quantization.kv_cache_dtype=none", "quantization.calibration.size=1", "quantization.calibration.batch_size=1",
         "quantization.calibration.max_seq_length=32", "quantization.calibration.eval_samples=2"])
-    res = quantize.run(recipe, tmp_path / "quantize", recipe_dir=RECIPES)
+    res = quantize.run(recipe, BuildLayout(tmp_path), recipe_dir=RECIPES)
     m = res.manifest
     assert m["exported"] == {"quant_algo": None, "kv_cache_quant_algo": None}
     assert m["quantizers"]["enabled_total"] == 0 and m["timings_s"]["calibrate"] < 1.0

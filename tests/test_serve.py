@@ -25,10 +25,13 @@ import numpy as np
 import psutil
 import pytest
 
-from pipeline import serve as srv
+from pipeline.layout import BuildLayout
+from pipeline.stages import serve as srv
 from pipeline.errors import IncompatibleArtifactError, StageError, UserError
-from pipeline.serve import TritonServer, free_port
-from pipeline.triton_server import TritonInstall, cpu_triton, shm_regions, triton_command
+from pipeline.triton.server import TritonServer
+from support import free_port
+from pipeline.triton.process import shm_regions
+from pipeline.triton.server import TritonInstall, cpu_triton, triton_command
 
 REPO = Path(__file__).resolve().parents[1]
 ECHO_REPO = REPO / "tests" / "data" / "echo_repo"
@@ -107,19 +110,19 @@ def test_cpu_triton_prepares_backend_dir_once(tmp_path):
 
 def test_resolve_target(tmp_path):
     with pytest.raises(UserError, match="run `trtpipe build RECIPE` first"):
-        srv.resolve_target(None, root=tmp_path / "artifacts")
+        srv.ServeTarget.resolve(None, root=tmp_path / "artifacts")
     build = tmp_path / "artifacts" / "b"
     (build / "engine").mkdir(parents=True)
     with pytest.raises(UserError, match="no model repository at .*triton_repo: run `trtpipe build"):
-        srv.resolve_target(build)
+        srv.ServeTarget.resolve(build)
     shutil.copytree(ECHO_REPO, build / "triton_repo")
-    assert srv.resolve_target(build) == (build / "triton_repo", build)
-    assert srv.resolve_target(ECHO_REPO) == (ECHO_REPO, None)
+    assert srv.ServeTarget.resolve(build) == srv.ServeTarget(build / "triton_repo", BuildLayout(build))
+    assert srv.ServeTarget.resolve(ECHO_REPO) == srv.ServeTarget(ECHO_REPO, None)
     with pytest.raises(UserError, match="neither a build directory nor a Triton model repository"):
-        srv.resolve_target(tmp_path)
+        srv.ServeTarget.resolve(tmp_path)
     recipe = REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"
     with pytest.raises(UserError, match="artifacts/smollm2_135m_cpu_fp8/triton_repo"):
-        srv.resolve_target(recipe, root=tmp_path / "artifacts")
+        srv.ServeTarget.resolve(recipe, root=tmp_path / "artifacts")
 
 
 def _trtllm_build(tmp_path: Path) -> Path:
@@ -127,15 +130,15 @@ def _trtllm_build(tmp_path: Path) -> Path:
     (build / "triton_repo" / "tensorrt_llm").mkdir(parents=True)
     (build / "triton_repo" / "tensorrt_llm" / "config.pbtxt").write_text('name: "tensorrt_llm"\nbackend: "tensorrtllm"\n')
     (build / "engine").mkdir()
-    (build / "engine" / "manifest.json").write_text(json.dumps({"stage": "engine", "status": "built", "world_size": 2}))
+    (build / "engine" / "manifest.json").write_text(json.dumps({"stage": "engine", "cache_key": "k", "engine_kind": "tensorrt", "status": "built", "world_size": 2}))
     return build
 
 
 def test_check_runtime_refuses_gpu_repo_on_cpu_triton(tmp_path):
     build = _trtllm_build(tmp_path)
     with pytest.raises(IncompatibleArtifactError, match="tensorrtllm backend"):
-        srv.check_runtime(build / "triton_repo", build, TritonInstall(kind="cpu", binary=Path("tritonserver")))
-    assert srv.build_world_size(build) == 2
+        srv.check_runtime(srv.ServeTarget.resolve(build), TritonInstall(kind="cpu", binary=Path("tritonserver")))
+    assert srv.ServeTarget.resolve(build).world_size == 2
 
 
 def test_check_runtime_refuses_engine_mismatch_on_gpu(tmp_path, monkeypatch):
@@ -150,13 +153,59 @@ def test_check_runtime_refuses_engine_mismatch_on_gpu(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pipeline.engine.tensorrt", fake)
     gpu = TritonInstall(kind="gpu", binary=Path("/opt/tritonserver/bin/tritonserver"))
     with pytest.raises(IncompatibleArtifactError, match="does not match this runtime: engine built with TensorRT-LLM 1.2.1"):
-        srv.check_runtime(build / "triton_repo", build, gpu)
+        srv.check_runtime(srv.ServeTarget.resolve(build), gpu)
     assert seen["stage_dir"] == build / "engine" and seen["manifest"]["world_size"] == 2
     fake.runtime_facts = lambda: {"tensorrt_llm": "1.2.1"}
-    assert srv.check_runtime(build / "triton_repo", build, gpu) == []
+    assert srv.check_runtime(srv.ServeTarget.resolve(build), gpu) == []
+    # a container whose TensorRT-LLM is not the release matrix's target is named, with the image to use
+    fake.runtime_facts = lambda: {"tensorrt_llm": "1.1.0"}
+    (build / "engine" / "manifest.json").unlink()
+    (warning,) = srv.check_runtime(srv.ServeTarget.resolve(build), gpu)
+    from pipeline.release import default_release
+    assert "TensorRT-LLM 1.1.0" in warning and default_release().image in warning
+
+
+def test_non_loopback_host_needs_an_admin_key():
+    with pytest.raises(UserError, match="--host 0.0.0.0 exposes Triton's administrative APIs .* set --admin-key"):
+        srv.ServeOptions(host="0.0.0.0").restricted_api_args()
+    assert srv.ServeOptions(host="127.0.0.1").restricted_api_args() == []
+    args = srv.ServeOptions(host="0.0.0.0", admin_key="s3cret").restricted_api_args()
+    assert args == [f"--http-restricted-api=model-repository,shared-memory,logging,trace:{srv.ADMIN_HEADER}=s3cret",
+                    f"--grpc-restricted-protocol=model-repository,shared-memory,logging,trace:{srv.ADMIN_HEADER}=s3cret"]
 
 
 # ---------------------------------------------------------------------- real Triton
+@pytest.mark.triton
+def test_exposed_server_refuses_admin_apis_without_the_key(tmp_path):
+    """Bound to all interfaces: a shared-memory registration without the key is refused, with it accepted;
+    inference needs no key."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.utils.shared_memory as shm
+    from tritonclient.utils import InferenceServerException
+
+    options = srv.ServeOptions(host="0.0.0.0", admin_key="s3cret", http_port=None, grpc_port=None, metrics_port=None,
+                               log_file=tmp_path / "triton.log", ready_timeout_s=60)
+    region = shm.create_shared_memory_region("trtpipe_test_region", f"/trtpipe_test_{os.getpid()}", 64)
+    try:
+        with srv.run(ECHO_REPO, options) as handle:
+            client = grpcclient.InferenceServerClient(handle.grpc_url)
+            with pytest.raises(InferenceServerException, match="protocol is restricted"):
+                client.register_system_shared_memory("r", f"/trtpipe_test_{os.getpid()}", 64)
+            with pytest.raises(InferenceServerException, match="protocol is restricted"):  # a wrong key
+                client.register_system_shared_memory("r", f"/trtpipe_test_{os.getpid()}", 64,
+                                                     headers={srv.GRPC_ADMIN_HEADER: "guess"})
+            key = {srv.GRPC_ADMIN_HEADER: "s3cret"}
+            client.register_system_shared_memory("r", f"/trtpipe_test_{os.getpid()}", 64, headers=key)
+            assert client.get_system_shared_memory_status(headers=key, as_json=True)["regions"]["r"]["byte_size"] == "64"
+            client.unregister_system_shared_memory("r", headers=key)
+            x = grpcclient.InferInput("IN", [2], "INT32")
+            x.set_data_from_numpy(np.array([5, 6], dtype=np.int32))
+            assert [int(r.as_numpy("OUT")[0]) for r in _stream(client, "echo", [x])] == [5, 6]
+            client.close()
+    finally:
+        shm.destroy_shared_memory_region(region)
+
+
 @pytest.mark.triton
 def test_echo_stream_metadata_and_clean_stop(tmp_path):
     import tritonclient.grpc as grpcclient
@@ -228,7 +277,7 @@ def test_server_dies_with_a_killed_parent(tmp_path):
     """A process that started a server and is SIGKILLed leaves no orphaned server or stub behind."""
     p = _ports()
     code = (
-        "import sys, time; from pathlib import Path; from pipeline.serve import TritonServer\n"
+        "import sys, time; from pathlib import Path; from pipeline.triton.server import TritonServer\n"
         f"s = TritonServer(Path({str(ECHO_REPO)!r}), log_file=Path({str(tmp_path / 't.log')!r}), "
         f"http_port={p['http_port']}, grpc_port={p['grpc_port']}, metrics_port={p['metrics_port']})\n"
         "s.start(); s.wait_ready(60); print(s.pid, s.shm_prefix, flush=True); time.sleep(120)\n"
@@ -330,7 +379,7 @@ def test_cpu_deployment_health_metadata_and_streams(tmp_path, cpu_build):
     """The built SmolLM2 CPU repository: health, metadata, one stream via ensemble, one via tensorrt_llm."""
     import tritonclient.grpc as grpcclient
 
-    repo, _ = srv.resolve_target(cpu_build)
+    repo = srv.ServeTarget.resolve(cpu_build).repo
     with TritonServer(repo, log_file=tmp_path / "triton.log", ready_timeout_s=240, **_ports()) as server:
         rss_mib = server.rss_bytes() / 2**20
         pids = [server.pid, *(c.pid for c in psutil.Process(server.pid).children(recursive=True))]

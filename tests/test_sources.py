@@ -25,7 +25,7 @@ def test_embedded_resolves_to_converted_checkpoint(smollm2_dir: Path, tmp_path: 
     assert src.hf_dir.parent == artifacts.cache_dir() / "models"
     assert src.hf_dir.name == f"smollm2-135m-instruct-{SMOLLM2_GGUF_SHA256[:12]}"
     cfg = json.loads((src.hf_dir / "config.json").read_text())
-    # traps of cpu-stack.md §4: explicit rope_theta / tokenizer_class for transformers 4.57
+    # traps of docs/reference/cpu-stack.md §4: explicit rope_theta / tokenizer_class for transformers 4.57
     assert cfg["rope_theta"] == 100000.0
     assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["num_hidden_layers"] == 30

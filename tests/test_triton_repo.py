@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from pipeline import triton_repo
-from pipeline.artifacts import StageResult
+from pipeline.stages import triton_repo
+from pipeline.triton import model_config
+from pipeline.layout import BuildLayout
+from pipeline.stages.results import EngineResult, QuantizeResult
 from pipeline.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
-# Reference /work/shared/reference/triton-model-repository.md §3.4 (name → (data type, dims)).
+# Reference docs/reference/triton-model-repository.md §3.4 (name → (data type, dims)).
 TRTLLM_INPUTS = {
     "input_ids": ("TYPE_INT32", [-1]), "input_lengths": ("TYPE_INT32", [1]), "request_output_len": ("TYPE_INT32", [1]),
     "end_id": ("TYPE_INT32", [1]), "pad_id": ("TYPE_INT32", [1]), "streaming": ("TYPE_BOOL", [1]),
@@ -70,21 +70,28 @@ def fake_stages(tmp: Path, kind: str):
     if kind == "pytorch":
         (eng / "llm_api_config.yaml").write_text(yaml.safe_dump({"model": str(hf), "backend": "pytorch",
                                                                   "kv_cache_config": {"free_gpu_memory_fraction": 0.9}}))
-    return (StageResult("quantize", hf.parent, {"cache_key": "q"}), StageResult("engine", eng, {"cache_key": "e"}))
+    return (QuantizeResult(hf.parent, {"stage": "quantize", "cache_key": "q", "status": "built"}),
+            EngineResult(eng, {"stage": "engine", "cache_key": "e", "status": "built", "engine_kind": kind}))
 
 
 RECIPES = {"tensorrt": "llama31_8b_h200_fp8", "cpu": "smollm2_135m_cpu_fp8", "pytorch": "llama31_8b_h200_fp8_pytorch"}
 
 
-@pytest.fixture(params=sorted(RECIPES))
+ALL_KINDS = pytest.mark.parametrize("built", sorted(RECIPES), indirect=True)
+IFB_KINDS = pytest.mark.parametrize("built", ["cpu", "tensorrt"], indirect=True)  # the inflight_batcher_llm layout
+LLMAPI_KIND = pytest.mark.parametrize("built", ["pytorch"], indirect=True)
+
+
+@pytest.fixture
 def built(request, tmp_path):
     kind = request.param
     recipe = load_recipe(REPO / "recipes" / f"{RECIPES[kind]}.yaml")
     q, e = fake_stages(tmp_path, kind)
-    res = triton_repo.run(recipe, tmp_path / "repo", quantized=q, engine=e)
+    res = triton_repo.run(recipe, BuildLayout(tmp_path / "build"), quantized=q, engine=e)
     return kind, recipe, res, (q, e)
 
 
+@ALL_KINDS
 def test_every_config_parses_and_has_no_placeholder(built):
     kind, recipe, res, _ = built
     expected = ["tensorrt_llm"] if kind == "pytorch" else ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm", "tensorrt_llm_bls"]
@@ -92,29 +99,33 @@ def test_every_config_parses_and_has_no_placeholder(built):
     for name in expected:
         text = (res.path / name / "config.pbtxt").read_text()
         assert not any(m in text for m in ("${", "{{", "{%")), name
-        cfg = triton_repo.load_model_config(res.path / name)
+        cfg = model_config.load_model_config(res.path / name)
         assert cfg.name == name
         if name != "ensemble":
             assert cfg.model_transaction_policy.decoupled == (name in ("tensorrt_llm", "tensorrt_llm_bls"))
 
 
+@LLMAPI_KIND
+def test_llmapi_tensor_names_and_types_match_reference(built):
+    kind, recipe, res, _ = built
+    cfg = model_config.load_model_config(res.path / "tensorrt_llm")
+    assert tensors(cfg.input)["text_input"] == ("TYPE_STRING", [-1])
+    assert tensors(cfg.input)["sampling_param_max_tokens"] == ("TYPE_INT32", [1])
+    assert "text_output" in tensors(cfg.output)
+
+
+@IFB_KINDS
 def test_tensor_names_and_types_match_reference(built):
     kind, recipe, res, _ = built
-    if kind == "pytorch":
-        cfg = triton_repo.load_model_config(res.path / "tensorrt_llm")
-        assert tensors(cfg.input)["text_input"] == ("TYPE_STRING", [-1])
-        assert tensors(cfg.input)["sampling_param_max_tokens"] == ("TYPE_INT32", [1])
-        assert "text_output" in tensors(cfg.output)
-        return
-    trt = triton_repo.load_model_config(res.path / "tensorrt_llm")
+    trt = model_config.load_model_config(res.path / "tensorrt_llm")
     assert TRTLLM_INPUTS.items() <= tensors(trt.input).items()
     assert TRTLLM_OUTPUTS.items() <= tensors(trt.output).items()
     assert [i.name for i in trt.input if not i.optional] == ["input_lengths", "request_output_len"]
     for model in ("ensemble", "tensorrt_llm_bls"):
-        cfg = triton_repo.load_model_config(res.path / model)
+        cfg = model_config.load_model_config(res.path / model)
         assert TEXT_INPUTS.items() <= tensors(cfg.input).items(), model
         assert TEXT_OUTPUTS.items() <= tensors(cfg.output).items(), model
-    ens = triton_repo.load_model_config(res.path / "ensemble")
+    ens = model_config.load_model_config(res.path / "ensemble")
     steps = {s.model_name: s for s in ens.ensemble_scheduling.step}
     assert {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "END_ID": "end_id"}.items() <= dict(
         steps["preprocessing"].input_map).items()
@@ -128,37 +139,36 @@ def test_tensor_names_and_types_match_reference(built):
     assert set(dict(steps["postprocessing"].input_map).values()) == {"_TOKENS_BATCH", "_SEQUENCE_LENGTH"}
 
 
+@IFB_KINDS
 def test_parameters_come_from_the_recipe(built):
     kind, recipe, res, (q, e) = built
-    if kind == "pytorch":
-        return
-    p = params(triton_repo.load_model_config(res.path / "tensorrt_llm"))
+    p = params(model_config.load_model_config(res.path / "tensorrt_llm"))
     kv = recipe.build.kv_cache_config
     assert p["gpt_model_path"] == str(e.path.resolve())
-    if kind == "cpu":  # only what the CPU model reads (it refuses any other key)
-        src = (res.path / "tensorrt_llm" / "1" / "model.py").read_text()
-        declared = src[src.index("PARAMETERS = ("):src.index(")", src.index("PARAMETERS = ("))]
-        assert set(p) <= {k for k in triton_repo.layouts()["layouts"]["cpu"]["parameters"] if f'"{k}"' in declared}
-        assert "gpt_model_type" not in p and "stats_check_period_ms" not in p
-    else:
-        assert p["gpt_model_type"] == "inflight_fused_batching"
-    assert p["kv_cache_free_gpu_mem_fraction"] == str(kv.free_gpu_memory_fraction)
-    assert p["enable_kv_cache_reuse"] == str(kv.enable_block_reuse).lower()
-    assert p["batch_scheduler_policy"] == "guaranteed_no_evict"
-    assert p["enable_chunked_context"] == str(recipe.build.enable_chunked_prefill).lower()
     assert p["exclude_input_in_output"] == "true"
-    assert ("max_tokens_in_paged_kv_cache" in p) == (kv.max_tokens is not None)
-    trt = triton_repo.load_model_config(res.path / "tensorrt_llm")
+    if kind == "tensorrt":  # the C++ backend's runtime knobs
+        assert p["gpt_model_type"] == "inflight_fused_batching"
+        assert p["kv_cache_free_gpu_mem_fraction"] == str(kv.free_gpu_memory_fraction)
+        assert p["enable_kv_cache_reuse"] == str(kv.enable_block_reuse).lower()
+        assert p["batch_scheduler_policy"] == "guaranteed_no_evict"
+        assert p["enable_chunked_context"] == str(recipe.build.enable_chunked_prefill).lower()
+        assert ("max_tokens_in_paged_kv_cache" in p) == (kv.max_tokens is not None)
+    else:  # the CPU model's config carries exactly the parameters its model.py reads
+        import re
+
+        reads = set(re.findall(r'get_param\(\s*raw,\s*"(\w+)"', (REPO / "triton_repo" / "models" / "tensorrt_llm_cpu" / "model.py").read_text()))
+        assert set(p) <= reads and reads - set(p) <= {"cpu_num_threads"}, (set(p), reads)
+    trt = model_config.load_model_config(res.path / "tensorrt_llm")
     assert trt.backend == ("tensorrtllm" if kind == "tensorrt" else "python")
     assert trt.max_batch_size == recipe.triton_max_batch_size
     assert ("executor_worker_path" in p) == (kind == "tensorrt")
     assert (res.path / "tensorrt_llm" / "1" / "model.py").exists() == (kind == "cpu")
-    pre = triton_repo.load_model_config(res.path / "preprocessing")
+    pre = model_config.load_model_config(res.path / "preprocessing")
     assert params(pre) == {"tokenizer_dir": "../preprocessing/tokenizer", "add_special_tokens": "true"}
     assert (res.path / "preprocessing" / "tokenizer" / "tokenizer.json").is_file()
     assert pre.instance_group[0].count == recipe.serving.preprocessing_instance_count
-    assert triton_repo.load_model_config(res.path / "postprocessing").instance_group[0].count == 1
-    bls = params(triton_repo.load_model_config(res.path / "tensorrt_llm_bls"))
+    assert model_config.load_model_config(res.path / "postprocessing").instance_group[0].count == 1
+    bls = params(model_config.load_model_config(res.path / "tensorrt_llm_bls"))
     assert bls["accumulate_tokens"] == "true" and bls["tensorrt_llm_model_name"] == "tensorrt_llm"
     for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
         assert {"model.py", "_common.py", "detokenize.py", "tokenizer.py"} <= {p.name for p in (res.path / model / "1").iterdir()}
@@ -171,29 +181,29 @@ def test_translation_single_function(tmp_path):
     p = triton_repo.tensorrt_llm_parameters(recipe, tmp_path)
     assert (p["max_tokens_in_paged_kv_cache"], p["kv_cache_free_gpu_mem_fraction"], p["batch_scheduler_policy"],
             p["enable_kv_cache_reuse"]) == ("4096", "0.5", "max_utilization", "false")
-    src = (REPO / "pipeline" / "triton_repo.py").read_text()
+    src = (REPO / "pipeline" / "stages" / "triton_repo.py").read_text()
     assert src.count('"kv_cache_free_gpu_mem_fraction"') == 1 and src.count('"max_tokens_in_paged_kv_cache"') == 1
 
 
+@LLMAPI_KIND
 def test_llmapi_layout(built):
     kind, recipe, res, _ = built
-    if kind != "pytorch":
-        return
     v = res.path / "tensorrt_llm" / "1"
     cfg = yaml.safe_load((v / "model.yaml").read_text())
     assert cfg["backend"] == "pytorch" and cfg["triton_config"] == {
         "max_batch_size": 0, "decoupled": True, "cancellation_check_period_ms": 100}
     assert os.readlink(v / "model.py") == "/app/all_models/llmapi/tensorrt_llm/1/model.py"
     assert res.manifest["llmapi_model_py_source"] == "/app/all_models/llmapi/tensorrt_llm/1"
-    assert triton_repo.load_model_config(res.path / "tensorrt_llm").max_batch_size == 0
+    assert model_config.load_model_config(res.path / "tensorrt_llm").max_batch_size == 0
 
 
+@ALL_KINDS
 def test_cache_reuse_and_invalidation(built, tmp_path):
     kind, recipe, res, (q, e) = built
-    again = triton_repo.run(recipe, res.path, quantized=q, engine=e)
+    again = triton_repo.run(recipe, BuildLayout(res.path.parent), quantized=q, engine=e)
     assert again.cached and again.manifest["cache_key"] == res.manifest["cache_key"]
     other = load_recipe(REPO / "recipes" / f"{RECIPES[kind]}.yaml", ["serving.max_queue_delay_microseconds=7"])
-    assert not triton_repo.run(other, res.path, quantized=q, engine=e).cached
+    assert not triton_repo.run(other, BuildLayout(res.path.parent), quantized=q, engine=e).cached
 
 
 def test_unknown_field_fails_at_generation_time(monkeypatch):
@@ -202,29 +212,23 @@ def test_unknown_field_fails_at_generation_time(monkeypatch):
     from pipeline.errors import StageError
 
     with pytest.raises(StageError, match="undefined"):
-        triton_repo.render_model_config("postprocessing", max_batch_size=1, parameters={})
+        model_config.render_model_config("postprocessing", max_batch_size=1, parameters={})
     # a value cannot inject fields: it is escaped into the string
-    cfg = triton_repo.render_model_config("postprocessing", max_batch_size=1, instance_count=1,
+    cfg = model_config.render_model_config("postprocessing", max_batch_size=1, instance_count=1,
                                           parameters={'k" } bogus_field: { x': "1"})
     assert 'k" } bogus_field: { x' in cfg.parameters
     templates = {"bad.pbtxt.j2": 'name: "x"\nbogus_field: 1\n', "enum.pbtxt.j2": 'input [ { name: "a" data_type: TYPE_INT33 } ]',
                  "left.pbtxt.j2": 'name: "${engine_dir}"'}
     env = jinja2.Environment(loader=jinja2.DictLoader(templates), undefined=jinja2.StrictUndefined)
-    monkeypatch.setattr(triton_repo, "_jinja_env", lambda: env)
+    monkeypatch.setattr(model_config, "_jinja_env", lambda: env)
     for name in ("bad", "enum"):
         with pytest.raises(StageError, match="not a valid ModelConfig"):
-            triton_repo.render_model_config(name)
+            model_config.render_model_config(name)
     with pytest.raises(StageError, match="placeholder"):
-        triton_repo.render_model_config("left")
+        model_config.render_model_config("left")
 
 
 # ------------------------------------------------------------------------------- real Triton
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _stream(url, model, inputs, outputs, request_id):
@@ -263,19 +267,19 @@ def _in(name, arr, dtype):
 def test_real_triton_streams_through_all_three_models(tmp_path):
     from transformers import AutoTokenizer
 
-    from pipeline.cpu_runtime.testing import quantized_stage
+    from support import quantized_stage
     from pipeline.engine import cpu as engine_cpu
-    from pipeline.serve import TritonServer
+    from pipeline.triton.server import TritonServer
 
     cache = Path(os.environ["TRTPIPE_CACHE_DIR"])
     recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.cpu.num_threads=1"])
     q = quantized_stage(cache)
-    e = engine_cpu.run(recipe, cache / "triton-test-engine", quantized=q)
-    repo = triton_repo.run(recipe, tmp_path / "triton_repo", quantized=q, engine=e).path
+    e = engine_cpu.run(recipe, BuildLayout(cache / "triton-test-build"), quantized=q)
+    repo = triton_repo.run(recipe, BuildLayout(tmp_path), quantized=q, engine=e).path
     tok = AutoTokenizer.from_pretrained(repo / "preprocessing" / "tokenizer")
     prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-    ports = {"http_port": _free_port(), "grpc_port": _free_port(), "metrics_port": _free_port()}
-    with TritonServer(repo, log_file=tmp_path / "triton.log", ready_timeout_s=300, **ports) as srv:
+    with TritonServer(repo, log_file=tmp_path / "triton.log", ready_timeout_s=300, http_port=None, grpc_port=None,
+                      metrics_port=None) as srv:
         text_inputs = [
             _in("text_input", np.array([[prompt.encode()]], dtype=object), "BYTES"),
             _in("max_tokens", np.array([[24]], dtype=np.int32), "INT32"),

@@ -28,7 +28,7 @@ Three interfaces, told apart by the model's declared inputs (:func:`detect_inter
   ``triton_backend/all_models/llmapi/tensorrt_llm/1/model.py``), so the client keeps only the
   latest text and its length per response, and the tokens are counted after the run.
 
-Tensor names and dtypes: reference triton-model-repository.md §3.4 (token/text) and §3.7 (llmapi).
+Tensor names and dtypes: docs/reference/triton-model-repository.md §3.4 (token/text) and §3.7 (llmapi).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from pipeline.errors import UserError
 #: streams per gRPC channel before another channel is opened (HTTP/2 concurrent-stream headroom)
 STREAMS_PER_CHANNEL = 128
 #: ``end_id`` that no sampled token can equal, so EOS never ends a request early (NVIDIA's GH200
-#: gptManagerBenchmark recipe used ``--eos_id -1``; benchmark-metrics.md §5.2); min_tokens = OSL too
+#: gptManagerBenchmark recipe used ``--eos_id -1``; docs/reference/benchmark-metrics.md §5.2); min_tokens = OSL too
 NEVER_END_ID = -1
 #: interfaces whose requests carry text (``text_input``) and need a tokenizer for exact-ISL prompts
 TEXT_INTERFACES = ("text", "llmapi")
@@ -168,21 +168,26 @@ def _add(req: service_pb2.ModelInferRequest, name: str, datatype: str, arr: np.n
 
 
 def build_request(
-    info: ModelInfo, prompt: Prompt, osl: int, *, request_id: str, ignore_eos: bool = True, perf_metrics: bool = False
+    info: ModelInfo, prompt: Prompt, osl: int, *, request_id: str, ignore_eos: bool = True, perf_metrics: bool = False,
+    exact_osl: bool = True,
 ) -> service_pb2.ModelInferRequest:
     """The streaming inference request for one prompt with exactly ``osl`` output tokens.
 
     Sends ``request_output_len``/``max_tokens = osl`` and ``min_tokens = osl`` (exact OSL,
-    benchmark-metrics.md §5.2), streaming on, ``return_num_output_tokens`` (text interface: the
+    docs/reference/benchmark-metrics.md §5.2), streaming on, ``return_num_output_tokens`` (text interface: the
     token interface counts ``output_ids`` itself), ``exclude_input_in_output`` (text), and when
     ``ignore_eos`` ``end_id = -1`` — each only if the model declares that input.
 
-    LLM-API interface (``llmapi``, reference §3.7): ``text_input``, ``streaming = true``,
+    LLM-API interface (``llmapi``, docs/reference/triton-model-repository.md §3.7): ``text_input``, ``streaming = true``,
     ``sampling_param_max_tokens = osl`` (an upper bound only: no min_tokens input exists),
     ``sampling_param_exclude_input_from_output = true``, greedy decoding as
     ``sampling_param_top_k = 1`` (greedy in every TensorRT-LLM sampler; ``temperature = 0`` is
     not: older PyTorch samplers assert ``temperature > 0``) and, with ``perf_metrics``,
     ``sampling_param_return_perf_metrics`` — again only inputs the model declares.
+
+    ``exact_osl=False`` (``trtpipe eval``) sends no ``min_tokens``: ``osl`` is then only ``max_tokens``, and
+    with ``ignore_eos=False`` no ``end_id`` either, so the model stops at its own EOS (the ensemble's
+    preprocessing default ``end_id``).
     """
     req = service_pb2.ModelInferRequest(model_name=info.name, id=request_id)
     req.parameters["triton_enable_empty_final_response"].bool_param = True
@@ -218,7 +223,8 @@ def build_request(
         scalar("max_tokens", "INT32", osl)
         scalar("stream", "BOOL", True)
         scalar("exclude_input_in_output", "BOOL", True)
-    scalar("min_tokens", "INT32", osl)
+    if exact_osl:
+        scalar("min_tokens", "INT32", osl)
     if info.interface == "text":  # token ids are counted from output_ids; text needs the server's count
         scalar("return_num_output_tokens", "BOOL", True)
     if ignore_eos:
@@ -226,6 +232,16 @@ def build_request(
     if perf_metrics:
         scalar("return_perf_metrics", "BOOL", True)
     return req
+
+
+def with_request_id(request: service_pb2.ModelInferRequest, request_id: str) -> service_pb2.ModelInferRequest:
+    """A copy of a prebuilt ``request`` carrying ``request_id``: the ensemble's postprocessing keeps each
+    stream's incremental detokenizer under the request id (triton_repo/models/postprocessing), so every
+    request in flight needs its own; the prebuilt request is shared by many sends and is not changed."""
+    out = service_pb2.ModelInferRequest()
+    out.CopyFrom(request)
+    out.id = request_id
+    return out
 
 
 class StreamClient:
@@ -236,9 +252,11 @@ class StreamClient:
         info: the model, from :func:`preflight`.
         timeout_s: per-request deadline in seconds (gRPC deadline; error ``timeout``).
         max_streams: the most streams in flight at once (sizes the channel pool).
+        keep_text: also keep every ``text_output`` piece in ``rec.response_text`` when the token count
+            comes as ``num_output_tokens`` (``trtpipe eval`` needs the text; the bench does not).
     """
 
-    def __init__(self, url: str, info: ModelInfo, *, timeout_s: float, max_streams: int = 1) -> None:
+    def __init__(self, url: str, info: ModelInfo, *, timeout_s: float, max_streams: int = 1, keep_text: bool = False) -> None:
         self.info = info
         self.timeout_s = timeout_s
         opts = [("grpc.max_receive_message_length", -1), ("grpc.use_local_subchannel_pool", 1)]
@@ -250,6 +268,7 @@ class StreamClient:
         self._stopping = False
         self._tokens = info.interface == "tokens"
         self._cumulative = info.interface == "llmapi"
+        self._keep_text = keep_text
 
     async def stream(self, request: service_pb2.ModelInferRequest, rec: RequestRecord) -> None:
         """Send ``request`` and record every response into ``rec``; never raises for request
@@ -322,9 +341,19 @@ class StreamClient:
             return -1
         if self._tokens and "output_ids" in names:
             shape = ir.outputs[names.index("output_ids")].shape
+            if "sequence_length" in names:  # the server's own count (cumulative): kept for osl_check
+                rec.server_tokens = int.from_bytes(ir.raw_output_contents[names.index("sequence_length")][:4], "little", signed=True)
             return int(shape[-1]) if shape else 0
+        if self._keep_text and "text_output" in names and "num_output_tokens" in names:
+            if rec.response_text is None:
+                rec.response_text = []
+            rec.response_text.append(ir.raw_output_contents[names.index("text_output")][4:])
         if "num_output_tokens" in names:
             i = names.index("num_output_tokens")
+            if "text_output" in names:  # keep the text too: re-tokenized after the run (osl_check)
+                if rec.response_text is None:
+                    rec.response_text = []
+                rec.response_text.append(ir.raw_output_contents[names.index("text_output")][4:])
             return int.from_bytes(ir.raw_output_contents[i][:4], "little", signed=True)
         if "text_output" in names:
             raw = ir.raw_output_contents[names.index("text_output")]

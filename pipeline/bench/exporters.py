@@ -3,12 +3,11 @@
 Layout of ``artifacts/bench/<YYYYmmdd-HHMMSS>/`` (or ``--out``)::
 
     bench.json    config, environment/provenance, status, load points with summaries, every request
-    summary.csv   one row per scenario × load point; columns from :func:`csv_columns`
+    summary.csv   one row per scenario × load point (:mod:`pipeline.bench.summary_csv`)
+    profile_export.jsonl, profile_export_aiperf.json/.csv, aiperf/   AIPerf's export files
+                  (:mod:`pipeline.bench.aiperf_export`)
     plots/*.png   from summary.csv only (:mod:`pipeline.bench.plots`)
 
-CSV column names follow genai-perf's metric keys with the unit and statistic appended, e.g.
-``time_to_first_token_ms_p99``, ``inter_token_latency_ms_avg``,
-``output_token_throughput_tokens_per_s``, ``request_throughput_requests_per_s``.
 The directory is written atomically (:func:`pipeline.artifacts.atomic_dir`).
 """
 
@@ -24,49 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import artifacts
-from pipeline.bench.metrics import METRICS
-from pipeline.bench.stats import STAT_FIELDS
+from pipeline.bench.metrics import METRICS, definitions
+from pipeline.bench.summary_csv import SUMMARY_CSV, csv_columns, csv_row
 
 SCHEMA = "trtpipe.bench/1"
 BENCH_JSON = "bench.json"
-SUMMARY_CSV = "summary.csv"
-#: columns that identify a row (scenario × load point) and its counts
-KEY_COLUMNS = (
-    "scenario", "isl", "osl", "mode", "concurrency", "request_rate", "requests", "completed", "failed", "short",
-    "duration_s", "client_cpu_fraction",
-)
-_UNIT_SUFFIX = {"ms": "ms", "tokens": "tokens", "tokens/s": "tokens_per_s", "requests/s": "requests_per_s"}
-
-
-def column(tag: str, stat: str | None = None) -> str:
-    """CSV column of a metric (``stat`` for distributions), e.g. ``time_to_first_token_ms_p99``."""
-    base = f"{tag}_{_UNIT_SUFFIX[METRICS[tag].unit]}"
-    return f"{base}_{stat}" if stat else base
-
-
-def csv_columns() -> list[str]:
-    """All CSV columns, in order."""
-    cols = list(KEY_COLUMNS)
-    for tag, spec in METRICS.items():
-        cols += [column(tag, s) for s in STAT_FIELDS] if spec.distribution else [column(tag)]
-    return cols
-
-
-def csv_row(point: dict[str, Any]) -> dict[str, Any]:
-    """The CSV row of one load point (``point`` as stored in bench.json)."""
-    s = point["summary"]
-    row: dict[str, Any] = {k: point.get(k) for k in ("scenario", "isl", "osl", "mode", "concurrency", "request_rate")}
-    row.update({k: s["counts"][k] for k in ("requests", "completed", "failed", "short")})
-    row["duration_s"] = s["duration_s"]
-    row["client_cpu_fraction"] = point.get("client_cpu_fraction")
-    for tag, spec in METRICS.items():
-        value = s["metrics"].get(tag)
-        if spec.distribution:
-            for stat in STAT_FIELDS:
-                row[column(tag, stat)] = (value or {}).get(stat)
-        else:
-            row[column(tag)] = value
-    return row
 
 
 def environment(run: Any) -> dict[str, Any]:
@@ -82,17 +43,20 @@ def environment(run: Any) -> dict[str, Any]:
     if run.info is not None:
         env["triton_server"] = run.info.server
         env["model"] = {"metadata": run.info.metadata, "config": run.info.config, "interface": run.info.interface}
-    build = run.config.build_dir
-    if build is not None:
-        env["build"] = {"dir": str(build)}
-        for stage in artifacts.STAGES:
-            env["build"][stage] = artifacts.read_manifest(Path(build) / stage)
+    layout = run.layout
+    if layout is not None:
+        from pipeline.layout import STAGES
+
+        env["build"] = {"dir": str(layout.root)}
+        for stage in STAGES:
+            env["build"][stage] = artifacts.read_manifest(layout.stage_dir(stage))
     return env
 
 
 def run_document(run: Any) -> dict[str, Any]:
     """The full ``bench.json`` document of a run."""
-    cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(run.config).items()}
+    cfg = run.spec.model_dump(mode="json") | {"url": run.url, "tokenizer": run.tokenizer_path,
+                                             "build_dir": str(run.layout.root) if run.layout else None}
     return {
         "schema": SCHEMA,
         "started_at": run.started_at,
@@ -102,16 +66,48 @@ def run_document(run: Any) -> dict[str, Any]:
         "status": {"complete": not (run.interrupted or run.aborted), "interrupted": run.interrupted,
                    "aborted": run.aborted, "warnings": run.warnings, "notes": getattr(run, "notes", [])},
         "units": {tag: spec.unit for tag, spec in METRICS.items()} | {"times": "ns since run start (perf_counter_ns)"},
-        "load_points": run.load_points,
+        "definitions": definitions(),
+        "gpus": getattr(run, "gpus", None),
+        "load_points": [p | ({"vllm": vllm_block(p)} if "summary" in p else {}) for p in run.load_points],
         "requests": [r.to_json(run.t0_ns) for r in run.records],
     }
+
+
+#: vLLM benchmark_serving result key stem → our metric tag (vllm-project/vllm@0049e29c
+#: benchmarks/benchmark_serving.py, ``benchmark()``'s ``result`` dict and ``process_one_metric``)
+_VLLM_LATENCIES = {"ttft": "time_to_first_token", "tpot": "time_per_output_token", "itl": "inter_chunk_latency",
+                   "e2el": "request_latency"}
+
+
+def vllm_block(point: dict[str, Any]) -> dict[str, Any]:
+    """One load point's summary under the keys vLLM's ``benchmark_serving.py --save-result`` writes
+    (``duration`` s, ``completed``, token totals, throughputs, and ``mean_/median_/std_/p99_<m>_ms`` for
+    ttft, tpot, itl (= our per-chunk ``inter_chunk_latency``), e2el). vLLM's ``std`` is numpy's
+    population std like ours; its ``median`` is our p50."""
+    s = point["summary"]
+    m, c = s["metrics"], s["counts"]
+    out: dict[str, Any] = {
+        "duration": s["duration_s"], "completed": c["completed"], "total_input_tokens": c["input_tokens"],
+        "total_output_tokens": c["output_tokens"], "request_throughput": m["request_throughput"],
+        "request_goodput": m["request_goodput"], "output_throughput": m["output_token_throughput"],
+        "total_token_throughput": m["total_token_throughput"],
+        "max_concurrency": point.get("concurrency"), "request_rate": point.get("request_rate") or "inf",
+    }
+    for short, tag in _VLLM_LATENCIES.items():
+        st = m[tag]
+        out |= {f"mean_{short}_ms": st["avg"], f"median_{short}_ms": st["p50"], f"std_{short}_ms": st["std"],
+                f"p90_{short}_ms": st["p90"], f"p95_{short}_ms": st["p95"], f"p99_{short}_ms": st["p99"]}
+    return out
 
 
 def write_run(out: Path, run: Any) -> Path:
     """Write ``bench.json``, ``summary.csv`` and the plots into ``out`` (atomically); returns ``out``."""
     from pipeline.bench import plots
 
+    from pipeline.bench import aiperf_export
+
     with artifacts.atomic_dir(Path(out)) as tmp:
+        aiperf_export.write(tmp, run)
         (tmp / BENCH_JSON).write_text(json.dumps(run_document(run), default=str, separators=(",", ":")) + "\n")
         with open(tmp / SUMMARY_CSV, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=csv_columns())
@@ -124,31 +120,3 @@ def write_run(out: Path, run: Any) -> Path:
         except Exception as e:  # noqa: BLE001 - plots are a convenience; the data is already written
             run.warnings.append(f"plots not written: {e}")
     return Path(out)
-
-
-def read_summary(run_dir: Path) -> list[dict[str, Any]]:
-    """Rows of ``summary.csv`` with numbers parsed (empty cells → ``None``).
-
-    Raises:
-        UserError: ``run_dir`` has no summary.csv.
-    """
-    from pipeline.errors import UserError
-
-    path = Path(run_dir) / SUMMARY_CSV
-    if not path.is_file():
-        raise UserError(f"{run_dir}: not a bench run directory (no {SUMMARY_CSV})")
-    rows = []
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            rows.append({k: _num(v) for k, v in row.items()})
-    return rows
-
-
-def _num(v: str | None) -> Any:
-    if v is None or v == "":
-        return None
-    try:
-        f = float(v)
-    except ValueError:
-        return v
-    return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.bench.exporters import column, read_summary
+from pipeline.bench.summary_csv import column, read_summary
 
 PLOTS = "plots"
 

@@ -2,7 +2,7 @@
 
 * Token interface (``tensorrt_llm``): ISL ids drawn uniformly from the vocabulary with a seeded
   RNG, special tokens excluded — trtllm-bench's ``token-norm-dist`` with stdev 0
-  (benchmark-metrics.md §5.2). Without a tokenizer the ids come from ``[1000, 32000)``, valid
+  (docs/reference/benchmark-metrics.md §5.2). Without a tokenizer the ids come from ``[1000, 32000)``, valid
   for any vocabulary of at least 32 000 entries (Llama-2 and larger).
 * Text interface (``ensemble``/``tensorrt_llm_bls``): random vocabulary words decoded to text,
   then re-encoded with the model's tokenizer and fixed up (trim/extend) until the text encodes to

@@ -40,6 +40,11 @@ class RequestRecord:
         end_ns: receipt time of the final response, or of the failure.
         error: ``None`` on success, else a one-line reason (timeout, server error, cancelled).
         server: server-reported perf timestamps when returned (ns since epoch), else ``None``.
+        server_tokens: output tokens as the server reported them besides ``output_ids``: the last
+            ``sequence_length`` received (token interface), else ``None``. On the text interface the
+            client count already is the server's (Σ ``num_output_tokens``).
+        text_tokens: output tokens by re-tokenizing the returned text after the run (text
+            interfaces with a tokenizer), else ``None``.
     """
 
     scenario: str
@@ -57,6 +62,8 @@ class RequestRecord:
     end_ns: int | None = None
     error: str | None = None
     server: dict[str, int] | None = None
+    server_tokens: int | None = None
+    text_tokens: int | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -72,6 +79,22 @@ class RequestRecord:
     def short(self) -> bool:
         """Finished but returned fewer tokens than requested (OSL not met)."""
         return self.error is None and self.end_ns is not None and self.output_tokens < self.requested_tokens
+
+    @property
+    def osl_counts(self) -> dict[str, int]:
+        """The output-token counts available for this request, by method: ``client`` (what the
+        metrics use), ``server`` (:attr:`server_tokens`), ``retokenized`` (:attr:`text_tokens`)."""
+        out = {"client": self.output_tokens}
+        if self.server_tokens is not None:
+            out["server"] = self.server_tokens
+        if self.text_tokens is not None:
+            out["retokenized"] = self.text_tokens
+        return out
+
+    @property
+    def osl_mismatch(self) -> bool:
+        """The available output-token counts disagree (finished requests only)."""
+        return self.end_ns is not None and self.error is None and len(set(self.osl_counts.values())) > 1
 
     def token_times(self) -> list[tuple[int, int]]:
         """``(receipt ns, tokens)`` of the responses that carried tokens (empty ones dropped)."""
@@ -94,6 +117,8 @@ class RequestRecord:
             "response_tokens": list(self.response_tokens),
             "error": self.error,
             "server": self.server,
+            "server_tokens": self.server_tokens,
+            "text_tokens": self.text_tokens,
         }
 
     @classmethod
@@ -112,6 +137,8 @@ class RequestRecord:
             end_ns=d["end_ns"],
             error=d["error"],
             server=d.get("server"),
+            server_tokens=d.get("server_tokens"),
+            text_tokens=d.get("text_tokens"),
         )
 
 
@@ -125,7 +152,7 @@ def count_text_tokens(
     Each response's text is counted on its own with ``count`` (e.g. ``len(tok.encode(t,
     add_special_tokens=False))``); the last response of a request absorbs the difference to the
     count of the whole concatenated text, so the request total equals re-tokenizing the full
-    output (how genai-perf counts, benchmark-metrics.md §5.1 "Token counting").
+    output (how genai-perf counts, docs/reference/benchmark-metrics.md §5.1 "Token counting").
 
     Cumulative text (``text_len``/``text_last`` set, see :func:`cumulative_counts`): the final
     text is tokenized once and each response gets the tokens that end inside the text it added;
@@ -136,6 +163,8 @@ def count_text_tokens(
     filled = 0
     for r in records:
         if -1 not in r.response_tokens:
+            if r.response_text is not None:  # counted by the server; re-tokenize to verify (osl_check)
+                r.text_tokens = count(b"".join(r.response_text).decode("utf-8", errors="replace"))
             r.response_text = r.text_last = r.text_len = None
             continue
         if r.text_len is not None and r.text_last is not None:
@@ -151,6 +180,7 @@ def count_text_tokens(
             r.response_tokens = [max(p, 0) for p in parts]
         else:
             continue
+        r.text_tokens = sum(t for t in r.response_tokens if t > 0)
         r.response_text = r.text_last = r.text_len = None
         filled += 1
     return filled

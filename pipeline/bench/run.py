@@ -1,6 +1,6 @@
 """One benchmark run: preflight → prompts → scenarios × load points (warmup, measure) → export.
 
-:func:`run_bench` is the whole ``trtpipe bench``. It talks to the server only after preflight
+:func:`execute` runs one benchmark (the bench stage, :func:`pipeline.stages.bench.run`, calls it). It talks to the server only after preflight
 (:func:`pipeline.bench.client.preflight`) succeeded, so an unreachable server is one
 :class:`~pipeline.errors.UserError` (exit 2) before any load. Faults during the run:
 
@@ -36,55 +36,13 @@ from pipeline.bench.loadgen import Schedule, make_schedule, run_concurrency, run
 from pipeline.bench.prompts import Prompt, dataset_prompts, load_tokenizer, text_prompts, token_prompts
 from pipeline.bench.records import RequestRecord, count_text_tokens
 from pipeline.errors import StageError, UserError
+from pipeline.layout import BuildLayout
+from pipeline.recipe.bench import BenchSpec
 
 #: client CPU (fraction of one core) above which the result may be client-bound
 CPU_WARN_FRACTION = 0.7
 #: distinct synthetic prompts per scenario; requests cycle through them
 MAX_UNIQUE_PROMPTS = 512
-
-
-@dataclasses.dataclass
-class BenchConfig:
-    """Everything one run needs (CLI flags, or a recipe's ``bench`` section, resolved).
-
-    Units: ``request_rate`` requests/s, ``duration_s``/``timeout_s`` s, ``goodput`` ms.
-    Exactly one of ``concurrency``/``request_rate`` is used (``request_rate`` wins when set).
-    ``num_requests=None`` means ``max(requests_per_load × load, min_requests)`` per load point
-    (load = concurrency, or requests/s in rate mode; defaults 4 and 16).
-    """
-
-    url: str = "localhost:8001"
-    model: str = "ensemble"
-    scenarios: list[tuple[int, int]] = dataclasses.field(default_factory=lambda: [(100, 2000)])
-    concurrency: list[int] = dataclasses.field(default_factory=lambda: [1, 8, 64, 256])
-    request_rate: list[float] | None = None
-    arrival: str = "poisson"
-    num_requests: int | None = None
-    requests_per_load: float = 4.0
-    min_requests: int = 16
-    duration_s: float | None = None
-    warmup: int = 2
-    goodput: dict[str, float] = dataclasses.field(default_factory=dict)
-    timeout_s: float = 600.0
-    tokenizer: Path | None = None
-    dataset: Path | None = None
-    out: Path | None = None
-    seed: int = 0
-    ignore_eos: bool = True
-    perf_metrics: bool = False
-    build_dir: Path | None = None
-
-    def load_points(self) -> list[tuple[Schedule, float]]:
-        """``[(mode, value)]``: concurrency values, or request rates with the arrival schedule."""
-        if self.request_rate:
-            return [(Schedule(self.arrival), float(r)) for r in self.request_rate]
-        return [(Schedule.CONCURRENCY, float(c)) for c in self.concurrency]
-
-    def requests_for(self, value: float) -> int:
-        """Measured requests of one load point (concurrency or rate ``value``)."""
-        if self.num_requests is not None:
-            return self.num_requests
-        return max(int(self.requests_per_load * value), self.min_requests)
 
 
 def load_label(mode: Schedule, value: float) -> str:
@@ -93,10 +51,14 @@ def load_label(mode: Schedule, value: float) -> str:
 
 
 @dataclasses.dataclass
-class BenchRun:
-    """The state of a run, filled as it goes; exported even when the run stops early."""
+class BenchResult:
+    """One benchmark run, filled as it goes; exported even when the run stops early.
 
-    config: BenchConfig
+    ``spec`` is the bench section it ran; ``url``/``layout`` what it ran against; ``run_dir`` where
+    :mod:`pipeline.bench.exporters` wrote it (bench.json = :meth:`to_manifest`).
+    """
+
+    spec: BenchSpec
     started_at: str
     t0_ns: int
     t0_epoch_ns: int = 0
@@ -108,6 +70,43 @@ class BenchRun:
     aborted: str | None = None
     warnings: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    url: str = ""
+    layout: BuildLayout | None = None
+    run_dir: Path | None = None
+    gpus: int | None = None
+    metrics_url: str | None = None
+
+    @property
+    def osl_forced(self) -> bool:
+        """Exact OSL was asked for: the model declares ``min_tokens`` (sent as OSL)."""
+        return self.info is not None and "min_tokens" in self.info.inputs
+
+    @property
+    def scenarios(self) -> list[tuple[int, int]]:
+        """``[(isl, osl)]`` of the spec, in tokens."""
+        return [(s.isl, s.osl) for s in self.spec.scenarios]
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The ``bench.json`` document of this run."""
+        from pipeline.bench.exporters import run_document
+
+        return run_document(self)
+
+    @staticmethod
+    def read(run_dir: Path) -> dict[str, Any]:
+        """The ``bench.json`` document of a finished run directory (for comparisons and sweeps).
+
+        Raises:
+            UserError: ``run_dir`` holds no readable bench.json.
+        """
+        import json
+
+        from pipeline.bench.exporters import BENCH_JSON
+
+        try:
+            return json.loads((Path(run_dir) / BENCH_JSON).read_text())
+        except (OSError, ValueError):
+            raise UserError(f"{run_dir}: not a bench run directory (no {BENCH_JSON}, or it is not readable JSON)") from None
 
 
 def added_special_tokens(tokenizer: Any) -> int:
@@ -115,7 +114,7 @@ def added_special_tokens(tokenizer: Any) -> int:
     return max(0, len(tokenizer.encode("a")) - len(tokenizer.encode("a", add_special_tokens=False)))
 
 
-def make_prompts(cfg: BenchConfig, info: bclient.ModelInfo, isl: int, n: int, tokenizer: Any) -> list[Prompt]:
+def make_prompts(spec: BenchSpec, info: bclient.ModelInfo, isl: int, n: int, tokenizer: Any) -> list[Prompt]:
     """``n`` (≤ :data:`MAX_UNIQUE_PROMPTS`) prompts of exactly ``isl`` tokens for the model's interface.
 
     LLM-API: the server tokenizes with the tokenizer's special tokens (``SamplingParams
@@ -128,10 +127,10 @@ def make_prompts(cfg: BenchConfig, info: bclient.ModelInfo, isl: int, n: int, to
     """
     n = min(n, MAX_UNIQUE_PROMPTS)
     extra = added_special_tokens(tokenizer) if info.interface == "llmapi" and tokenizer is not None else 0
-    if cfg.dataset is not None:
-        prompts = dataset_prompts(cfg.dataset, tokenizer=tokenizer)
+    if spec.dataset is not None:
+        prompts = dataset_prompts(spec.dataset, tokenizer=tokenizer)
         if info.interface == "tokens" and prompts[0].ids is None:
-            raise UserError(f"{cfg.dataset}: text prompts for model {info.name!r} (token ids) need --tokenizer")
+            raise UserError(f"{spec.dataset}: text prompts for model {info.name!r} (token ids) need --tokenizer")
         if extra:
             prompts = [dataclasses.replace(p, num_tokens=p.num_tokens + extra) if p.num_tokens >= 0 else p for p in prompts]
         return prompts
@@ -143,19 +142,23 @@ def make_prompts(cfg: BenchConfig, info: bclient.ModelInfo, isl: int, n: int, to
             )
         if isl - extra < 1:
             raise UserError(f"ISL {isl}: model {info.name!r} adds {extra} special token(s) to every prompt; use ISL > {extra}")
-        prompts = text_prompts(n, isl - extra, seed=cfg.seed + isl, tokenizer=tokenizer)
+        prompts = text_prompts(n, isl - extra, seed=spec.seed + isl, tokenizer=tokenizer)
         return [dataclasses.replace(p, num_tokens=isl) for p in prompts] if extra else prompts
-    return token_prompts(n, isl, seed=cfg.seed + isl, tokenizer=tokenizer)
+    return token_prompts(n, isl, seed=spec.seed + isl, tokenizer=tokenizer)
 
 
-async def _run_async(cfg: BenchConfig, run: BenchRun, tokenizer: Any, on_progress: Callable[..., Any]) -> None:
-    info = run.info
+def _load_points(spec: BenchSpec) -> list[tuple[Schedule, float]]:
+    return [(Schedule(mode), value) for mode, value in spec.load_points()]
+
+
+async def _run_async(run: BenchResult, tokenizer: Any, on_progress: Callable[..., Any]) -> None:
+    spec, info = run.spec, run.info
     assert info is not None
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    points = cfg.load_points()
+    points = _load_points(spec)
     max_streams = max(int(v) for m, v in points) if points[0][0] is Schedule.CONCURRENCY else 1024
-    client = bclient.StreamClient(cfg.url, info, timeout_s=cfg.timeout_s, max_streams=max_streams)
+    client = bclient.StreamClient(run.url, info, timeout_s=spec.request_timeout_s, max_streams=max_streams)
 
     def on_sigint() -> None:
         if run.interrupted:  # second Ctrl-C: give up on a clean stop
@@ -169,18 +172,18 @@ async def _run_async(cfg: BenchConfig, run: BenchRun, tokenizer: Any, on_progres
     except (NotImplementedError, RuntimeError):  # not the main thread (tests): no handler
         pass
     try:
-        for isl, osl in cfg.scenarios:
+        for isl, osl in run.scenarios:
             scenario = f"{isl}:{osl}"
-            most = max(cfg.warmup + cfg.requests_for(v) for _, v in points)
-            prompts = make_prompts(cfg, info, isl, most, tokenizer)
+            most = max(spec.warmup_requests + spec.requests_for(v) for _, v in points)
+            prompts = make_prompts(spec, info, isl, most, tokenizer)
             requests = [
-                bclient.build_request(info, p, osl, request_id="", ignore_eos=cfg.ignore_eos, perf_metrics=cfg.perf_metrics)
+                bclient.build_request(info, p, osl, request_id="", ignore_eos=True, perf_metrics=spec.server_timestamps)
                 for p in prompts
             ]
             for mode, value in points:
                 if stop.is_set():
                     return
-                await _load_point(cfg, run, client, stop, scenario, isl, osl, mode, value, prompts, requests, on_progress)
+                await _load_point(run, client, stop, scenario, isl, osl, mode, value, prompts, requests, on_progress)
     finally:
         try:
             loop.remove_signal_handler(signal.SIGINT)
@@ -189,10 +192,11 @@ async def _run_async(cfg: BenchConfig, run: BenchRun, tokenizer: Any, on_progres
         await client.close()
 
 
-async def _load_point(cfg, run, client, stop, scenario, isl, osl, mode, value, prompts, requests, on_progress) -> None:  # noqa: ANN001
+async def _load_point(run, client, stop, scenario, isl, osl, mode, value, prompts, requests, on_progress) -> None:  # noqa: ANN001
+    spec = run.spec
     label = load_label(mode, value)
-    n_measure = cfg.requests_for(value)
-    total = cfg.warmup + n_measure
+    n_measure = spec.requests_for(value)
+    total = spec.warmup_requests + n_measure
     progress = on_progress(f"{scenario} {label}", total)
 
     def sender(warmup: bool) -> Callable[[int], Any]:
@@ -200,7 +204,7 @@ async def _load_point(cfg, run, client, stop, scenario, isl, osl, mode, value, p
             k = i % len(requests)
             rec = RequestRecord(scenario, label, i, warmup, prompts[k].num_tokens, osl)
             run.records.append(rec)
-            await client.stream(requests[k], rec)
+            await client.stream(bclient.with_request_id(requests[k], f"{scenario}-{label}-{i}"), rec)
             if rec.error and rec.error.startswith("UNAVAILABLE") and not stop.is_set():
                 run.aborted = f"server became unreachable during {scenario} {label}: {rec.error}"
                 stop.set()
@@ -211,19 +215,21 @@ async def _load_point(cfg, run, client, stop, scenario, isl, osl, mode, value, p
     async def phase(warmup: bool, n: int, first: int) -> int:
         if mode is Schedule.CONCURRENCY:
             return await run_concurrency(
-                sender(warmup), concurrency=int(value), num_requests=n, duration_s=None if warmup else cfg.duration_s,
+                sender(warmup), concurrency=int(value), num_requests=n, duration_s=None if warmup else spec.duration_s,
                 stop=stop, first_index=first,
             )
-        sched = make_schedule(mode, value, seed=cfg.seed)
+        sched = make_schedule(mode, value, seed=spec.seed)
         return await run_request_rate(
-            sender(warmup), sched, num_requests=n, duration_s=None if warmup else cfg.duration_s, stop=stop, first_index=first
+            sender(warmup), sched, num_requests=n, duration_s=None if warmup else spec.duration_s, stop=stop, first_index=first
         )
 
-    if cfg.warmup:
-        await phase(True, cfg.warmup, 0)
+    if spec.warmup_requests:
+        await phase(True, spec.warmup_requests, 0)
+    before = await _scrape(run)
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    sent = await phase(False, n_measure if cfg.duration_s is None else 10**9, cfg.warmup)
+    sent = await phase(False, n_measure if spec.duration_s is None else 10**9, spec.warmup_requests)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    after = await _scrape(run)
     frac = cpu / wall if wall > 0 else 0.0
     point = {
         "scenario": scenario, "isl": isl, "osl": osl, "mode": mode.value, "load": label,
@@ -231,6 +237,10 @@ async def _load_point(cfg, run, client, stop, scenario, isl, osl, mode, value, p
         "request_rate": value if mode is not Schedule.CONCURRENCY else None,
         "requests_sent": sent, "client_cpu_s": cpu, "wall_s": wall, "client_cpu_fraction": frac,
     }
+    if before is not None and after is not None:
+        from pipeline.bench.server_metrics import delta
+
+        point["server_metrics"] = delta(before, after, run.info.name) | {"url": run.metrics_url}
     if frac > CPU_WARN_FRACTION:
         run.warnings.append(
             f"{scenario} {label}: the bench client used {frac:.0%} of one core — it may have limited this result"
@@ -238,29 +248,53 @@ async def _load_point(cfg, run, client, stop, scenario, isl, osl, mode, value, p
     run.load_points.append(point)
 
 
-def summarize_run(run: BenchRun) -> None:
+async def _scrape(run: BenchResult) -> dict | None:
+    """Triton's metrics now (off the event loop), or ``None`` without a metrics URL or on a failed scrape (noted)."""
+    if run.metrics_url is None:
+        return None
+    from pipeline.bench.server_metrics import scrape
+
+    try:
+        return await asyncio.to_thread(scrape, run.metrics_url)
+    except (OSError, ValueError) as e:
+        run.warnings.append(f"server metrics scrape failed ({run.metrics_url}): {' '.join(str(e).split())[:200]}")
+        return None
+
+
+def summarize_run(run: BenchResult) -> None:
     """Fill each load point's ``summary`` from the records (after text token counting)."""
     for point in run.load_points:
         recs = [r for r in run.records if r.scenario == point["scenario"] and r.load == point["load"]]
-        point["summary"] = bmetrics.summarize(recs, run.config.goodput)
+        point["summary"] = bmetrics.summarize(recs, dict(run.spec.goodput), gpus=run.gpus)
 
 
-def run_bench(
-    cfg: BenchConfig,
+def execute(
+    spec: BenchSpec,
     *,
+    url: str,
+    tokenizer: Path | None = None,
+    out: Path | None = None,
+    layout: BuildLayout | None = None,
+    metrics_url: str | None = None,
     on_progress: Callable[[str, int], Callable[[int], None]] | None = None,
     on_status: Callable[[str], None] | None = None,
-) -> tuple[BenchRun, Path]:
-    """Run the benchmark described by ``cfg`` and write its run directory.
+) -> BenchResult:
+    """Run the benchmark ``spec`` against Triton's gRPC ``url`` and write its run directory.
 
     Args:
-        cfg: the resolved configuration.
+        spec: the bench section (scenarios, load points, counts, SLOs).
+        url: gRPC ``host:port`` (a ``grpc://`` prefix is accepted).
+        tokenizer: HF tokenizer directory (needed by text interfaces and to count LLM-API output).
+        out: the run directory (default ``artifacts/bench/<YYYYmmdd-HHMMSS>``).
+        layout: the build being served (provenance in bench.json).
+        metrics_url: Triton's Prometheus endpoint; default ``http://<gRPC host>:8002/metrics`` when it answers
+            (:mod:`pipeline.bench.server_metrics`). Each load point then gets ``server_metrics`` deltas.
         on_progress: ``(description, total) -> advance(n)`` for a progress display.
         on_status: receives one-line status messages.
 
     Returns:
-        The run state and the run directory (``cfg.out`` or ``artifacts/bench/<YYYYmmdd-HHMMSS>``).
-        Failures, a lost server and Ctrl-C are recorded in the run (see :func:`check_outcome`).
+        The :class:`BenchResult` with ``run_dir`` set. Failures, a lost server and Ctrl-C are recorded in
+        it (see :func:`check_outcome`).
 
     Raises:
         UserError: unreachable server / model problems (before any load), bad inputs.
@@ -269,16 +303,15 @@ def run_bench(
 
     status = on_status or (lambda s: None)
     progress = on_progress or (lambda d, t: (lambda n: None))
-    url = bclient.normalize_url(cfg.url)
-    cfg = dataclasses.replace(cfg, url=url)
-    info = asyncio.run(bclient.preflight(url, cfg.model))
+    url = bclient.normalize_url(url)
+    info = asyncio.run(bclient.preflight(url, spec.model))
     status(f"{info.name} on {url}: {info.interface} interface, Triton {info.server.get('version', '?')}")
-    if info.interface == "llmapi" and cfg.tokenizer is None:
+    if info.interface == "llmapi" and tokenizer is None:
         raise UserError(
             f"model {info.name!r} (LLM-API) returns text without token counts: counting output tokens needs its "
             "tokenizer — pass --tokenizer DIR (no tokenizer found in the last build)"
         )
-    if info.interface == "text" and cfg.tokenizer is None and cfg.dataset is None:
+    if info.interface == "text" and tokenizer is None and spec.dataset is None:
         raise UserError(
             f"model {info.name!r} takes text: exact-ISL prompts need its tokenizer — pass --tokenizer DIR "
             "(no tokenizer found in the last build)"
@@ -287,28 +320,54 @@ def run_bench(
     if info.interface == "llmapi":
         notes.append(bclient.LLMAPI_OSL_WARNING)
         status(f"warning: {bclient.LLMAPI_OSL_WARNING}")
-    tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer is not None else None
+    from pipeline.bench.server_metrics import probe
+
+    given = metrics_url
+    metrics_url, why = probe(metrics_url, url)
+    if why and given:  # the default endpoint not answering is normal (another port, or no metrics): silent
+        notes.append(why)
+        status(f"note: {why}")
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     now = _dt.datetime.now()
-    out = cfg.out or Path("artifacts") / "bench" / now.strftime("%Y%m%d-%H%M%S")
-    run = BenchRun(cfg, started_at=now.astimezone().isoformat(timespec="seconds"), t0_ns=time.perf_counter_ns(), info=info,
-                   t0_epoch_ns=time.time_ns(),
-                   tokenizer_path=None if cfg.tokenizer is None else str(cfg.tokenizer), notes=notes)
+    run_dir = Path(out) if out is not None else Path("artifacts") / "bench" / now.strftime("%Y%m%d-%H%M%S")
+    run = BenchResult(spec, started_at=now.astimezone().isoformat(timespec="seconds"), t0_ns=time.perf_counter_ns(),
+                      info=info, t0_epoch_ns=time.time_ns(), tokenizer_path=None if tokenizer is None else str(tokenizer),
+                      notes=notes, url=url, layout=layout, run_dir=run_dir, gpus=build_gpus(layout),
+                      metrics_url=metrics_url)
     try:
-        asyncio.run(_run_async(cfg, run, tokenizer, progress))
+        asyncio.run(_run_async(run, tok, progress))
     except KeyboardInterrupt:
         run.interrupted = True
     finally:
-        if tokenizer is not None:
-            count_text_tokens(run.records, lambda t: len(tokenizer.encode(t, add_special_tokens=False)),
-                              token_ends=_token_ends(tokenizer))
+        if tok is not None:
+            count_text_tokens(run.records, lambda t: len(tok.encode(t, add_special_tokens=False)),
+                              token_ends=_token_ends(tok))
         elif any(-1 in r.response_tokens for r in run.records):
             run.warnings.append("text responses without num_output_tokens and no tokenizer: output tokens not counted")
         summarize_run(run)
         short = sum(p["summary"]["counts"]["short"] for p in run.load_points)
         if short:
             run.warnings.append(f"{short} request(s) came back with fewer than OSL tokens (see `short` per load point)")
-        exporters.write_run(out, run)
-    return run, out
+        mismatch = sum(p["summary"]["counts"]["osl_mismatch"] for p in run.load_points)
+        if mismatch:
+            run.warnings.append(f"{mismatch} request(s): output-token counts disagree between methods (see `osl_check`)")
+        exporters.write_run(run_dir, run)
+    return run
+
+
+def build_gpus(layout: BuildLayout | None) -> int | None:
+    """GPUs one model instance of the build uses: ``target.tp_size × target.pp_size`` of its recipe.yaml;
+    ``None`` without a build or a readable recipe (tok/s per GPU is then not reported)."""
+    if layout is None or not layout.recipe_file.is_file():
+        return None
+    from pipeline.errors import TrtpipeError
+    from pipeline.recipe.load import load_recipe
+
+    try:
+        target = load_recipe(layout.recipe_file).target
+    except TrtpipeError:
+        return None
+    return target.tp_size * target.pp_size
 
 
 def _token_ends(tokenizer: Any) -> Callable[[str], list[int]] | None:
@@ -323,13 +382,14 @@ def _token_ends(tokenizer: Any) -> Callable[[str], list[int]] | None:
     return ends
 
 
-def check_outcome(run: BenchRun, out: Path) -> None:
+def check_outcome(run: BenchResult, out: Path | None = None) -> None:
     """Raise for a run that did not complete cleanly (call after showing the results).
 
     Raises:
         KeyboardInterrupt: the run was stopped with Ctrl-C (exit 130).
         StageError: the server went away, or measured requests failed (exit 1).
     """
+    out = out or run.run_dir
     if run.interrupted:
         raise KeyboardInterrupt
     if run.aborted:
@@ -337,7 +397,21 @@ def check_outcome(run: BenchRun, out: Path) -> None:
     failed = sum(p["summary"]["counts"]["failed"] for p in run.load_points)
     if failed:
         raise StageError(f"{failed} request(s) failed (first: {_first_error(run)}); results in {out}")
+    if run.osl_forced and not run.spec.allow_short:
+        short = [r for r in run.records if not r.warmup and r.short]
+        if short:
+            raise StageError(f"{short_summary(short)}; results in {out} (--allow-short accepts this)")
 
 
-def _first_error(run: BenchRun) -> str:
+def short_summary(short: list[RequestRecord], shown: int = 5) -> str:
+    """One line naming short requests (``scenario load #index got/requested``) and by how much."""
+    worst = max(r.requested_tokens - r.output_tokens for r in short)
+    named = ", ".join(f"{r.scenario} {r.load} #{r.index}: {r.output_tokens}/{r.requested_tokens} (−{r.requested_tokens - r.output_tokens})"
+                      for r in short[:shown])
+    more = f", … {len(short) - shown} more" if len(short) > shown else ""
+    return (f"{len(short)} request(s) stopped short of the forced OSL (min_tokens), up to {worst} token(s) short: "
+            f"{named}{more}")
+
+
+def _first_error(run: BenchResult) -> str:
     return next((r.error for r in run.records if r.error and not r.warmup), "?") or "?"

@@ -8,8 +8,9 @@ Examples::
     trtpipe bench --recipe recipes/smollm2.yaml              # the recipe's bench section
     trtpipe bench compare artifacts/bench/20261122-101500 artifacts/bench/20261122-103000
 
-The work is in :mod:`pipeline.bench`; this module only resolves flags, the recipe's ``bench``
-section and the last build into a :class:`pipeline.bench.run.BenchConfig`.
+The work is :func:`pipeline.stages.bench.run`; this module turns flags into validated overrides of the
+recipe's ``bench`` section (:class:`~pipeline.recipe.bench.BenchSpec`) and a
+:class:`~pipeline.stages.bench.BenchTarget`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ from typing import Annotated, Any
 import typer
 
 from pipeline.commands.common import console, err_console, handle_errors
+
+#: BenchSpec field → the flag that overrides it (validation errors name the flag)
+FLAGS = {
+    "model": "--model", "scenarios": "--scenario", "concurrency": "--concurrency", "request_rate": "--request-rate",
+    "arrival": "--arrival", "num_requests": "--num-requests", "duration_s": "--duration", "warmup_requests": "--warmup",
+    "goodput": "--goodput", "request_timeout_s": "--timeout", "dataset": "--dataset", "seed": "--seed",
+    "allow_short": "--allow-short",
+}
 
 app = typer.Typer(
     help="Benchmark a Triton deployment (TTFT, ITL, TPOT, throughput) at exact ISL/OSL; `compare` two runs.",
@@ -94,46 +103,6 @@ def _wide(con: Any) -> Any:
     return Console(width=200)
 
 
-def find_tokenizer(build: Path | None) -> Path | None:
-    """The tokenizer of a build: ``triton_repo/preprocessing/tokenizer`` (written by
-    :mod:`pipeline.triton_repo` for the tensorrt/cpu layouts), else the ``tokenizer`` (or ``model``)
-    directory named in ``triton_repo/tensorrt_llm/1/model.yaml`` (the LLM-API layout, whose
-    server loads the tokenizer from there), else ``quantize/hf_ckpt``; ``None`` when none has one."""
-    if build is None:
-        return None
-    cands = [build / "triton_repo" / "preprocessing" / "tokenizer"]
-    model_yaml = build / "triton_repo" / "tensorrt_llm" / "1" / "model.yaml"
-    if model_yaml.is_file():
-        import yaml
-
-        try:
-            data = yaml.safe_load(model_yaml.read_text())
-        except (OSError, yaml.YAMLError):
-            data = None
-        if isinstance(data, dict):
-            cands += [Path(str(data[k])) for k in ("tokenizer", "model") if isinstance(data.get(k), str)]
-    cands.append(build / "quantize" / "hf_ckpt")
-    for cand in cands:
-        if (cand / "tokenizer.json").is_file() or (cand / "tokenizer_config.json").is_file():
-            return cand
-    return None
-
-
-def _bench_spec(recipe: Path | None, build: Path | None) -> Any:
-    """The ``bench`` section to start from: ``--recipe``, else the last build's recipe.yaml, else defaults."""
-    from pipeline.recipe.bench import BenchSpec
-    from pipeline.recipe.load import load_recipe
-
-    if recipe is not None:
-        return load_recipe(recipe).bench
-    if build is not None and (build / "recipe.yaml").is_file():
-        try:
-            return load_recipe(build / "recipe.yaml").bench
-        except Exception:  # noqa: BLE001 - a stale last build must not block an explicit bench
-            pass
-    return BenchSpec()
-
-
 @app.callback(invoke_without_command=True)
 @handle_errors
 def bench(
@@ -157,14 +126,18 @@ def bench(
     out: Annotated[Path | None, typer.Option("--out", help="Run directory (default artifacts/bench/<YYYYmmdd-HHMMSS>).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the synthetic prompts and Poisson arrivals.")] = None,
     server_timestamps: Annotated[bool, typer.Option("--server-timestamps", help="Also request the server's perf timestamps (return_perf_metrics).")] = False,
+    metrics_url: Annotated[str | None, typer.Option("--metrics-url", help="Triton's Prometheus endpoint (default http://<--url host>:8002/metrics when it answers); queue/compute deltas per load point.")] = None,
+    allow_short: Annotated[bool, typer.Option("--allow-short", help="Do not fail when requests return fewer than OSL tokens although min_tokens forced it.")] = False,
 ) -> None:
     """Benchmark TTFT / ITL / TPOT / throughput at exact ISL/OSL over Triton gRPC (decoupled streaming)."""
     if ctx.invoked_subcommand is not None:
         return
     from pipeline import artifacts
     from pipeline.bench.console import progress_bar, scenario_tables
-    from pipeline.bench.run import BenchConfig, check_outcome, run_bench
+    from pipeline.bench.run import check_outcome
     from pipeline.errors import UserError
+    from pipeline.layout import BuildLayout
+    from pipeline.stages import bench as stage
 
     if (isl is None) != (osl is None):
         raise UserError("--isl and --osl go together (or use --scenario ISL:OSL)")
@@ -174,47 +147,39 @@ def bench(
     if recipe is not None:
         candidate = artifacts.default_build_dir(recipe.stem)
         build = candidate if candidate.is_dir() else build
-    spec = _bench_spec(recipe, build)
+    layout = BuildLayout(build) if build is not None else None
     scenarios = [parse_scenario(s) for s in scenario or []]
     if isl is not None and osl is not None:
         scenarios.append((isl, osl))
-    scenarios = scenarios or [(s.isl, s.osl) for s in spec.scenarios]
-    rates = _floats(request_rate, "--request-rate") if request_rate else (None if concurrency else spec.request_rate)
-    tok = tokenizer or find_tokenizer(build)
-    if tokenizer is not None and not tokenizer.is_dir():
-        raise UserError(f"--tokenizer {tokenizer}: no such directory")
-    cfg = BenchConfig(
-        url=url,
-        model=model or spec.model,
-        scenarios=scenarios,
-        concurrency=_ints(concurrency, "--concurrency") if concurrency else list(spec.concurrency),
-        request_rate=rates,
-        arrival=arrival or spec.arrival,
-        num_requests=num_requests if num_requests is not None else spec.num_requests,
-        requests_per_load=spec.requests_per_load,
-        min_requests=spec.min_requests,
-        duration_s=duration,
-        warmup=warmup if warmup is not None else spec.warmup_requests,
-        goodput=parse_goodput(goodput) if goodput else dict(spec.goodput),
-        timeout_s=timeout if timeout is not None else spec.request_timeout_s,
-        tokenizer=tok,
-        dataset=dataset,
-        out=out,
-        seed=seed if seed is not None else spec.seed,
-        perf_metrics=server_timestamps,
-        build_dir=build,
-    )
-    if cfg.arrival not in ("poisson", "constant"):
-        raise UserError(f"--arrival {cfg.arrival!r}: use poisson or constant")
+    overrides = {
+        "model": model,
+        "scenarios": [{"isl": i, "osl": o} for i, o in scenarios] or None,
+        "concurrency": _ints(concurrency, "--concurrency") if concurrency else None,
+        "request_rate": _floats(request_rate, "--request-rate") if request_rate else None,
+        "arrival": arrival,
+        "num_requests": num_requests,
+        "duration_s": duration,
+        "warmup_requests": warmup,
+        "goodput": parse_goodput(goodput) if goodput else None,
+        "request_timeout_s": timeout,
+        "dataset": dataset,
+        "seed": seed,
+        "server_timestamps": server_timestamps or None,
+        "allow_short": allow_short or None,
+    }
+    if concurrency:  # explicit concurrency wins over a recipe's request_rate
+        overrides["request_rate"] = []
+    spec = stage.with_overrides(stage.spec_for(recipe, layout), overrides, flags=FLAGS)
+    target = stage.BenchTarget(url=url, layout=layout, tokenizer=tokenizer, out=out, metrics_url=metrics_url)
     with progress_bar(err_console) as start:
-        run, run_dir = run_bench(cfg, on_progress=start, on_status=lambda s: err_console.print(s, highlight=False))
+        result = stage.run(spec, target, on_progress=start, on_status=lambda s: err_console.print(s, highlight=False))
     con = _wide(console)
-    for table in scenario_tables(run.load_points, goodput=bool(cfg.goodput)):
+    for table in scenario_tables(result.load_points, goodput=bool(spec.goodput)):
         con.print(table)
-    for w in run.warnings:
+    for w in result.warnings:
         err_console.print(f"[yellow]warning:[/] {w}", highlight=False)
-    con.print(f"results: {run_dir}", highlight=False)
-    check_outcome(run, run_dir)
+    con.print(f"results: {result.run_dir}", highlight=False)
+    check_outcome(result)
 
 
 @app.command("compare")

@@ -22,8 +22,9 @@ def build(
 ) -> None:
     """Build a deployment from a recipe. Reruns reuse every stage whose inputs did not change."""
     from pipeline import artifacts
-    from pipeline.build import run_build
     from pipeline.recipe import load_recipe
+    from pipeline.stages import build as build_stage
+    from pipeline.stages.results import StageResult
 
     recipe = load_recipe(recipe_file, set_)
     build_dir = out or artifacts.default_build_dir(recipe.name or recipe_file.stem)
@@ -34,8 +35,8 @@ def build(
     )
     t0 = time.perf_counter()
 
-    def on_stage(name: str, res: artifacts.StageResult) -> None:
-        status = res.manifest.get("status") or ("dry_run" if res.manifest.get("dry_run") else None)
+    def on_stage(name: str, res: StageResult, changes: list[str]) -> None:
+        status = res.status
         if res.cached:
             how = "[dim]reused (inputs unchanged)[/]"
         elif status in ("dry_run", "not_built"):
@@ -43,11 +44,13 @@ def build(
         else:
             how = f"built in {res.manifest.get('timings_s', {}).get('total', 0):.1f} s"
         console.print(f"  [green]✓[/] {name:<12} {res.path}  {how}", highlight=False)
+        if changes:
+            console.print(f"    [dim]changed:[/] {'; '.join(changes)}", highlight=False, soft_wrap=True)
 
     def warn(msg: str) -> None:
         console.print(f"  [yellow]warning:[/] {msg}", highlight=False)
 
-    result = run_build(
+    result = build_stage.run(
         recipe, build_dir, recipe_dir=recipe_file.resolve().parent, until=stage, force=force, dry_run=dry_run,
         on_stage=on_stage, warn=warn,
     )

@@ -19,8 +19,9 @@ def validate(
     files: Annotated[list[Path], typer.Argument(help="Recipe YAML files.")],
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override KEY=VALUE (dotted key), e.g. build.max_batch_size=64.")] = None,
 ) -> None:
-    """Validate recipe files; print one line per file. Exit 2 if any is invalid."""
+    """Validate recipe files (schema, cross-field rules, and whether it fits its GPU); one line per file. Exit 2 if any is invalid."""
     from pipeline.errors import RecipeError
+    from pipeline.plan import check_fits
     from pipeline.recipe import load_recipe
 
     bad = 0
@@ -29,6 +30,12 @@ def validate(
             r = load_recipe(f, set_)
         except RecipeError as e:
             err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            bad += 1
+            continue
+        verdict = check_fits(r, recipe_dir=f.resolve().parent)  # the planner's memory fit, before any GPU time
+        if not verdict.ok:
+            err_console.print(f"[bold red]error:[/] {f}: does not fit {r.target.gpu}: " + "; ".join(verdict.errors),
+                              highlight=False, soft_wrap=True)
             bad += 1
             continue
         q = r.quantization

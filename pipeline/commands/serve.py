@@ -1,7 +1,7 @@
 """``trtpipe serve [ARTIFACT_DIR | RECIPE]``: Triton on a built model repository.
 
 Foreground until Ctrl-C / SIGTERM (clean stop), or ``--detach`` (recorded in
-``artifacts/serve.json``) with ``--status`` / ``--stop``. The work is in :mod:`pipeline.serve`.
+``artifacts/serve.json``) with ``--status`` / ``--stop``. The work is :func:`pipeline.stages.serve.run`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def serve(
     http_port: Annotated[int, typer.Option("--http-port", help="HTTP port.")] = 8000,
     grpc_port: Annotated[int, typer.Option("--grpc-port", help="gRPC port.")] = 8001,
     metrics_port: Annotated[int, typer.Option("--metrics-port", help="Prometheus metrics port.")] = 8002,
-    host: Annotated[str, typer.Option("--host", help="Bind address of all endpoints (0.0.0.0 exposes them).")] = "127.0.0.1",
+    host: Annotated[str, typer.Option("--host", help="Bind address of all endpoints (0.0.0.0 exposes them; then --admin-key is required).")] = "127.0.0.1",
+    admin_key: Annotated[str | None, typer.Option("--admin-key", envvar="TRTPIPE_ADMIN_KEY", show_envvar=True, help="Off loopback: Triton's model-repository, shared-memory, logging and trace APIs answer only requests with the key (HTTP header triton-admin-key, gRPC metadata triton-grpc-protocol-triton-admin-key).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the server to be ready.")] = 120.0,
     exit_timeout: Annotated[int, typer.Option("--exit-timeout", help="Seconds Triton waits for in-flight requests on stop.")] = 5,
     log_file: Annotated[Path | None, typer.Option("--log-file", help="Server log (default: <build dir>/triton_server-<grpc port>.log).")] = None,
@@ -33,8 +34,8 @@ def serve(
     stop: Annotated[bool, typer.Option("--stop", help="Stop the detached server (graceful, then kill).")] = False,
 ) -> None:
     """Serve a build with Triton (gRPC, HTTP, metrics) until Ctrl-C, or in the background with --detach."""
-    from pipeline import serve as srv
     from pipeline.errors import StageError, UserError
+    from pipeline.stages import serve as srv
 
     state_file = srv.state_path()
     if status or stop:
@@ -46,46 +47,53 @@ def serve(
             _stop(state_file)
         return
 
-    repo, build = srv.resolve_target(target)
+    resolved = srv.ServeTarget.resolve(target)
     if detach:
         old = srv.read_state(state_file)
         if old is not None and srv.state_alive(old):
             raise UserError(f"a detached server is already running (pid {old['pid']}, gRPC {old['grpc_url']}): run `trtpipe serve --stop` first")
         state_file.unlink(missing_ok=True)
-    install = srv.find_triton()
-    for warning in srv.check_runtime(repo, build, install):
-        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
-    log = log_file or (build or state_file.parent) / f"triton_server-{grpc_port}.log"
-    server = srv.TritonServer(
-        repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, host=host, log_file=log,
-        exit_timeout_s=exit_timeout, world_size=srv.build_world_size(build), install=install, die_with_parent=not detach,
+    options = srv.ServeOptions(
+        http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, host=host, ready_timeout_s=timeout,
+        exit_timeout_s=exit_timeout, log_file=log_file, admin_key=admin_key,
     )
+    if options.restricted_api_args():
+        console.print(f"administrative APIs ({', '.join(srv.ADMIN_APIS)}) restricted to requests with the key in HTTP header "
+                      f"{srv.ADMIN_HEADER} / gRPC metadata {srv.GRPC_ADMIN_HEADER}; inference, health and metadata are open",
+                      highlight=False, soft_wrap=True)
+
+    def started(server) -> None:  # noqa: ANN001
+        console.print(f"[bold]trtpipe serve[/] {resolved.repo}  ({server.install.kind} Triton, log {server.log_file})",
+                      highlight=False, soft_wrap=True)
+
     previous = _raise_on_sigterm()
+    handle = None
     try:
-        server.start()  # checks the ports first: nothing is launched when one is taken
-        console.print(f"[bold]trtpipe serve[/] {repo}  ({install.kind} Triton, log {log})", highlight=False, soft_wrap=True)
-        ready_s = server.wait_ready(timeout)
-        models = ", ".join(f"{m['name']}" for m in server.models()) or "none"
+        handle = srv.run(resolved, options, die_with_parent=not detach, on_start=started)
+        for warning in handle.warnings:
+            err_console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+        models = ", ".join(m["name"] for m in handle.models()) or "none"
         console.print(
-            f"  gRPC    {server.grpc_url}\n  HTTP    http://{server.http_url}\n  metrics {server.metrics_url}\n  models  {models}",
+            f"  gRPC    {handle.grpc_url}\n  HTTP    http://{handle.http_url}\n  metrics {handle.metrics_url}\n  models  {models}",
             highlight=False, soft_wrap=True,
         )
-        console.print(f"[bold green]ready[/] in {ready_s:.1f} s (pid {server.pid}, RSS {server.rss_bytes() / 2**20:.0f} MiB)", highlight=False, soft_wrap=True)
+        console.print(f"[bold green]ready[/] in {handle.ready_s:.1f} s (pid {handle.server.pid}, RSS {handle.rss_bytes() / 2**20:.0f} MiB)",
+                      highlight=False, soft_wrap=True)
         if detach:
-            srv.write_state(state_file, server, build)
-            server.detach()
-            console.print(f"running in the background; `trtpipe serve --status` / `trtpipe serve --stop` ({state_file})", highlight=False, soft_wrap=True)
+            handle.detach(state_file)
+            console.print(f"running in the background; `trtpipe serve --status` / `trtpipe serve --stop` ({state_file})",
+                          highlight=False, soft_wrap=True)
             return
         console.print("[dim]Ctrl-C to stop[/]")
-        rc = server.proc.wait()  # type: ignore[union-attr]
-        raise StageError(f"tritonserver exited on its own with status {rc} (log: {log})" + server.log_excerpt())
+        rc = handle.server.proc.wait()  # type: ignore[union-attr]
+        raise StageError(f"tritonserver exited on its own with status {rc} (log: {handle.server.log_file})" + handle.server.log_excerpt())
     except KeyboardInterrupt:
         console.print("stopping…")
-        rc = server.stop()
+        rc = handle.stop() if handle is not None else None
         console.print(f"stopped (exit status {rc})", highlight=False, soft_wrap=True)
     finally:
-        if server.proc is not None and server.proc.poll() is None:  # never leave a half-started server
-            server.stop(grace_s=0)
+        if handle is not None and handle.server.proc is not None and handle.server.proc.poll() is None:
+            handle.stop(grace_s=0)  # never leave a half-started server
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -103,7 +111,7 @@ def _raise_on_sigterm() -> dict[int, Any]:
 
 
 def _status(state_file: Path) -> None:
-    from pipeline import serve as srv
+    from pipeline.stages import serve as srv
 
     state = srv.read_state(state_file)
     if state is None:
@@ -125,7 +133,7 @@ def _status(state_file: Path) -> None:
 
 
 def _stop(state_file: Path) -> None:
-    from pipeline import serve as srv
+    from pipeline.stages import serve as srv
 
     state, was_running = srv.stop_detached(state_file)
     if state is None:

@@ -3,7 +3,6 @@
 - :mod:`.engine`: :class:`CpuEngine`, in-flight batching on a paged KV cache (transformers'
   continuous batching) with TensorRT-LLM request semantics (``min_tokens``, ``end_id``).
 - :mod:`.dequant`: ModelOpt unified HF checkpoint → plain weights carrying the quantization error.
-- :mod:`.testing`: real small fixtures (SmolLM2 + a ModelOpt export) for tests.
 
 ``from pipeline.cpu_runtime import CpuEngine`` imports torch/transformers on first use only.
 """

@@ -1,6 +1,6 @@
 """How big the CPU engine's KV cache is: the one rule, shared by the engine, its build stage and ``trtpipe plan``.
 
-Pure Python (no torch), so the planner can import it cheaply.
+Pure Python (no torch, no pydantic): the planner imports it, and so does the engine inside the Triton stub.
 """
 
 from __future__ import annotations

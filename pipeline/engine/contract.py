@@ -1,8 +1,8 @@
 """The TensorRT-LLM 1.2.1 contract as data, and the rules trtpipe applies before calling the tools.
 
-Everything version-specific lives in ``pipeline/data/trtllm_1.2.1_contract.yaml`` (flag table, BuildConfig,
-PluginConfig, PretrainedConfig and QuantConfig keys, LLM-API field names, version pins); this module only
-reads it. The fake ``tests/fakes/fake_trtllm_build`` reads the same file to build its own argparse parser,
+The TensorRT-LLM interface lives in ``pipeline/data/trtllm_1.2.1_contract.yaml`` (flag table, BuildConfig,
+PluginConfig, PretrainedConfig and QuantConfig keys, LLM-API field names); versions come from the release
+matrix (:mod:`pipeline.release`). This module only reads them. The fake ``tests/fakes/fake_trtllm_build`` reads the same file to build its own argparse parser,
 so the generated command is checked against the table by an independent consumer.
 
 Sources of the table are marked [S] (TensorRT-LLM source copies not tagged v1.2.1) or [V] (verified from
@@ -29,9 +29,15 @@ def contract() -> dict[str, Any]:
     return yaml.safe_load(resources.files("pipeline").joinpath(CONTRACT_RESOURCE).read_text())
 
 
-def pins() -> dict[str, str]:
-    """Pinned versions: ``tensorrt_llm`` 1.2.1, ``tensorrt`` 10.14.1.48, ``triton_container``, ``modelopt``."""
-    return dict(contract()["pins"])
+def pins() -> dict[str, str | None]:
+    """The versions an engine is built for: the release matrix's default container
+    (:func:`pipeline.release.default_release`): ``tensorrt_llm``, ``tensorrt``, ``triton_container`` (the
+    image), ``nvidia_modelopt`` and ``transformers`` (what the container's TensorRT-LLM pins)."""
+    from pipeline.release import default_release
+
+    r = default_release()
+    return {"tensorrt_llm": r.tensorrt_llm, "tensorrt": r.tensorrt, "triton_container": r.image,
+            "nvidia_modelopt": r.nvidia_modelopt, "transformers": r.transformers}
 
 
 def build_flag_names() -> frozenset[str]:
@@ -165,29 +171,24 @@ def quant_config(recipe: Recipe) -> dict[str, Any]:
 
 
 def synthesize_checkpoint_config(recipe: Recipe, geo: ModelGeometry) -> dict[str, Any]:
-    """A TensorRT-LLM checkpoint ``config.json`` (PretrainedConfig keys, contract §5) from model geometry.
+    """A TensorRT-LLM checkpoint ``config.json`` (PretrainedConfig keys, docs/reference/trtllm-1.2.1-contract.md §5) from model geometry.
 
     Used for dry runs and ``--model_config`` builds without weights (the quantize stage did not run).
-    ``dtype`` ``auto`` becomes the model's own ``torch_dtype`` (bfloat16 when unknown); ``hidden_act``
-    ``silu`` and ``position_embedding_type`` ``rope_gpt_neox`` (Llama/Mistral family).
+    ``dtype`` ``auto`` becomes the model's own ``torch_dtype`` (bfloat16 when unknown); the geometry, RoPE
+    base and scaling come from :func:`pipeline.geometry.expected_values` of the known model config.
     """
+    from pipeline.geometry import expected_values
+
     t = recipe.target
     dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (getattr(geo, "torch_dtype", None) or "bfloat16")
+    values = expected_values(geo.hf_config())  # the same mapping the quantize stage's geometry check uses
+    values.pop("tie_word_embeddings", None)
+    if values.get("rotary_scaling") is None:
+        values.pop("rotary_scaling", None)
     return {
-        "architecture": geo.architecture,
+        **values,
         "dtype": dtype,
         "logits_dtype": "float32",
-        "vocab_size": geo.vocab_size,
-        "hidden_size": geo.hidden_size,
-        "num_hidden_layers": geo.num_hidden_layers,
-        "num_attention_heads": geo.num_attention_heads,
-        "num_key_value_heads": geo.num_key_value_heads,
-        "head_size": geo.head_dim,
-        "intermediate_size": geo.intermediate_size,
-        "max_position_embeddings": geo.max_position_embeddings,
-        "hidden_act": "silu",
-        "norm_epsilon": 1e-05,
-        "position_embedding_type": "rope_gpt_neox",
         "use_parallel_embedding": False,
         "embedding_sharding_dim": 0,
         "mapping": {"world_size": t.world_size, "tp_size": t.tp_size, "pp_size": t.pp_size},

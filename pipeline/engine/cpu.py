@@ -17,7 +17,7 @@ What the CPU engine honours from the recipe, and what it refuses (one line, at b
 - ``build.kv_cache_config.max_tokens`` and ``free_gpu_memory_fraction``: on CPU the fraction is a
   share of the host RAM available when the engine loads (after its weights); the KV cache holds
   min(max_tokens, fraction × available / fp32 K+V bytes per token) tokens, in slots of
-  ``max_seq_len`` tokens, at most ``max_batch_size`` slots (:func:`pipeline.cpu_runtime.engine.kv_slots`).
+  ``max_seq_len`` tokens, at most ``max_batch_size`` slots (:func:`pipeline.cpu_runtime.kv.kv_slots`).
   ``max_tokens`` below ``max_seq_len`` is refused.
 - ``build.enable_chunked_prefill``: prompts longer than the step budget (``max_num_tokens``) are split
   across steps when true, admitted whole otherwise.
@@ -31,17 +31,14 @@ What the CPU engine honours from the recipe, and what it refuses (one line, at b
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import (
-    StageResult,
     atomic_dir,
     base_manifest,
-    cached_result,
     file_hashes,
     library_versions,
     peak_rss_bytes,
@@ -50,9 +47,13 @@ from pipeline.artifacts import (
     write_manifest,
 )
 from pipeline.errors import StageError, UserError
-from pipeline.recipe import Recipe
+from pipeline.layout import BuildLayout
+from pipeline.models import geometry_from_dict
+from pipeline.recipe import Recipe, derived
+from pipeline.recipe.consumers import consumed
+from pipeline.stages.results import EngineResult, QuantizeResult
 
-STAGE = "engine"
+STAGE = EngineResult.STAGE
 ENGINE_CONFIG = "engine_config.json"
 #: Bump when the engine directory layout or engine_config.json fields change.
 BUILDER_VERSION = 2
@@ -62,7 +63,6 @@ _SKIP = ("hf_quant_config.json", "config.json", "model.safetensors.index.json")
 RUNTIME = "trtpipe-torch"
 #: The CPU engine computes and keeps its KV cache in float32 (build.cpu.dtype only rounds the stored weights).
 COMPUTE_DTYPE = "float32"
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 def _model_config(hf_ckpt: Path, recipe: Recipe, dry_run: bool) -> dict[str, Any]:
@@ -81,60 +81,25 @@ def _model_config(hf_ckpt: Path, recipe: Recipe, dry_run: bool) -> dict[str, Any
     return cfg.get("text_config", cfg)
 
 
-def kv_bytes_per_token(model_cfg: dict[str, Any], dtype: str) -> int:
-    """Bytes of K and V for one token over all layers: 2 × layers × kv_heads × head_dim × dtype size."""
-    heads = model_cfg["num_attention_heads"]
-    kv_heads = model_cfg.get("num_key_value_heads") or heads
-    head_dim = model_cfg.get("head_dim") or model_cfg["hidden_size"] // heads
-    return 2 * model_cfg["num_hidden_layers"] * kv_heads * head_dim * _DTYPE_BYTES[dtype]
-
-
-def _refusals(recipe: Recipe) -> list[tuple[str, str]]:
-    """(field, why) for every recipe setting the CPU engine cannot honour."""
-    b, kv = recipe.build, recipe.build.kv_cache_config
-    out = []
-    if kv.enable_block_reuse:
-        out.append(("build.kv_cache_config.enable_block_reuse", "the CPU engine has no KV-block reuse; set it to false"))
-    if kv.max_attention_window is not None:
-        out.append(("build.kv_cache_config.max_attention_window", "the CPU engine attends over the whole sequence; unset it"))
-    if kv.host_cache_size is not None:
-        out.append(("build.kv_cache_config.host_cache_size", "the CPU engine's KV cache is already in host memory; unset it"))
-    if b.kv_cache_type != "paged":
-        out.append(("build.kv_cache_type", f"{b.kv_cache_type!r}: in-flight batching needs the (slot) KV cache; use paged"))
-    if b.max_beam_width != 1:
-        out.append(("build.max_beam_width", "the CPU engine decodes greedily (beam width 1)"))
-    if b.scheduler_config.capacity_scheduler_policy != "GUARANTEED_NO_EVICT":
-        out.append(("build.scheduler_config.capacity_scheduler_policy",
-                    "the CPU engine reserves each request's KV at admission (GUARANTEED_NO_EVICT only)"))
-    return out
-
-
 def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
     """The ``engine_config.json`` dict for ``recipe`` and the checkpoint's ``config.json``.
 
-    The KV cache is sized when the engine loads (it depends on the RAM available then); this
-    records the rule's inputs (``kv_cache.max_tokens``, ``kv_cache.free_memory_fraction``) and the
-    fp32 K+V bytes per token. Raises :class:`UserError` (one line naming the field) for a setting
-    the engine cannot honour (module docstring), an unsupported model, ``kv_cache_config.max_tokens``
-    below ``max_seq_len``, or ``max_seq_len`` above the model's ``max_position_embeddings``.
+    The KV cache is sized when the engine loads, by :func:`pipeline.cpu_runtime.kv.kv_slots` (it depends
+    on the host RAM available then, as TensorRT-LLM's ``free_gpu_memory_fraction`` depends on free GPU memory);
+    this records the rule's inputs (``kv_cache.max_tokens``, ``kv_cache.free_memory_fraction``) and the fp32 K+V
+    bytes per token. Settings the engine cannot honour are refused when the recipe loads
+    (:func:`pipeline.recipe.derived.cpu_engine_problems`). Raises :class:`UserError` (one line naming the field)
+    for an unsupported model, ``kv_cache_config.max_tokens`` below ``max_seq_len``, or ``max_seq_len`` above the
+    model's ``max_position_embeddings``.
     """
     from pipeline.cpu_runtime.model import UnsupportedModelError, check_supported
 
     b = recipe.build
-    refused = _refusals(recipe)
-    if refused:
-        field, why = refused[0]
-        raise UserError(f"{field}: {why}")
     try:
         check_supported(model_cfg)
     except UnsupportedModelError as e:
         raise UserError(f"model.source: {e}") from None
-    max_pos = model_cfg.get("max_position_embeddings")
-    max_seq_len = b.max_seq_len or max_pos
-    if max_seq_len is None:
-        raise UserError("build.max_seq_len is unset and the checkpoint's config.json has no max_position_embeddings")
-    if max_pos and max_seq_len > max_pos:
-        raise UserError(f"build.max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {max_pos}")
+    max_seq_len = derived.require_max_seq_len(b, model_cfg.get("max_position_embeddings"))
     kv = b.kv_cache_config
     if kv.max_tokens is not None and kv.max_tokens < max_seq_len:
         raise UserError(
@@ -160,7 +125,7 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
             "max_tokens": kv.max_tokens,
             "free_memory_fraction": kv.free_gpu_memory_fraction,
             "dtype": COMPUTE_DTYPE,
-            "bytes_per_token": kv_bytes_per_token(model_cfg, COMPUTE_DTYPE),
+            "bytes_per_token": geometry_from_dict(model_cfg).kv_bytes_per_token(4),  # float32 K and V
         },
         "enable_chunked_prefill": b.enable_chunked_prefill,
         "scheduler": "GUARANTEED_NO_EVICT",
@@ -178,23 +143,22 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _cache_key(recipe: Recipe, quantized: StageResult, dry_run: bool) -> str:
+def _cache_key(recipe: Recipe, quantized: QuantizeResult, dry_run: bool) -> str:
     versions = library_versions("torch", "transformers", "safetensors")
     return stable_hash(
         {
             "stage": STAGE,
             "builder_version": BUILDER_VERSION,
-            "build": recipe.build.model_dump(mode="json"),
-            "quantization": recipe.quantization.model_dump(mode="json", exclude={"calibration"}),
-            "quantize_cache_key": quantized.manifest.get("cache_key"),
+            "recipe": consumed(recipe, "engine", "engine_cpu", "runtime"),  # engine_config.json holds the KV/scheduler limits too
+            "quantize_cache_key": quantized.cache_key,
             "versions": versions,
             "dry_run": dry_run,
         }
     )
 
 
-def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = False, dry_run: bool = False) -> StageResult:
-    """Build the CPU engine directory ``out_dir`` from ``quantized.path/hf_ckpt``.
+def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force: bool = False, dry_run: bool = False) -> EngineResult:
+    """Build the CPU engine directory ``layout.engine`` from ``quantized.hf_ckpt``.
 
     Reuses ``out_dir`` when its manifest's cache key (recipe ``build`` section, quantization
     format, the quantize manifest's cache key, torch/transformers versions) matches, unless
@@ -208,20 +172,20 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = 
 
     from pipeline.cpu_runtime.dequant import DequantError, iter_dequantized, plain_config
 
-    out_dir = Path(out_dir)
+    out_dir = layout.engine
     key = _cache_key(recipe, quantized, dry_run)
     if not force:
-        hit = cached_result(STAGE, out_dir, key)
+        hit = EngineResult.load(out_dir, key)
         if hit:
             return hit
     t0 = time.perf_counter()
-    hf_ckpt = Path(quantized.path) / "hf_ckpt"
+    hf_ckpt = quantized.hf_ckpt
     model_cfg = _model_config(hf_ckpt, recipe, dry_run)
     ecfg = engine_config(recipe, model_cfg)
     timings: dict[str, float] = {}
     with atomic_dir(out_dir) as tmp:
         (tmp / ENGINE_CONFIG).write_text(json.dumps(ecfg, indent=2, sort_keys=True) + "\n")
-        inputs: dict[str, Any] = {"quantize_cache_key": quantized.manifest.get("cache_key")}
+        inputs: dict[str, Any] = {"quantize_cache_key": quantized.cache_key}
         if not dry_run:
             from safetensors.torch import save_file
 
@@ -247,7 +211,10 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = 
             engine_kind="cpu",
             runtime=RUNTIME,
             precision=ecfg["precision"],
-            dry_run=dry_run,
+            status="dry_run" if dry_run else "built",
+            consumed=consumed(recipe, "engine", "engine_cpu", "runtime"),
+            world_size=1,
+            max_seq_len=ecfg["max_seq_len"],
             versions=library_versions("torch", "transformers", "safetensors", "nvidia-modelopt"),
             files=file_hashes(tmp),
             inputs=inputs,
@@ -256,4 +223,4 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = 
             peak_rss_bytes=peak_rss_bytes(),
         )
         write_manifest(tmp, manifest)
-    return StageResult(stage=STAGE, path=out_dir, manifest=manifest, cached=False)
+    return EngineResult.from_manifest(out_dir, manifest)

@@ -2,10 +2,10 @@
 
 Stage directory (``<build>/engine/``)::
 
-    llm_api_config.yaml   LLM() keyword arguments (LLM-API names, contract §8–9); the Triton ``llmapi``
-                          model's ``model.yaml`` is generated from these by :mod:`pipeline.triton_repo`
+    llm_api_config.yaml   LLM() keyword arguments (LLM-API names, docs/reference/trtllm-1.2.1-contract.md §8–9); the Triton ``llmapi``
+                          model's ``model.yaml`` is generated from these by :mod:`pipeline.stages.triton_repo`
     llm_api_config.json   the same, as JSON
-    manifest.json         engine_kind pytorch, status configured | dry_run, the kwargs and their hash
+    manifest.json         engine_kind pytorch, status built | dry_run, the kwargs and their hash
 
 The PyTorch backend loads the unified HF checkpoint (``<quantize>/hf_ckpt``) at server start; there is
 nothing to compile, so nothing here needs a GPU. Knobs that only exist for TensorRT engines
@@ -21,13 +21,14 @@ from typing import Any
 
 import yaml
 
-from pipeline.artifacts import (
-    StageResult, atomic_dir, base_manifest, cached_result, library_versions, peak_rss_bytes, stable_hash, write_manifest,
-)
+from pipeline.artifacts import atomic_dir, base_manifest, library_versions, peak_rss_bytes, stable_hash, write_manifest
 from pipeline.engine import contract
-from pipeline.errors import StageError, UserError
+from pipeline.errors import StageError
+from pipeline.layout import BuildLayout
 from pipeline.models import geometry_for_source, geometry_from_config
-from pipeline.recipe import Recipe
+from pipeline.recipe import Recipe, derived
+from pipeline.recipe.consumers import consumed
+from pipeline.stages.results import EngineResult, QuantizeResult
 
 CONFIG_YAML = "llm_api_config.yaml"
 CONFIG_JSON = "llm_api_config.json"
@@ -36,14 +37,11 @@ TRT_ONLY_KNOBS = ("build.plugins", "build.kv_cache_type", "build.workers", "buil
 
 
 def _max_seq_len(recipe: Recipe, hf_ckpt_dir: Path) -> int:
-    """``build.max_seq_len`` or the model's max_position_embeddings (HF config.json, else the known table)."""
-    if recipe.build.max_seq_len:
-        return recipe.build.max_seq_len
+    """:func:`pipeline.recipe.derived.require_max_seq_len` with the model's max_position_embeddings
+    (HF config.json, else the known-model table)."""
     cfg = Path(hf_ckpt_dir) / "config.json"
     geo = geometry_from_config(cfg) if cfg.is_file() else geometry_for_source(recipe.model.source)
-    if geo is None or not geo.max_position_embeddings:
-        raise UserError("build.max_seq_len: unset and the model's max_position_embeddings is unknown; set it")
-    return geo.max_position_embeddings
+    return derived.require_max_seq_len(recipe.build, geo.max_position_embeddings if geo is not None else None)
 
 
 def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path) -> dict[str, Any]:
@@ -119,8 +117,8 @@ def _ignored(recipe: Recipe) -> list[str]:
     return out
 
 
-def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = False, dry_run: bool = False) -> StageResult:
-    """Write the LLM-API configuration of ``recipe`` into ``out_dir`` (layout in the module docstring).
+def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force: bool = False, dry_run: bool = False) -> EngineResult:
+    """Write the LLM-API configuration of ``recipe`` into ``layout.engine`` (files in the module docstring).
 
     Reused when the cache key (recipe sections, upstream cache key, kwargs) matches, unless ``force``.
 
@@ -129,8 +127,8 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = 
         StageError: not a dry run and the quantize stage left no ``hf_ckpt/config.json``.
     """
     t0 = time.monotonic()
-    out_dir = Path(out_dir)
-    hf_ckpt = Path(quantized.path).resolve() / "hf_ckpt"
+    out_dir = layout.engine
+    hf_ckpt = quantized.hf_ckpt.resolve()
     present = (hf_ckpt / "config.json").is_file()
     if not present and not dry_run:
         raise StageError(f"{hf_ckpt}: no unified HF checkpoint (config.json) from the quantize stage")
@@ -138,19 +136,20 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = 
     problems = kwargs_problems(kwargs)
     if problems:  # a programming error: the table and this module disagree
         raise StageError("LLM-API config: " + "; ".join(problems))
-    status = "configured" if present else "dry_run"
-    key = stable_hash({"recipe": recipe.model_dump(mode="json", include={"model", "target", "quantization", "build"}),
-                       "quantize": quantized.manifest.get("cache_key"), "kwargs": kwargs, "status": status,
+    status = "built" if present else "dry_run"
+    fields = consumed(recipe, "engine", "runtime")  # the LLM() arguments hold the KV/scheduler knobs too
+    key = stable_hash({"recipe": fields,
+                       "quantize": quantized.cache_key, "kwargs": kwargs, "status": status,
                        "pins": contract.pins()})
     if not force:
-        hit = cached_result("engine", out_dir, key)
+        hit = EngineResult.load(out_dir, key)
         if hit:
             return hit
     manifest = base_manifest(
-        "engine", key, engine_kind="pytorch", status=status, llm_api_config=CONFIG_YAML, llm_api_kwargs=kwargs,
+        EngineResult.STAGE, key, engine_kind="pytorch", status=status, consumed=fields, llm_api_config=CONFIG_YAML, llm_api_kwargs=kwargs,
         llm_api_kwargs_sha256=stable_hash(kwargs), checkpoint={"path": str(hf_ckpt), "present": present},
         world_size=recipe.target.world_size, ignored_knobs=_ignored(recipe), pins=contract.pins(),
-        inputs={"quantize_cache_key": quantized.manifest.get("cache_key")}, versions=library_versions(),
+        inputs={"quantize_cache_key": quantized.cache_key}, max_seq_len=kwargs["max_seq_len"], versions=library_versions(),
     )
     with atomic_dir(out_dir) as tmp:
         (tmp / CONFIG_YAML).write_text(yaml.safe_dump(kwargs, sort_keys=False))
@@ -158,4 +157,4 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = 
         manifest["timings_s"] = {"total": round(time.monotonic() - t0, 3)}
         manifest["peak_rss_bytes"] = peak_rss_bytes()
         write_manifest(tmp, manifest)
-    return StageResult(stage="engine", path=out_dir, manifest=manifest)
+    return EngineResult.from_manifest(out_dir, manifest)

@@ -33,14 +33,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import (
-    StageResult, atomic_dir, base_manifest, cached_result, file_hashes, library_versions, peak_rss_bytes,
-    stable_hash, write_manifest,
-)
+from pipeline.artifacts import atomic_dir, base_manifest, file_hashes, library_versions, peak_rss_bytes, stable_hash, write_manifest
 from pipeline.engine import contract
 from pipeline.errors import MissingToolError, StageError, UserError
+from pipeline.layout import BuildLayout
 from pipeline.models import geometry_for_source, geometry_from_config
-from pipeline.recipe import Recipe
+from pipeline.recipe import Recipe, derived
+from pipeline.recipe.consumers import consumed
+from pipeline.stages.results import EngineResult, QuantizeResult
 
 TOOL = "trtllm-build"
 ENGINE_DIR = "."
@@ -58,9 +58,9 @@ PROBE_TIMEOUT_S = 20.0
 
 
 # ----------------------------------------------------------------------------------------------- plan
-def _checkpoint(recipe: Recipe, quantized: StageResult) -> tuple[Path, dict[str, Any], bool]:
+def _checkpoint(recipe: Recipe, quantized: QuantizeResult) -> tuple[Path, dict[str, Any], bool]:
     """``(source, checkpoint config, synthesized?)``: the quantize stage's ``trtllm_ckpt`` or a synthesized config."""
-    ckpt = Path(quantized.path).resolve() / "trtllm_ckpt"
+    ckpt = quantized.trtllm_ckpt.resolve()
     if (ckpt / "config.json").is_file():
         try:
             cfg = json.loads((ckpt / "config.json").read_text())
@@ -70,7 +70,7 @@ def _checkpoint(recipe: Recipe, quantized: StageResult) -> tuple[Path, dict[str,
         if problems:
             raise StageError(f"{ckpt / 'config.json'}: " + "; ".join(problems))
         return ckpt, cfg, False
-    hf_cfg = Path(quantized.path) / "hf_ckpt" / "config.json"
+    hf_cfg = quantized.hf_ckpt / "config.json"
     geo = geometry_from_config(hf_cfg) if hf_cfg.is_file() else geometry_for_source(recipe.model.source)
     if geo is None:
         raise UserError(
@@ -87,18 +87,14 @@ def resolve_max_seq_len(recipe: Recipe, ckpt_cfg: dict[str, Any]) -> int:
         UserError: unset and the model does not state max_position_embeddings, or max_input_len exceeds it.
     """
     b = recipe.build
-    max_seq = b.max_seq_len or ckpt_cfg.get("max_position_embeddings")
-    if not max_seq:
-        raise UserError("build.max_seq_len: unset and the checkpoint has no max_position_embeddings; set it")
-    if b.max_input_len > max_seq:
-        raise UserError(f"build.max_input_len: {b.max_input_len} exceeds max_seq_len {max_seq} (trtllm-build would clip it)")
+    max_seq = derived.require_max_seq_len(b, ckpt_cfg.get("max_position_embeddings"))
     if b.opt_num_tokens is not None and b.plugins.multiple_profiles:
         raise UserError("build.opt_num_tokens: trtllm-build refuses it together with plugins.multiple_profiles: true")
-    return int(max_seq)
+    return max_seq
 
 
 def build_command(recipe: Recipe, *, source: Path, from_model_config: bool, plugins: dict[str, Any], max_seq_len: int) -> list[str]:
-    """The ``trtllm-build`` argv (program name first), every knob explicit, flag spellings of contract §2.
+    """The ``trtllm-build`` argv (program name first), every knob explicit, flag spellings of docs/reference/trtllm-1.2.1-contract.md §2.
 
     Paths inside the stage directory are relative: the command runs with the stage directory as cwd.
     ``plugins`` are the effective plugin values (:func:`contract.effective_plugins`).
@@ -120,7 +116,7 @@ def build_command(recipe: Recipe, *, source: Path, from_model_config: bool, plug
 
 
 def build_config_dict(recipe: Recipe, *, plugins: dict[str, Any], max_seq_len: int, dtype: str) -> dict[str, Any]:
-    """The BuildConfig dict (contract §3) incl. the full ``plugin_config``, as ``--build_config`` reads it."""
+    """The BuildConfig dict (docs/reference/trtllm-1.2.1-contract.md §3) incl. the full ``plugin_config``, as ``--build_config`` reads it."""
     c = contract.contract()["build_config"]
     b = recipe.build
     cfg = dict(c["fields"])
@@ -134,12 +130,11 @@ def build_config_dict(recipe: Recipe, *, plugins: dict[str, Any], max_seq_len: i
     return cfg
 
 
-def plan(recipe: Recipe, quantized: StageResult) -> dict[str, Any]:
+def plan(recipe: Recipe, quantized: QuantizeResult) -> dict[str, Any]:
     """Everything the build needs, computed without side effects.
 
     Returns a dict: ``argv``, ``build_config``, ``checkpoint_config``, ``synthesized`` (bool), ``max_seq_len``,
-    ``plugins`` (effective), ``adjustments``, ``runtime_conflicts`` (recipe runtime knobs the engine cannot
-    honour, e.g. chunked prefill without paged context FMHA), ``world_size``. Raises UserError/StageError for unusable inputs.
+    ``plugins`` (effective), ``adjustments``, ``world_size``. Raises UserError/StageError for unusable inputs.
     """
     source, ckpt_cfg, synthesized = _checkpoint(recipe, quantized)
     max_seq = resolve_max_seq_len(recipe, ckpt_cfg)
@@ -147,17 +142,8 @@ def plan(recipe: Recipe, quantized: StageResult) -> dict[str, Any]:
     plugins, adjustments = contract.effective_plugins(
         recipe, architecture=ckpt_cfg["architecture"], sm=contract.compute_capability_sm(gpu.compute_capability if gpu else None)
     )
-    b = recipe.build
-    conflicts = []
-    if not plugins["use_paged_context_fmha"]:
-        for knob, on in (("build.enable_chunked_prefill", b.enable_chunked_prefill),
-                         ("build.kv_cache_config.enable_block_reuse", b.kv_cache_config.enable_block_reuse)):
-            if on:
-                conflicts.append(f"{knob}: true needs paged context FMHA, which this engine will not have "
-                                 "(contract §2 use_paged_context_fmha); the runtime must turn it off")
     return {
         "plugins": plugins,
-        "runtime_conflicts": conflicts,
         "argv": build_command(recipe, source=source, from_model_config=synthesized, plugins=plugins, max_seq_len=max_seq),
         "build_config": build_config_dict(recipe, plugins=plugins, max_seq_len=max_seq, dtype=ckpt_cfg["dtype"]),
         "checkpoint_config": ckpt_cfg,
@@ -321,8 +307,8 @@ def _write_plan(tmp: Path, p: dict[str, Any]) -> None:
     script.chmod(0o755)
 
 
-def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = False, dry_run: bool = False) -> StageResult:
-    """Build the TensorRT-LLM engine of ``recipe`` into ``out_dir`` (layout in the module docstring).
+def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force: bool = False, dry_run: bool = False) -> EngineResult:
+    """Build the TensorRT-LLM engine of ``recipe`` into ``layout.engine`` (files in the module docstring).
 
     Reuses ``out_dir`` when its cache key matches and it was built (or, for a dry run, dry-run).
 
@@ -333,37 +319,35 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = 
             build_config.json and a manifest with status ``not_built``.
     """
     t0 = time.monotonic()
-    out_dir = Path(out_dir)
+    out_dir = layout.engine
     p = plan(recipe, quantized)
+    fields = consumed(recipe, "engine")  # build-time knobs only: runtime ones go to the model repository
     key = stable_hash({
-        "recipe": recipe.model_dump(mode="json", include={"model", "target", "quantization", "build"}),
-        "quantize": quantized.manifest.get("cache_key"), "checkpoint_config": p["checkpoint_config"],
+        "recipe": fields, "quantize": quantized.cache_key, "checkpoint_config": p["checkpoint_config"],
         "argv": p["argv"], "build_config": p["build_config"], "pins": contract.pins(),
     })
     if not force:
-        hit = cached_result("engine", out_dir, key)
-        if hit and (hit.manifest.get("status") == "built" or (dry_run and hit.manifest.get("status") == "dry_run")):
+        hit = EngineResult.load(out_dir, key)
+        if hit and (hit.built or (dry_run and hit.status == "dry_run")):
             return hit
     tool = shutil.which(TOOL)
     if p["synthesized"] and tool and not dry_run:
-        raise UserError(f"{Path(quantized.path) / 'trtllm_ckpt'}: no TensorRT-LLM checkpoint; run the quantize stage "
+        raise UserError(f"{quantized.trtllm_ckpt}: no TensorRT-LLM checkpoint; run the quantize stage "
                         "first (an engine from --model_config alone would have no weights)")
     status = "dry_run" if dry_run else ("built" if tool else "not_built")
     manifest = base_manifest(
-        "engine", key, engine_kind="tensorrt", status=status, engine_dir=ENGINE_DIR, world_size=p["world_size"],
+        EngineResult.STAGE, key, engine_kind="tensorrt", status=status, consumed=fields, engine_dir=ENGINE_DIR, world_size=p["world_size"],
         tp_size=recipe.target.tp_size, pp_size=recipe.target.pp_size, max_seq_len=p["max_seq_len"],
         command=p["argv"], script=SCRIPT, build_config=BUILD_CONFIG, build_config_sha256=stable_hash(p["build_config"]),
         checkpoint={"source": "synthesized" if p["synthesized"] else "quantize", "path": p["argv"][2],
                     "config_sha256": stable_hash(p["checkpoint_config"])},
-        adjustments=p["adjustments"], effective_plugins=p["plugins"], runtime_conflicts=p["runtime_conflicts"],
-        pins=contract.pins(), inputs={"quantize_cache_key": quantized.manifest.get("cache_key")},
+        adjustments=p["adjustments"], effective_plugins=p["plugins"],
+        pins=contract.pins(), inputs={"quantize_cache_key": quantized.cache_key},
         target_gpu={"key": recipe.target.gpu, "compute_capability": recipe.gpu.compute_capability if recipe.gpu else None},
         versions=library_versions(),
     )
     for a in p["adjustments"]:
         sys.stderr.write(f"trtpipe: {a['knob']} {a['requested']} -> {a['effective']}: {a['reason']}\n")
-    for c in p["runtime_conflicts"]:
-        sys.stderr.write(f"trtpipe: warning: {c}\n")
     with atomic_dir(out_dir) as tmp:
         _write_plan(tmp, p)
         if status == "built":
@@ -386,4 +370,4 @@ def run(recipe: Recipe, out_dir: Path, *, quantized: StageResult, force: bool = 
             f"{TOOL} is not on PATH (TensorRT-LLM {contract.pins()['tensorrt_llm']} is GPU-only); the exact command is in "
             f"{out_dir / SCRIPT} and {out_dir / BUILD_CONFIG}: run it in {contract.pins()['triton_container']}"
         )
-    return StageResult(stage="engine", path=out_dir, manifest=manifest)
+    return EngineResult.from_manifest(out_dir, manifest)

@@ -1,20 +1,29 @@
-"""``trtpipe plan``: GPU sizing of a recipe — weight memory, KV-cache capacity, concurrency, throughput bounds.
+"""``trtpipe plan``: GPU sizing of a recipe — weight memory, KV-cache capacity, concurrency, throughput bounds
+and predicted (achievable) throughput and latency.
 
 Public API:
 
 - :func:`plan_recipe` (recipe, gpu=None, scenarios=None) → :class:`PlanResult`
 - :func:`check_fits` (recipe) → :class:`FitVerdict` (``ok``, ``errors``, ``warnings``), called by
   ``trtpipe build`` before any stage.
-- formulas: :mod:`pipeline.plan.memory` (bytes, tokens) and :mod:`pipeline.plan.perf` (roofline).
+- :func:`predict` (recipe, isl, osl, concurrency=None) → :class:`Prediction`: output tokens/s, TTFT and ITL
+  (ms) with the expected relative error, at a concurrency or at maximum load.
+- :func:`compare_run` (bench run dir) → predicted vs measured per load point (:mod:`pipeline.plan.measured`).
+- formulas: :mod:`pipeline.plan.memory` (bytes, tokens), :mod:`pipeline.plan.perf` (roofline bounds),
+  :mod:`pipeline.plan.achievable` (step-time model), :mod:`pipeline.plan.calibration` (its fit).
 
-See docs/plan.md for the formulas, the constants and how the estimates compare with published sizing.
+See docs/plan.md for the formulas, the constants and how the estimates compare with published figures.
 """
 
+from pipeline.plan.achievable import Efficiency, Prediction, SchedulerLimits, StepCost
+from pipeline.plan.measured import PointComparison, compare_run
 from pipeline.plan.memory import WeightBytes, activation_bytes, kv_bytes_per_token, kv_capacity_tokens, weight_bytes
 from pipeline.plan.perf import Roofline
 from pipeline.plan.planner import FitVerdict, MemoryPlan, PlanResult, ScenarioPlan, ThroughputPoint, check_fits, plan_recipe
+from pipeline.plan.predict import predict
 
 __all__ = [
-    "FitVerdict", "MemoryPlan", "PlanResult", "Roofline", "ScenarioPlan", "ThroughputPoint", "WeightBytes",
-    "activation_bytes", "check_fits", "kv_bytes_per_token", "kv_capacity_tokens", "plan_recipe", "weight_bytes",
+    "Efficiency", "FitVerdict", "MemoryPlan", "PlanResult", "PointComparison", "Prediction", "Roofline", "ScenarioPlan",
+    "SchedulerLimits", "StepCost", "ThroughputPoint", "WeightBytes", "activation_bytes", "check_fits", "compare_run",
+    "kv_bytes_per_token", "kv_capacity_tokens", "plan_recipe", "predict", "weight_bytes",
 ]

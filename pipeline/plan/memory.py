@@ -177,9 +177,7 @@ def kv_bytes_per_token(geo: ModelGeometry, kv_dtype_bytes: int, *, tp_size: int 
     replicated when tp > kv_heads). kv_dtype_bytes: 1 for an fp8/int8 KV cache, else the model dtype (2).
     Llama-3.1-8B, fp8 KV: 2 × 32 × 8 × 128 × 1 = 65,536 B = 64 KiB per token.
     """
-    layers = math.ceil(geo.num_hidden_layers / pp_size)
-    heads = max(1, geo.num_key_value_heads // tp_size)
-    return 2 * layers * heads * geo.head_dim * kv_dtype_bytes
+    return geo.kv_bytes_per_token(kv_dtype_bytes, tp_size=tp_size, pp_size=pp_size)
 
 
 def activation_bytes(geo: ModelGeometry, *, max_num_tokens: int, max_batch_size: int, max_beam_width: int = 1,

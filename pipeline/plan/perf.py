@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from pipeline import gpus
 from pipeline.models import ModelGeometry
 
 #: GEMM compute dtype per qformat: the tensor-core rate that bounds prefill (and decode when compute-bound).
@@ -37,6 +38,16 @@ def prefill_flops(geo: ModelGeometry, isl: int) -> float:
     """FLOPs to prefill one prompt of ``isl`` tokens (whole model): 2 × matmul_params × isl +
     2 × layers × heads × head_dim × isl² (causal attention: half of the 4·L·H·d·isl² of full attention)."""
     return 2 * matmul_params(geo) * isl + 2 * geo.num_hidden_layers * geo.num_attention_heads * geo.head_dim * isl * isl
+
+
+def peak_flops(gpu: gpus.GpuSpec, compute: str, dtype_bytes: int) -> float:
+    """Dense tensor peak (FLOP/s) of the GEMM dtype; falls back to BF16 when the GPU lacks that path."""
+    rate = {"bf16": gpu.bf16_tflops, "fp8": gpu.fp8_tflops, "fp4": gpu.fp4_tflops, "int8": gpu.int8_tops}[compute]
+    if rate is None:
+        rate = gpu.bf16_tflops
+    if compute == "bf16" and dtype_bytes == 4:
+        rate /= 2  # fp32 runs as TF32 at half the BF16 rate
+    return rate * 1e12
 
 
 class Roofline(BaseModel):

@@ -9,10 +9,14 @@ Steps (per GPU; formulas in :mod:`pipeline.plan.memory` and :mod:`pipeline.plan.
 4. KV tokens = blocks(free × fraction) × tokens_per_block, min with ``kv_cache_config.max_tokens``;
 5. per ISL/OSL: sequences that fit = KV blocks // ceil((ISL+OSL) / tokens_per_block); concurrency =
    min(that, max_batch_size, max_num_tokens); decode/prefill roofline → output tokens/s vs batch and
-   the batch where it saturates (compute-bound crossover, KV capacity or max_batch_size).
+   the batch where it saturates (compute-bound crossover, KV capacity or max_batch_size);
+6. the achievable-throughput model (:mod:`pipeline.plan.achievable`, inputs from
+   :mod:`pipeline.plan.predict`): predicted output tokens/s, TTFT and ITL with their expected error at
+   maximum load and at the recipe's bench concurrencies.
 
 The cpu target is planned against host memory (psutil) with the CPU engine's KV cache sized by
-``kv_cache_config.max_tokens``; throughput is not estimated there.
+``kv_cache_config.max_tokens``; its throughput is predicted from this host's measured rates
+(``pipeline/data/cpu_host.yaml``), without a roofline bound.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from pipeline.cpu_runtime.kv import kv_slots
 from pipeline.errors import UserError
 from pipeline.models import ModelGeometry, geometry_for_source
 from pipeline.plan import memory as mem
-from pipeline.plan.perf import QFORMAT_COMPUTE, Roofline, decode_flops_per_token, prefill_flops
-from pipeline.recipe import Recipe
-from pipeline.recipe.quant import FP8_QFORMATS
+from pipeline.plan import predict as pred
+from pipeline.plan.achievable import Efficiency, Prediction, SchedulerLimits, StepCost, knee_batch, predict_point, predicted_tps
+from pipeline.plan.perf import QFORMAT_COMPUTE, Roofline, decode_flops_per_token, peak_flops, prefill_flops
+from pipeline.recipe import Recipe, derived
 
 #: bytes the CPU engine process needs besides weights/KV/activations: Python, torch, the Triton Python
 #: backend stubs (estimate).
@@ -56,6 +61,7 @@ class ThroughputPoint(BaseModel):
     decode_tokens_per_s: float
     output_tokens_per_s: float
     bound: Literal["memory", "compute"]
+    predicted_output_tokens_per_s: float | None = None
 
 
 class ScenarioPlan(BaseModel):
@@ -73,6 +79,10 @@ class ScenarioPlan(BaseModel):
     saturated_by: Literal["compute", "kv_cache", "max_batch_size", "max_num_tokens"] | None = None
     peak_output_tokens_per_s: float | None = None
     curve: list[ThroughputPoint] = Field(default_factory=list)
+    predicted: Prediction | None = Field(default=None, description="Achievable-throughput prediction at maximum load.")
+    predicted_by_concurrency: list[Prediction] = Field(default_factory=list, description="Predictions at the bench concurrencies.")
+    knee_batch: int | None = Field(default=None, description="Smallest concurrency predicted to reach 90 % of the max-load "
+                                                             "output tokens/s: a starting max_batch_size.")
 
 
 class MemoryPlan(BaseModel):
@@ -117,6 +127,10 @@ class PlanResult(BaseModel):
     scenarios: list[ScenarioPlan]
     verdict: FitVerdict
     notes: list[str] = Field(default_factory=list)
+    step_cost: StepCost | None = Field(default=None, description="Inputs of the achievable-throughput model (per GPU).")
+    scheduler: SchedulerLimits | None = None
+    efficiency: Efficiency | None = None
+    error_terms: dict[str, float] = Field(default_factory=dict, description="Uncalibrated conditions and their relative error.")
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -135,34 +149,12 @@ def _dtype_bytes(recipe: Recipe, geo: ModelGeometry, on_cpu: bool) -> int:
     ``auto`` = the checkpoint's torch_dtype (float32 becomes float16 as quantize.py does; default bf16)."""
     if on_cpu:
         return mem.DTYPE_BYTES[recipe.build.cpu.dtype]
-    d = recipe.model.dtype
-    if d == "auto":
-        d = geo.torch_dtype or "bfloat16"
-        if d == "float32":
-            d = "float16"
-    return mem.DTYPE_BYTES.get(d, 2)
-
-
-def _peak_flops(gpu: gpus.GpuSpec, compute: str, dtype_bytes: int) -> float:
-    """Dense tensor peak (FLOP/s) of the GEMM dtype; falls back to BF16 when the GPU lacks that path."""
-    rate = {"bf16": gpu.bf16_tflops, "fp8": gpu.fp8_tflops, "fp4": gpu.fp4_tflops, "int8": gpu.int8_tops}[compute]
-    if rate is None:
-        rate = gpu.bf16_tflops
-    if compute == "bf16" and dtype_bytes == 4:
-        rate /= 2  # fp32 runs as TF32 at half the BF16 rate
-    return rate * 1e12
+    return mem.DTYPE_BYTES.get(derived.model_dtype(recipe, geo.torch_dtype or "bfloat16"), 2)
 
 
 def _format_errors(recipe: Recipe, gpu: gpus.GpuSpec) -> list[str]:
     """qformat / KV dtype the GPU cannot run (matters when ``--gpu`` overrides the recipe's target)."""
-    q, errs = recipe.quantization, []
-    if q.qformat == "nvfp4" and not gpu.fp4:
-        errs.append(f"quantization.qformat nvfp4 needs FP4 tensor cores (Blackwell); {gpu.key} is {gpu.arch}")
-    if q.qformat in FP8_QFORMATS and not gpu.fp8:
-        errs.append(f"quantization.qformat {q.qformat} needs FP8 tensor cores; {gpu.key} is {gpu.arch} (SM {gpu.compute_capability})")
-    if q.kv_cache_dtype == "fp8" and not gpu.fp8:
-        errs.append(f"quantization.kv_cache_dtype fp8 needs Ada, Hopper or Blackwell; {gpu.key} is {gpu.arch}")
-    return errs
+    return [f"{field} {message}" for field, message in derived.format_problems(recipe.quantization, gpu)]
 
 
 def _gib(b: float) -> str:
@@ -240,18 +232,18 @@ def plan_recipe(
         ckpt = mem.weight_bytes(geo, q.qformat, 2, awq_block_size=q.awq_block_size, lm_head_copy=False)
         notes.append(
             f"cpu target: assumed the CPU engine holds weights and KV in build.cpu.dtype {b.cpu.dtype} (the {q.qformat} "
-            f"checkpoint itself is {_gib(ckpt.total_bytes)}); throughput is not estimated on CPU"
+            f"checkpoint itself is {_gib(ckpt.total_bytes)}); no roofline bound on CPU"
         )
-        kv_tok = mem.kv_bytes_per_token(geo, dtype_b)
+        kv_tok = mem.kv_bytes_per_token(geo, 4)  # the CPU engine keeps K and V in float32
         act = mem.activation_bytes(geo, max_num_tokens=b.max_num_tokens, max_batch_size=b.max_batch_size,
                                    max_beam_width=b.max_beam_width, act_dtype_bytes=dtype_b)
         overhead = CPU_RUNTIME_BYTES
         free = total - weights.per_gpu_bytes - act - overhead
-        kvc = b.kv_cache_config  # the CPU engine's own rule (pipeline/cpu_runtime/kv.py)
+        kvc = b.kv_cache_config  # the CPU engine's own rule (pipeline.cpu_runtime.kv.kv_slots)
         try:
             slots, kv_tokens = kv_slots(max_batch_size=b.max_batch_size, max_seq_len=max_seq_len, bytes_per_token=kv_tok,
-                                        available_bytes=int(vm.available) - weights.per_gpu_bytes,
-                                        max_tokens=kvc.max_tokens, free_memory_fraction=kvc.free_gpu_memory_fraction)
+                                                    available_bytes=int(vm.available) - weights.per_gpu_bytes,
+                                                    max_tokens=kvc.max_tokens, free_memory_fraction=kvc.free_gpu_memory_fraction)
         except ValueError as e:
             errors.append(str(e))
             slots, kv_tokens = 0, 0
@@ -293,7 +285,8 @@ def plan_recipe(
             )
         notes.append(
             f"device memory {spec.memory_mib} MiB (nvidia-smi total; datasheet {spec.memory_gb:g} GB); activation and "
-            f"runtime reserve are estimates ({_gib(act)} + {_gib(overhead)}); throughput figures are datasheet-peak rooflines"
+            f"runtime reserve are estimates ({_gib(act)} + {_gib(overhead)}); 'bound' figures are datasheet-peak rooflines, "
+            "'predicted' ones the achievable-throughput model calibrated on published TensorRT-LLM throughput"
         )
 
     seq_blocks = mem.blocks_per_sequence(max_seq_len, b.tokens_per_block, b.max_beam_width)
@@ -305,6 +298,13 @@ def plan_recipe(
         kv_tokens=kv_tokens, kv_pool_bytes=kv_pool, kv_tokens_by_fraction=by_fraction, kv_limited_by=limited_by,
         unused_bytes=unused, tokens_per_block=b.tokens_per_block, max_seq_len=max_seq_len, full_sequences_at_max_seq_len=full_seqs,
     )
+
+    # --- inputs of the achievable-throughput model
+    cost = sched = eff = None
+    if kv_tokens > 0 and (on_cpu or free > 0):
+        cost, sched, eff, note = pred.model_inputs(recipe, geo, weights, kv_tok, kv_tokens, dtype_b, spec)
+        notes += [note] if note else []
+    terms = pred.error_terms(recipe, spec)
 
     # --- KV capacity checks (refuse unless the user accepts oversubscription)
     if free > 0 or on_cpu:
@@ -335,7 +335,7 @@ def plan_recipe(
 
     # --- scenarios
     compute = QFORMAT_COMPUTE[q.qformat]
-    peak = None if on_cpu else _peak_flops(spec, compute, dtype_b)
+    peak = None if on_cpu else peak_flops(spec, compute, dtype_b)
     plans: list[ScenarioPlan] = []
     for isl, osl in pairs:
         bps = mem.blocks_per_sequence(isl + osl, b.tokens_per_block, b.max_beam_width)
@@ -345,6 +345,14 @@ def plan_recipe(
         conc = max(limits[lim], 0)
         sp = ScenarioPlan(isl=isl, osl=osl, blocks_per_sequence=bps, kv_max_sequences=kv_seqs,
                           max_concurrency=conc, concurrency_limited_by=lim)
+        if cost is not None and sched is not None and eff is not None and conc >= 1:
+            try:
+                sp.predicted = predict_point(cost, sched, eff, isl, osl, None, extra_error=terms)
+                sp.predicted_by_concurrency = [predict_point(cost, sched, eff, isl, osl, c, extra_error=terms)
+                                               for c in sorted(set(recipe.bench.concurrency))]
+                sp.knee_batch = knee_batch(cost, sched, eff, isl, osl)
+            except ValueError as e:
+                warnings.append(f"ISL {isl}/OSL {osl}: no throughput prediction: {e}")
         if not on_cpu and conc >= 1:
             assert spec is not None and peak is not None
             avg_ctx = isl + osl / 2
@@ -363,7 +371,8 @@ def plan_recipe(
             sp.peak_output_tokens_per_s = roof.output_tokens_per_s(sat, osl)
             sp.curve = [
                 ThroughputPoint(batch=bb, step_ms=roof.step_time_s(bb) * 1e3, decode_tokens_per_s=roof.decode_tokens_per_s(bb),
-                                output_tokens_per_s=roof.output_tokens_per_s(bb, osl), bound=roof.bound(bb))
+                                output_tokens_per_s=roof.output_tokens_per_s(bb, osl), bound=roof.bound(bb),
+                                predicted_output_tokens_per_s=predicted_tps(cost, sched, eff, isl, osl, bb))
                 for bb in _batch_points(conc, list(recipe.bench.concurrency) + [sat])
             ]
             potential = min(kv_seqs, math.ceil(cross) if cross else kv_seqs, b.max_num_tokens)
@@ -382,6 +391,7 @@ def plan_recipe(
         peak_tflops=None if peak is None else peak / 1e12, bandwidth_tbs=None if on_cpu else spec.memory_bandwidth_tbs,
         geometry=geo, memory=mem_plan, scenarios=plans,
         verdict=FitVerdict(ok=not errors, errors=errors, warnings=warnings), notes=notes,
+        step_cost=cost, scheduler=sched, efficiency=eff, error_terms=terms,
     )
 
 

@@ -1,4 +1,4 @@
-"""Rich rendering of a :class:`PlanResult` (the human output of ``trtpipe plan``)."""
+"""Rich rendering of a :class:`PlanResult` (the human output of ``trtpipe plan``) and of a GPU comparison."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from pipeline.plan.achievable import Prediction
 from pipeline.plan.memory import GIB
 from pipeline.plan.planner import PlanResult
 
@@ -18,8 +19,21 @@ def _tps(x: float | None) -> str:
     return "—" if x is None else f"{x:,.0f}"
 
 
+def _pred(p: Prediction | None) -> str:
+    """``12,345 ±14%``: predicted output tokens/s and its expected relative error (1 σ)."""
+    return "—" if p is None else f"{p.output_tokens_per_s:,.0f} ±{p.rel_error:.0%}"
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else (f"{x:,.1f}" if x < 100 else f"{x:,.0f}")
+
+
+_SHORT = {"kv_cache": "KV", "max_batch_size": "batch", "max_num_tokens": "tokens", "compute": "compute", "concurrency": "conc."}
+
+
 def render(plan: PlanResult, concurrency: list[int] | None = None) -> Group:
-    """Tables for memory, per-scenario capacity and throughput bounds, then the verdict lines."""
+    """Tables for memory, per-scenario capacity with throughput bound and prediction, the prediction per
+    bench concurrency, then the verdict lines."""
     m, w = plan.memory, plan.memory.weights
     par = f" × tp{plan.tp_size} pp{plan.pp_size}" if plan.tp_size * plan.pp_size > 1 else ""
     title = Text.assemble((plan.recipe, "bold"), (
@@ -44,34 +58,84 @@ def render(plan: PlanResult, concurrency: list[int] | None = None) -> Group:
     mt.add_row("KV cache", _g(m.kv_pool_bytes), how)
     mt.add_row("unused", _g(m.unused_bytes), f"{m.full_sequences_at_max_seq_len} full sequences of max_seq_len {m.max_seq_len:,} fit")
 
-    short = {"kv_cache": "KV", "max_batch_size": "batch", "max_num_tokens": "tokens", "compute": "compute"}
-    st = Table(title="Capacity per ISL/OSL (tokens) and peak output tokens/s bound", title_justify="left", show_edge=False)
-    for col in ("ISL/OSL", "KV seqs", "conc.", "limit", "prefill ms", "saturates", "max tok/s"):
+    st = Table(title="Capacity per ISL/OSL (tokens)", title_justify="left", show_edge=False)
+    for col in ("ISL/OSL", "KV seqs", "conc.", "limit", "prefill ms", "saturates"):
         st.add_column(col, justify="left" if col in ("ISL/OSL", "limit") else "right", no_wrap=True)
+    pt = Table(title="Output tokens/s at maximum load: roofline bound and predicted (± expected error); "
+                     "'90 % at': the concurrency that reaches 90 % of it (a starting max_batch_size)",
+               title_justify="left", show_edge=False)
+    for col in ("ISL/OSL", "bound", "predicted", "batch", "TTFT ms", "ITL ms", "90 % at"):
+        pt.add_column(col, justify="left" if col == "ISL/OSL" else "right", no_wrap=True)
     for s in plan.scenarios:
-        sat = "—" if s.saturation_batch is None else f"{s.saturation_batch} ({short[s.saturated_by]})"
+        sat = "—" if s.saturation_batch is None else f"{s.saturation_batch} ({_SHORT[s.saturated_by]})"
         st.add_row(f"{s.isl}/{s.osl}", f"{s.kv_max_sequences:,}" if s.kv_max_sequences is not None else "—",
-                   f"{s.max_concurrency:,}", short[s.concurrency_limited_by],
-                   "—" if s.prefill_ms is None else f"{s.prefill_ms:,.1f}", sat, _tps(s.peak_output_tokens_per_s))
+                   f"{s.max_concurrency:,}", _SHORT[s.concurrency_limited_by],
+                   "—" if s.prefill_ms is None else f"{s.prefill_ms:,.1f}", sat)
+        p = s.predicted
+        pt.add_row(f"{s.isl}/{s.osl}", _tps(s.peak_output_tokens_per_s), _pred(p),
+                   "—" if p is None else f"{p.batch:,} ({_SHORT[p.limited_by]})", _ms(p and p.ttft_ms), _ms(p and p.itl_ms),
+                   "—" if s.knee_batch is None else f"{s.knee_batch:,}")
 
     conc = sorted(set(concurrency or []))
-    ct = Table(title="Output tokens/s bound vs concurrency (incl. prefill)",
+    ct = Table(title="Per bench concurrency (closed loop): output tokens/s bound and predicted, per-user tokens/s, TTFT, ITL",
                title_justify="left", show_edge=False)
-    ct.add_column("ISL/OSL", no_wrap=True)
-    for c in conc:
-        ct.add_column(str(c), justify="right", no_wrap=True)
+    for col in ("ISL/OSL", "conc.", "bound", "predicted", "per user", "TTFT ms", "ITL ms"):
+        ct.add_column(col, justify="left" if col == "ISL/OSL" else "right", no_wrap=True)
     for s in plan.scenarios:
-        at = {p.batch: p.output_tokens_per_s for p in s.curve}
-        ct.add_row(f"{s.isl}/{s.osl}", *[_tps(at.get(c)) if c <= s.max_concurrency else "cap" for c in conc])
+        bound = {pt.batch: pt.output_tokens_per_s for pt in s.curve}
+        for p in s.predicted_by_concurrency:
+            if p.concurrency not in conc:
+                continue
+            b = bound.get(p.concurrency) if p.concurrency is not None and p.concurrency <= s.max_concurrency else None
+            ct.add_row(f"{s.isl}/{s.osl}", f"{p.concurrency}" + (" (queues)" if p.limited_by != "concurrency" else ""),
+                       _tps(b) if s.curve else "—", _pred(p), f"{p.per_user_tokens_per_s:,.0f}", _ms(p.ttft_ms), _ms(p.itl_ms))
 
-    lines: list = [title, mt, Text(""), st]
-    if plan.scenarios and plan.scenarios[0].curve and conc:
+    lines: list = [title, mt, Text(""), st, Text(""), pt]
+    if conc and any(s.predicted_by_concurrency for s in plan.scenarios):
         lines += [Text(""), ct]
+    if plan.efficiency is not None:
+        e = plan.efficiency
+        extra = ", ".join(f"{k} ±{v:.0%}" for k, v in plan.error_terms.items())
+        if plan.target == "host":
+            how = (f"  prediction: the host's measured bandwidth and GEMM rate, CPU-engine overheads {e.step_overhead_ms:.1f} ms "
+                   f"per step + {e.seq_overhead_us:.0f} µs per sequence (measured); ±{e.rel_error:.0%}: not calibrated "
+                   "against served throughput (scripts/plan_vs_measured.py) — docs/plan.md")
+        else:
+            how = (f"  prediction: η_bw {e.bw_frac:.2f}, η_gemm {e.gemm_frac:.2f}, η_attn {e.attn_frac:.2f}, "
+                   f"{e.seq_overhead_us:.1f} µs/sequence + {e.step_overhead_ms:g} ms per step; error ±{e.rel_error:.0%} where "
+                   "calibrated" + (f" (+ uncalibrated: {extra})" if extra else "") + " — docs/plan.md")
+        lines.append(Text(how, style="dim"))
     v = plan.verdict
     lines.append(Text.from_markup("[bold green]fits[/]" if v.ok else "[bold red]does not fit[/]"))
     lines += [Text.assemble(("  error: ", "red"), e) for e in v.errors]
     lines += [Text.assemble(("  warning: ", "yellow"), x) for x in v.warnings]
     lines += [Text(f"  note: {n}", style="dim") for n in plan.notes]
+    return Group(*lines)
+
+
+def render_comparison(plans: list[PlanResult]) -> Group:
+    """The same recipe on several GPUs: per GPU and ISL/OSL, the predicted output tokens/s at maximum load
+    ± error next to the roofline bound, the batch, TTFT and ITL; weights and KV tokens per GPU. A GPU the
+    recipe does not fit is marked ✗ with its first error below the table."""
+    first = plans[0]
+    title = Text.assemble((first.recipe, "bold"), f": {first.model_source} · {first.qformat} (KV {first.kv_cache_dtype}) · "
+                                                  f"{first.engine} engine — GPU comparison at maximum load")
+    t = Table(show_edge=False)
+    for col in ("GPU", "weights GiB", "KV tokens", "ISL/OSL", "bound", "predicted", "batch", "TTFT ms", "ITL ms"):
+        t.add_column(col, justify="left" if col in ("GPU", "ISL/OSL") else "right", no_wrap=True)
+    for p in plans:
+        for i, s in enumerate(p.scenarios):
+            head = [p.target + ("" if p.verdict.ok else " ✗"), _g(p.memory.weights.per_gpu_bytes), f"{p.memory.kv_tokens:,}"] if i == 0 else ["", "", ""]
+            q = s.predicted
+            t.add_row(*head, f"{s.isl}/{s.osl}", _tps(s.peak_output_tokens_per_s), _pred(q),
+                      "—" if q is None else f"{q.batch:,} ({_SHORT[q.limited_by]})", _ms(q and q.ttft_ms), _ms(q and q.itl_ms),
+                      end_section=i == len(p.scenarios) - 1)
+    lines: list = [title, t]
+    for p in plans:
+        if not p.verdict.ok:
+            lines.append(Text.assemble((f"  {p.target}: ", "red"), p.verdict.errors[0]))
+    lines.append(Text("  output tokens/s: predicted = achievable-throughput model (± expected error, 1 σ); bound = datasheet "
+                      "roofline — docs/plan.md", style="dim"))
     return Group(*lines)
 
 

@@ -5,16 +5,17 @@ LLM-API ``KvCacheConfig`` / ``SchedulerConfig``) and is passed explicitly to the
 defaults changed between TensorRT-LLM versions (e.g. tokens_per_block 64 → 32,
 use_paged_context_fmha False → True). The Triton parameter names
 (``kv_cache_free_gpu_mem_fraction``, ``max_tokens_in_paged_kv_cache``, …) appear only in
-:mod:`pipeline.triton_repo`, the single translation point.
+:mod:`pipeline.stages.triton_repo`, the single translation point.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pipeline.recipe.base import StrictModel
+from pipeline.recipe.bounds import INT32_MAX, INT64_MAX, MAX_INSTANCES, is_power_of_two
 
 PluginDtype = Literal["auto", "float16", "float32", "bfloat16", "int32", "disable"]
 GemmPluginDtype = Literal["auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable"]
@@ -49,15 +50,15 @@ class KvCacheSpec(StrictModel):
         default=0.9, gt=0.0, le=1.0, description="Share of free GPU memory after weights given to the KV cache (default 0.9)."
     )
     max_tokens: int | None = Field(
-        default=None, ge=1, description="Cap on KV-cache tokens; the smaller of this and the fraction wins (default None)."
+        default=None, ge=1, le=INT32_MAX, description="Cap on KV-cache tokens; the smaller of this and the fraction wins (default None)."
     )
     enable_block_reuse: bool = Field(
         default=True, description="Reuse KV blocks across requests with a common prefix (LLM-API default True)."
     )
     max_attention_window: int | None = Field(
-        default=None, ge=1, description="Sliding attention window in tokens (default None = max_seq_len)."
+        default=None, ge=1, le=INT32_MAX, description="Sliding attention window in tokens (default None = max_seq_len)."
     )
-    host_cache_size: int | None = Field(default=None, ge=0, description="Bytes of host memory for offloaded KV blocks.")
+    host_cache_size: int | None = Field(default=None, ge=0, le=INT64_MAX, description="Bytes of host memory for offloaded KV blocks (uint64).")
 
 
 class SchedulerSpec(StrictModel):
@@ -78,7 +79,7 @@ class CpuEngineSpec(StrictModel):
     dtype: Literal["float32", "bfloat16"] = Field(
         default="float32", description="Compute dtype on CPU (float32: bf16 is slower and less exact on most CPUs)."
     )
-    num_threads: int | None = Field(default=None, ge=1, description="torch threads (default: all cores).")
+    num_threads: int | None = Field(default=None, ge=1, le=MAX_INSTANCES, description="torch threads (default: all cores).")
 
 
 class BuildSpec(StrictModel):
@@ -91,21 +92,21 @@ class BuildSpec(StrictModel):
             "backend, no engine (the future); `cpu`: trtpipe's CPU engine on the same Triton interface."
         ),
     )
-    max_batch_size: int = Field(default=2048, ge=1, description="--max_batch_size: most requests scheduled at once (default 2048).")
-    max_input_len: int = Field(default=1024, ge=1, description="--max_input_len: longest prompt in tokens (default 1024).")
+    max_batch_size: int = Field(default=2048, ge=1, le=INT32_MAX, description="--max_batch_size: most requests scheduled at once (default 2048; int32).")
+    max_input_len: int = Field(default=1024, ge=1, le=INT32_MAX, description="--max_input_len: longest prompt in tokens (default 1024; int32).")
     max_seq_len: int | None = Field(
-        default=None, ge=2, description="--max_seq_len: longest prompt+output in tokens (default None = model's max_position_embeddings)."
+        default=None, ge=2, le=INT32_MAX, description="--max_seq_len: longest prompt+output in tokens (default None = model's max_position_embeddings)."
     )
     max_num_tokens: int = Field(
-        default=8192, ge=1, description="--max_num_tokens: most tokens in one batch after padding removal (default 8192)."
+        default=8192, ge=1, le=INT32_MAX, description="--max_num_tokens: most tokens in one batch after padding removal (default 8192)."
     )
-    opt_num_tokens: int | None = Field(default=None, ge=1, description="--opt_num_tokens (default None = max_batch_size × max_beam_width).")
-    max_beam_width: int = Field(default=1, ge=1, description="--max_beam_width (default 1).")
+    opt_num_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX, description="--opt_num_tokens (default None = max_batch_size × max_beam_width).")
+    max_beam_width: int = Field(default=1, ge=1, le=1024, description="--max_beam_width (default 1; trtpipe refuses more than 1024 beams: no upstream limit was read for 1.2.1).")
     kv_cache_type: Literal["paged", "continuous", "disabled"] = Field(
         default="paged", description="--kv_cache_type (default paged; in-flight batching needs paged)."
     )
-    tokens_per_block: int = Field(default=32, ge=1, description="--tokens_per_block: tokens per paged-KV block (1.2.1 default 32; older 64).")
-    workers: int = Field(default=1, ge=1, description="--workers: parallel build processes (default 1).")
+    tokens_per_block: int = Field(default=32, ge=1, le=1024, description="--tokens_per_block: tokens per paged-KV block, a power of two (1.2.1 default 32; older 64).")
+    workers: int = Field(default=1, ge=1, le=MAX_INSTANCES, description="--workers: parallel build processes (default 1; at most tp × pp: one per rank, docs/reference/trtllm-1.2.1-contract.md §2).")
     plugins: PluginSpec = Field(default_factory=PluginSpec, description="Plugin/feature flags.")
     kv_cache_config: KvCacheSpec = Field(default_factory=KvCacheSpec, description="Runtime KV cache.")
     scheduler_config: SchedulerSpec = Field(default_factory=SchedulerSpec, description="Runtime scheduler.")
@@ -120,3 +121,10 @@ class BuildSpec(StrictModel):
         ),
     )
     cpu: CpuEngineSpec = Field(default_factory=CpuEngineSpec, description="CPU-engine settings (engine: cpu only).")
+
+    @field_validator("tokens_per_block")
+    @classmethod
+    def _power_of_two(cls, v: int) -> int:
+        if not is_power_of_two(v):
+            raise ValueError(f"{v} is not a power of two (the paged KV cache takes 8, 16, 32, 64, 128, …)")
+        return v

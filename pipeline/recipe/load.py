@@ -1,6 +1,7 @@
 """Loading a recipe YAML into a :class:`Recipe`, with one-line errors that name file:line and field.
 
-``load_recipe(path, overrides)`` reads the file with ``yaml.safe_load``, applies ``--set``
+``load_recipe(path, overrides)`` reads the file with a bounded YAML loader (no anchors/aliases, no
+duplicate keys, size and depth capped: :mod:`pipeline.recipe.yaml_bounded`), applies ``--set``
 overrides (``build.max_batch_size=64``) to the raw mapping, validates the whole recipe, and on
 failure raises :class:`pipeline.errors.RecipeError` whose message is e.g.::
 
@@ -11,21 +12,25 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import pydantic
 import yaml
 from pydantic import ValidationError
 
 from pipeline.errors import RecipeError
 from pipeline.recipe.schema import Recipe, RecipeCheckError
+from pipeline.recipe.yaml_bounded import BoundedYAMLError, compose_bounded, load_bounded
+
+S = TypeVar("S", bound="pydantic.BaseModel")
 
 
 def _line_index(text: str) -> dict[tuple[str, ...], int]:
     """Map every key path in the YAML document to its 1-based line number."""
     index: dict[tuple[str, ...], int] = {}
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
+        root = compose_bounded(text)
+    except (yaml.YAMLError, BoundedYAMLError):
         return index
 
     def walk(node: Any, path: tuple[str, ...]) -> None:
@@ -82,7 +87,9 @@ def _set_dotted(data: dict[str, Any], dotted: str, raw_value: str) -> None:
             raise RecipeError(f"--set {dotted}: {k!r} is not a section")
         cur = cur.setdefault(k, {})
     try:
-        value = yaml.safe_load(raw_value)
+        value = load_bounded(raw_value)
+    except BoundedYAMLError as e:
+        raise RecipeError(f"--set {dotted}: {e.message}") from None
     except yaml.YAMLError:
         value = raw_value
     if isinstance(cur, list) and keys[-1].isdigit():
@@ -127,7 +134,9 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     except OSError as e:
         raise RecipeError(f"{shown}: cannot read recipe ({e.strerror})") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_bounded(text)
+    except BoundedYAMLError as e:
+        raise RecipeError(f"{shown}{f':{e.line}' if e.line else ''}: {e.message}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
@@ -156,6 +165,31 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         line = _line_for(index, loc)
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
         raise RecipeError(f"{shown}{f':{line}' if line else ''} {'.'.join(loc) or '<root>'}: {what}{more}") from None
+
+
+def override_section(spec: S, overrides: dict[str, Any], *, section: str, flags: dict[str, str] | None = None) -> S:
+    """``spec`` (one recipe section) with ``overrides`` (field → value; ``None`` values skipped), re-validated whole.
+
+    Args:
+        spec: the section to start from (e.g. the recipe's ``bench``).
+        overrides: new values by field name of ``type(spec)``.
+        section: the section's name in a recipe, for messages (``bench``).
+        flags: field → the CLI flag that set it, so an error names what the user typed.
+
+    Raises:
+        UserError: a value the section rejects (one line naming the flag, else ``section.field``).
+    """
+    from pipeline.errors import UserError
+
+    data = spec.model_dump()
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return type(spec).model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else ""
+        where = (flags or {}).get(field) or f"{section}.{'.'.join(str(p) for p in err['loc'])}"
+        raise UserError(f"{where}: {err['msg']}") from None
 
 
 def recipe_json_schema() -> dict[str, Any]:

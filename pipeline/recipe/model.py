@@ -49,9 +49,20 @@ class TargetSpec(StrictModel):
         ),
         min_length=1,
     )
-    num_gpus: int = Field(default=1, ge=1, le=64, description="GPUs on the target machine (must be ≥ tp_size × pp_size).")
-    tp_size: int = Field(default=1, ge=1, description="Tensor parallelism (quantize.py --tp_size default 1).")
-    pp_size: int = Field(default=1, ge=1, description="Pipeline parallelism (quantize.py --pp_size default 1).")
+    num_gpus: int = Field(
+        default=1, ge=1, le=64,
+        description="GPUs the deployment may use in all, on one or more nodes (must be ≥ tp_size × pp_size).",
+    )
+    gpus_per_node: int | None = Field(
+        default=None, ge=1, le=64,
+        description=(
+            "GPUs per node of the target machines (default: num_gpus, i.e. one node). When tp_size × pp_size "
+            "exceeds it, `trtpipe deploy k8s` spreads one model instance over tp_size × pp_size / gpus_per_node "
+            "nodes (a LeaderWorkerSet group); tp_size × pp_size must then be a multiple of it."
+        ),
+    )
+    tp_size: int = Field(default=1, ge=1, le=64, description="Tensor parallelism (quantize.py --tp_size default 1; at most num_gpus).")
+    pp_size: int = Field(default=1, ge=1, le=64, description="Pipeline parallelism (quantize.py --pp_size default 1; at most num_gpus).")
 
     @field_validator("gpu")
     @classmethod
@@ -62,3 +73,13 @@ class TargetSpec(StrictModel):
     def world_size(self) -> int:
         """tp_size × pp_size: the number of ranks (engine files, MPI processes)."""
         return self.tp_size * self.pp_size
+
+    @property
+    def node_gpus(self) -> int:
+        """GPUs per node: ``gpus_per_node`` or, when unset, ``num_gpus`` (everything on one node)."""
+        return self.gpus_per_node or self.num_gpus
+
+    @property
+    def nodes_per_instance(self) -> int:
+        """Nodes one model instance spans: 1 when world_size fits a node, else world_size / node_gpus."""
+        return max(1, -(-self.world_size // self.node_gpus))

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field
 
 from pipeline.recipe.base import StrictModel
+from pipeline.recipe.bounds import INT32_MAX, MAX_SAMPLES, SEED_MAX
 
 QFormat = Literal["fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo", "nvfp4", "full_prec"]
 KvCacheDtype = Literal["fp8", "int8", "none"]
@@ -52,14 +53,15 @@ class CalibrationSpec(StrictModel):
         default=None,
         description="Key/column holding the text in .jsonl/.parquet/HF data (default: `text`; `article` for cnn_dailymail).",
     )
-    size: int = Field(default=512, ge=1, description="Number of calibration samples (quantize.py --calib_size default 512).")
+    size: int = Field(default=512, ge=1, le=MAX_SAMPLES, description="Number of calibration samples (quantize.py --calib_size default 512).")
     max_seq_length: int = Field(
-        default=512, ge=8, description="Tokens per calibration sample (quantize.py --calib_max_seq_length default 512)."
+        default=512, ge=8, le=INT32_MAX,
+        description="Tokens per calibration sample (quantize.py --calib_max_seq_length default 512; at most the model's max_position_embeddings).",
     )
-    batch_size: int = Field(default=1, ge=1, description="Calibration batch size (quantize.py --batch_size default 1).")
-    seed: int = Field(default=1234, description="Sampling seed (quantize.py --seed default 1234).")
+    batch_size: int = Field(default=1, ge=1, le=MAX_SAMPLES, description="Calibration batch size (quantize.py --batch_size default 1; at most size).")
+    seed: int = Field(default=1234, ge=0, le=SEED_MAX, description="Sampling seed in [0, 2^32) (quantize.py --seed default 1234).")
     eval_samples: int = Field(
-        default=16, ge=1, description="Held-out samples (never used for calibration) for the quality report."
+        default=16, ge=1, le=MAX_SAMPLES, description="Held-out samples (never used for calibration) for the quality report."
     )
 
 
@@ -69,7 +71,7 @@ class QuantSpec(StrictModel):
     qformat: QFormat = Field(default="full_prec", description="Weight/activation format (quantize.py --qformat, default full_prec).")
     kv_cache_dtype: KvCacheDtype = Field(default="none", description="KV-cache quantization (quantize.py --kv_cache_dtype, default none).")
     awq_block_size: int = Field(
-        default=128, ge=16, description="Group size of INT4 AWQ / W4A8 AWQ / INT4 weight-only (quantize.py --awq_block_size default 128)."
+        default=128, ge=16, le=4096, description="Group size of INT4 AWQ / W4A8 AWQ / INT4 weight-only (quantize.py --awq_block_size default 128; must divide the Linear input dims)."
     )
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec, description="Calibration data.")
 

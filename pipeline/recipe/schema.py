@@ -9,8 +9,10 @@ from pipeline.models import geometry_for_source
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bench import BenchSpec
 from pipeline.recipe.build import BuildSpec
+from pipeline.recipe.eval import EvalSpec
 from pipeline.recipe.model import ModelSpec, TargetSpec
-from pipeline.recipe.quant import BLOCK_QFORMATS, FP8_QFORMATS, QuantSpec
+from pipeline.recipe import derived
+from pipeline.recipe.quant import BLOCK_QFORMATS, QuantSpec
 from pipeline.recipe.serve import ServingSpec
 
 
@@ -34,6 +36,7 @@ class Recipe(StrictModel):
     build: BuildSpec = Field(default_factory=BuildSpec, description="Engine kind and TensorRT-LLM build/KV/scheduler knobs.")
     serving: ServingSpec = Field(default_factory=ServingSpec, description="Triton model-repository parameters.")
     bench: BenchSpec = Field(default_factory=BenchSpec, description="Default ISL/OSL scenarios and load points of `trtpipe bench`.")
+    eval: EvalSpec = Field(default_factory=EvalSpec, description="Accuracy gate of `trtpipe eval`: task, sample size, rule.")
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -49,9 +52,34 @@ class Recipe(StrictModel):
     # ------------------------------------------------------------------ cross-field checks
     @model_validator(mode="after")
     def _check(self) -> "Recipe":
-        for check in (self._check_target, self._check_formats, self._check_lengths, self._check_parallel, self._check_awq):
+        for check in (self._check_target, self._check_formats, self._check_lengths, self._check_parallel, self._check_awq,
+                      self._check_counts):
             check()
         return self
+
+    def _check_counts(self) -> None:
+        """Counts bounded by other fields, the model or this machine (each message names the number to lower)."""
+        import os
+
+        c, b, s = self.quantization.calibration, self.build, self.serving
+        if c.batch_size > c.size:
+            raise RecipeCheckError("quantization.calibration.batch_size", f"{c.batch_size} exceeds calibration.size {c.size}: lower it")
+        geo = geometry_for_source(self.model.source)
+        if geo is not None and geo.max_position_embeddings and c.max_seq_length > geo.max_position_embeddings:
+            raise RecipeCheckError(
+                "quantization.calibration.max_seq_length",
+                f"{c.max_seq_length} exceeds the model's max_position_embeddings {geo.max_position_embeddings}: lower it",
+            )
+        if b.workers > self.target.world_size:
+            raise RecipeCheckError(
+                "build.workers", f"{b.workers} build processes for {self.target.world_size} rank(s) (tp × pp): lower it "
+                "(trtllm-build builds one rank per worker)",
+            )
+        if self.target.gpu == gpus.CPU_TARGET:  # the CPU deployment runs on this machine: one process per instance
+            cores = len(os.sched_getaffinity(0))
+            for name in ("preprocessing_instance_count", "postprocessing_instance_count", "bls_instance_count"):
+                if getattr(s, name) > 4 * cores:
+                    raise RecipeCheckError(f"serving.{name}", f"{getattr(s, name)} processes on {cores} cores: lower it to ≤ {4 * cores}")
 
     def _check_target(self) -> None:
         t, engine = self.target.gpu, self.build.engine
@@ -67,38 +95,25 @@ class Recipe(StrictModel):
 
     def _check_formats(self) -> None:
         q = self.quantization
-        gpu = self.gpu
         if self.target.gpu == gpus.CPU_TARGET:
+            problems = derived.cpu_engine_problems(self)
+            if problems:
+                raise RecipeCheckError(*problems[0])
             if q.qformat == "nvfp4":
                 raise RecipeCheckError(
                     "quantization.qformat",
                     "'nvfp4' cannot be evaluated on CPU (ModelOpt's NVFP4 fake-quant needs CUDA); use fp8 or int4_awq",
                 )
             return
-        assert gpu is not None
-        if q.qformat == "nvfp4" and not gpu.fp4:
-            raise RecipeCheckError(
-                "quantization.qformat", f"'nvfp4' needs a Blackwell GPU; {gpu.key} is {gpu.arch.capitalize()}: use fp8"
-                if gpu.fp8 else f"'nvfp4' needs a Blackwell GPU; {gpu.key} is {gpu.arch.capitalize()}: use int8_sq or int4_awq"
-            )
-        if q.qformat in FP8_QFORMATS and not gpu.fp8:
-            raise RecipeCheckError(
-                "quantization.qformat",
-                f"'{q.qformat}' needs FP8 tensor cores (Ada, Hopper or Blackwell); {gpu.key} is "
-                f"{gpu.arch.capitalize()} (SM {gpu.compute_capability}): use int8_sq (or int4_awq for memory)",
-            )
-        if q.kv_cache_dtype == "fp8" and not gpu.fp8:
-            raise RecipeCheckError(
-                "quantization.kv_cache_dtype",
-                f"'fp8' KV cache needs Ada, Hopper or Blackwell; {gpu.key} is {gpu.arch.capitalize()}: use int8",
-            )
+        assert self.gpu is not None
+        problems = derived.format_problems(q, self.gpu)
+        if problems:
+            raise RecipeCheckError(*problems[0])
 
     def _check_lengths(self) -> None:
         b = self.build
-        max_seq = b.max_seq_len
         geo = geometry_for_source(self.model.source)
-        if max_seq is None and geo is not None:
-            max_seq = geo.max_position_embeddings
+        max_seq = derived.max_seq_len(b, geo.max_position_embeddings if geo is not None else None)
         if max_seq is not None and b.max_input_len > max_seq:
             raise RecipeCheckError(
                 "build.max_input_len", f"{b.max_input_len} exceeds max_seq_len {max_seq} (prompt + output must fit)"
@@ -145,6 +160,15 @@ class Recipe(StrictModel):
                 "target.tp_size",
                 f"tp_size {t.tp_size} × pp_size {t.pp_size} = {t.world_size} exceeds num_gpus {t.num_gpus}",
             )
+        if t.gpus_per_node is not None:
+            if t.gpus_per_node > t.num_gpus:
+                raise RecipeCheckError("target.gpus_per_node", f"{t.gpus_per_node} exceeds num_gpus {t.num_gpus}")
+            if t.world_size > t.gpus_per_node and t.world_size % t.gpus_per_node:
+                raise RecipeCheckError(
+                    "target.gpus_per_node",
+                    f"tp_size × pp_size = {t.world_size} spans nodes of {t.gpus_per_node} GPUs but is not a multiple "
+                    "of it: every node of a multi-node instance runs the same number of ranks",
+                )
         if t.gpu == gpus.CPU_TARGET and t.world_size != 1:
             raise RecipeCheckError("target.tp_size", "the cpu target runs one rank: tp_size and pp_size must be 1")
         geo = geometry_for_source(self.model.source)

@@ -40,12 +40,8 @@ FORWARD = {
     "return_num_input_tokens": "return_num_input_tokens", "return_num_output_tokens": "return_num_output_tokens",
     "beam_width": "beam_width", "num_return_sequences": "num_return_sequences",
 }
-#: tensorrt_llm outputs returned unchanged next to text_output.
-PASSTHROUGH = (
-    "cum_log_probs", "output_log_probs", "batch_index", "sequence_index", "kv_cache_alloc_new_blocks",
-    "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns", "first_scheduled_time_ns",
-    "first_token_time_ns", "last_token_time_ns", "num_input_tokens", "num_output_tokens",
-)
+#: this model's own output that is not a tensorrt_llm output (every other declared output is passed through)
+TEXT_OUTPUT = "text_output"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +60,8 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
+        #: tensorrt_llm outputs returned unchanged next to text_output: the ones this config declares
+        self.passthrough = tuple(o["name"] for o in config.get("output", []) if o["name"] != TEXT_OUTPUT)
         raw = raw_parameters(config)
         self.params = Params(
             tokenizer_dir=resolve_dir(args["model_repository"], get_param(raw, "tokenizer_dir", lambda n, v: v)),
@@ -107,13 +105,13 @@ class TritonPythonModel:
         return pb_utils.InferenceRequest(
             model_name=self.params.tensorrt_llm_model_name,
             inputs=inputs,
-            requested_output_names=["output_ids", "sequence_length", *PASSTHROUGH],
+            requested_output_names=["output_ids", "sequence_length", *self.passthrough],
         )
 
     def _response(self, texts: list[str], inner=None):
         tensors = [pb_utils.Tensor("text_output", np.array([[t.encode("utf-8") for t in texts]], dtype=object))]
         if inner is not None:
-            for name in PASSTHROUGH:
+            for name in self.passthrough:
                 t = pb_utils.get_output_tensor_by_name(inner, name)
                 if t is not None:
                     tensors.append(pb_utils.Tensor(name, t.as_numpy()))

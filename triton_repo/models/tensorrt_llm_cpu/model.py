@@ -18,12 +18,10 @@ watcher thread cancels requests whose client went away (``request.is_cancelled()
 flag: a client is never left waiting.
 
 Parameters (strict: every one listed here is read, and any other key fails the load, so the
-generated config.pbtxt carries only what this model honours — triton_repo/layouts.yaml
-``layouts.cpu.parameters``): gpt_model_path (engine dir), max_beam_width (must be 1),
-exclude_input_in_output, cancellation_check_period_ms, kv_cache_free_gpu_mem_fraction (share of the
-RAM available at load, see pipeline/cpu_runtime/kv.py), max_tokens_in_paged_kv_cache (optional),
-enable_chunked_context, batch_scheduler_policy (guaranteed_no_evict only), enable_kv_cache_reuse
-(false only), cpu_num_threads (optional).
+generated config.pbtxt carries only what this model honours): gpt_model_path (engine dir),
+max_beam_width (must be 1), exclude_input_in_output, cancellation_check_period_ms, cpu_num_threads
+(optional). The KV cache, scheduler and chunked-prefill settings are the engine directory's
+``engine_config.json`` (pipeline/engine/cpu.py), sized at load by pipeline.cpu_runtime.kv.kv_slots.
 """
 
 from __future__ import annotations
@@ -42,20 +40,8 @@ from _common import (ParameterError, apply_pythonpath, array, get_param, parse_b
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: Every parameter this model reads (anything else in config.pbtxt is refused).
 PARAMETERS = (
-    "gpt_model_path", "max_beam_width", "exclude_input_in_output", "cancellation_check_period_ms",
-    "kv_cache_free_gpu_mem_fraction", "max_tokens_in_paged_kv_cache", "enable_chunked_context",
-    "batch_scheduler_policy", "enable_kv_cache_reuse", "cpu_num_threads",
+    "gpt_model_path", "max_beam_width", "exclude_input_in_output", "cancellation_check_period_ms", "cpu_num_threads",
 )
-
-
-def _fraction(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ParameterError(f"parameter {name}={raw!r}: expected a number") from None
-    if not 0.0 < value <= 1.0:
-        raise ParameterError(f"parameter {name}={raw!r}: must be in (0, 1]")
-    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,9 +52,6 @@ class Params:
     exclude_input_in_output: bool
     cancellation_check_period_ms: int
     num_threads: int | None
-    kv_free_memory_fraction: float | None
-    kv_max_tokens: int | None
-    enable_chunked_context: bool | None
 
     @classmethod
     def parse(cls, raw: dict[str, str]) -> "Params":
@@ -79,12 +62,6 @@ class Params:
         beam = get_param(raw, "max_beam_width", lambda n, v: parse_int(n, v, minimum=1), 1)
         if beam != 1:
             raise ParameterError(f"parameter max_beam_width={beam}: the CPU engine decodes greedily (1 beam)")
-        policy = get_param(raw, "batch_scheduler_policy", lambda n, v: v.strip().lower(), "guaranteed_no_evict")
-        if policy != "guaranteed_no_evict":
-            raise ParameterError(f"parameter batch_scheduler_policy={policy!r}: the CPU engine reserves each request's "
-                                 "KV at admission (guaranteed_no_evict only)")
-        if get_param(raw, "enable_kv_cache_reuse", parse_bool, False):
-            raise ParameterError("parameter enable_kv_cache_reuse=true: the CPU engine has no KV-block reuse")
         return cls(
             engine_dir=get_param(raw, "gpt_model_path", lambda n, v: v),
             exclude_input_in_output=get_param(raw, "exclude_input_in_output", parse_bool, False),
@@ -92,9 +69,6 @@ class Params:
                 raw, "cancellation_check_period_ms", lambda n, v: parse_int(n, v, minimum=1), 100
             ),
             num_threads=get_param(raw, "cpu_num_threads", lambda n, v: parse_int(n, v, minimum=1), None),
-            kv_free_memory_fraction=get_param(raw, "kv_cache_free_gpu_mem_fraction", _fraction, None),
-            kv_max_tokens=get_param(raw, "max_tokens_in_paged_kv_cache", lambda n, v: parse_int(n, v, minimum=1), None),
-            enable_chunked_context=get_param(raw, "enable_chunked_context", parse_bool, None),
         )
 
 
@@ -114,6 +88,10 @@ class Job:
     arrival_ns: int
     engine_id: str | None = None
     generated: list[int] = dataclasses.field(default_factory=list)
+    #: held while the final response is sent and while the watcher asks ``is_cancelled()``: once the final
+    #: response is out, Triton releases the request's response factory, and asking it then crashed the
+    #: server (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled, Triton 2.51, seen in a 32-stream soak)
+    final_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     first_token_ns: int = 0
     sent_any: bool = False
     done: bool = False
@@ -131,9 +109,7 @@ class TritonPythonModel:
         from pipeline.cpu_runtime.engine import CpuEngine
 
         p = self.params
-        self.engine = CpuEngine(p.engine_dir, num_threads=p.num_threads, kv_max_tokens=p.kv_max_tokens,
-                                kv_free_memory_fraction=p.kv_free_memory_fraction,
-                                enable_chunked_prefill=p.enable_chunked_context)
+        self.engine = CpuEngine(p.engine_dir, num_threads=p.num_threads)
         rt = self.engine.runtime
         pb_utils.Logger.log_info(
             f"tensorrt_llm (CPU): {rt['runtime']} {rt['gemm']} {rt['dtype']}, {rt['threads']} threads, KV "
@@ -148,11 +124,16 @@ class TritonPythonModel:
     # ------------------------------------------------------------------ responses
     def _finish(self, job: Job, tensors=None, error: str | None = None) -> None:
         """Send the last response (or just the final flag) exactly once."""
-        with self.lock:
-            if job.done:
-                return
-            job.done = True
-            self.jobs.pop(id(job), None)
+        with job.final_lock:
+            with self.lock:
+                if job.done:
+                    return
+                job.done = True
+                self.jobs.pop(id(job), None)
+            self._send_final(job, tensors, error)
+
+    @staticmethod
+    def _send_final(job: Job, tensors, error: str | None) -> None:
         try:
             if error is not None:
                 job.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error)), flags=FINAL)
@@ -272,10 +253,13 @@ class TritonPythonModel:
             with self.lock:
                 jobs = list(self.jobs.values())
             for job in jobs:
-                try:
-                    cancelled = job.request.is_cancelled()
-                except Exception:
-                    cancelled = False
+                with job.final_lock:  # never ask a request whose final response is out (see Job.final_lock)
+                    if job.done:
+                        continue
+                    try:
+                        cancelled = job.request.is_cancelled()
+                    except Exception:
+                        cancelled = False
                 if cancelled:
                     self._cancel(job, "request cancelled by the client")
 

@@ -1,6 +1,6 @@
 """Stand-in for TensorRT-LLM's LLM-API ``tensorrt_llm`` Triton model (python backend, decoupled).
 
-Tensors as ``triton_repo/templates/llmapi_tensorrt_llm.pbtxt.j2`` (reference
+Tensors as ``triton_repo/templates/llmapi_tensorrt_llm.pbtxt.j2`` (docs/reference/
 triton-model-repository.md §3.7). Like the real ``llmapi/tensorrt_llm/1/model.py``, every streamed
 response carries the WHOLE text generated so far (``CompletionOutput.text``) and the last one is
 flagged final; there is no token count and no min_tokens.

@@ -1,6 +1,6 @@
 """Timed stand-in for TensorRT-LLM's ``tensorrt_llm`` model (Triton python backend, decoupled).
 
-Tensor names follow the real model (reference triton-model-repository.md §3.4): inputs
+Tensor names follow the real model (docs/reference/triton-model-repository.md §3.4): inputs
 ``input_ids`` [-1] INT32, ``input_lengths``, ``request_output_len``, ``min_tokens``, ``end_id``,
 ``pad_id`` INT32 [1], ``streaming``, ``return_num_output_tokens``, ``return_perf_metrics`` BOOL [1];
 outputs per streamed response ``output_ids`` [1, k] (the k new tokens), ``sequence_length`` [1],

@@ -27,10 +27,10 @@ each composing request; clients must set a unique ``request_id``) and runs as ON
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,27 +38,15 @@ from typing import Any
 import yaml
 
 from pipeline import artifacts
-from pipeline.artifacts import StageResult
-from pipeline.errors import StageError, UserError
+from pipeline.errors import StageError
+from pipeline.layout import BuildLayout
 from pipeline.recipe import Recipe
+from pipeline.recipe.consumers import consumed
+from pipeline.stages.results import EngineResult, QuantizeResult, RepoResult
+from pipeline.triton.model_config import layouts, package_dir, render_model_config, write_model_config
+from pipeline.triton.upstream import repository_problems
 
-STAGE = "triton_repo"
-PLACEHOLDER_MARKERS = ("${", "{{", "{%", "{#")
-
-
-@functools.cache
-def package_dir() -> Path:
-    """Directory of the ``triton_repo`` package (works for an editable install made before it had an
-    ``__init__.py``, where it imports as a namespace package)."""
-    import triton_repo
-
-    return Path(next(iter(triton_repo.__path__))).resolve()
-
-
-@functools.cache
-def layouts() -> dict[str, Any]:
-    """The parsed ``triton_repo/layouts.yaml`` (models per engine kind and fixed values)."""
-    return yaml.safe_load((package_dir() / "layouts.yaml").read_text())
+STAGE = RepoResult.STAGE
 
 
 def _bool(value: bool) -> str:
@@ -73,9 +61,10 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
     ``max_attention_window`` → ``max_attention_window_size``, ``host_cache_size`` → ``kv_cache_host_memory_bytes``,
     ``scheduler_config.capacity_scheduler_policy`` → ``batch_scheduler_policy`` (lower case),
     ``build.enable_chunked_prefill`` → ``enable_chunked_context``; names and meanings from
-    tensorrtllm_backend docs/model_config.md (reference §3.2). Optional knobs left unset in the recipe
-    are omitted (never left as ``${…}``). The CPU engine adds ``cpu_num_threads`` and keeps only the
-    keys its model reads (``layouts.yaml`` ``layouts.cpu.parameters``).
+    tensorrtllm_backend docs/model_config.md (docs/reference/triton-model-repository.md §3.2). Optional knobs left unset in the recipe
+    are omitted (never left as ``${…}``). For the CPU engine the parameters are exactly those its python
+    model reads (engine path, beam width, exclude-input, cancellation period, ``cpu_num_threads``): its KV pool
+    and scheduler limits are in the engine directory's ``engine_config.json``.
 
     KV-cache reuse and chunked context need paged context FMHA in the engine; when the engine
     manifest says trtllm-build turned it off (``effective_plugins``), both are set to false here
@@ -90,6 +79,16 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
         ``{parameter key: string value}`` in template order.
     """
     b, s, kv = recipe.build, recipe.serving, recipe.build.kv_cache_config
+    if b.engine == "cpu":  # exactly what triton_repo/models/tensorrt_llm_cpu/model.py reads
+        params = {
+            "gpt_model_path": str(Path(engine_dir).resolve()),
+            "max_beam_width": str(b.max_beam_width),
+            "exclude_input_in_output": _bool(s.exclude_input_in_output),
+            "cancellation_check_period_ms": str(s.cancellation_check_period_ms),
+        }
+        if b.cpu.num_threads is not None:
+            params["cpu_num_threads"] = str(b.cpu.num_threads)
+        return params
     params: dict[str, str] = {
         "max_beam_width": str(b.max_beam_width),
         "gpt_model_type": s.batching_strategy,
@@ -108,91 +107,20 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
         "kv_cache_host_memory_bytes": kv.host_cache_size,
     }
     params.update({k: str(v) for k, v in optional.items() if v is not None})
-    if b.engine == "cpu":
-        if b.cpu.num_threads is not None:
-            params["cpu_num_threads"] = str(b.cpu.num_threads)
-        keep = layouts()["layouts"]["cpu"]["parameters"]
-        params = {k: v for k, v in params.items() if k in keep}
-    else:
-        cpp = layouts()["cpp"]
-        params["FORCE_CPU_ONLY_INPUT_TENSORS"] = cpp["force_cpu_only_input_tensors"]
-        params["executor_worker_path"] = cpp["executor_worker_path"]
+    # the C++ tensorrtllm backend
+    cpp = layouts()["cpp"]
+    params["FORCE_CPU_ONLY_INPUT_TENSORS"] = cpp["force_cpu_only_input_tensors"]
+    params["executor_worker_path"] = cpp["executor_worker_path"]
+    # read unguarded by the backend's guided-decoding setup: a missing key fails the model load
+    # (model_instance_state.cc@c2e65b88d852:413-415, pipeline/data/triton_backend_contract.yaml);
+    # empty = guided decoding off
+    params["tokenizer_dir"] = layouts()["tokenizer"]["param_value"]
+    params["xgrammar_tokenizer_info_path"] = ""
+    params["guided_decoding_backend"] = ""
     return params
 
 
 # ---------------------------------------------------------------------------------------- configs
-@functools.cache
-def _jinja_env():
-    import jinja2
-    from google.protobuf import text_encoding
-
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(package_dir() / "templates")),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters["pbstr"] = lambda v: text_encoding.CEscape(str(v), as_utf8=True)
-    return env
-
-
-def render_model_config(template: str, **context: Any):
-    """Render ``templates/<template>.pbtxt.j2`` and parse it into a ``ModelConfig``.
-
-    Raises:
-        StageError: a template variable is missing, a placeholder survived, or the text is not a
-            valid ``ModelConfig`` (unknown field, bad enum, …); the message names the template.
-    """
-    import jinja2
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    try:
-        text = _jinja_env().get_template(f"{template}.pbtxt.j2").render(**context)
-    except jinja2.UndefinedError as e:
-        raise StageError(f"triton_repo/templates/{template}.pbtxt.j2: {e}") from None
-    left = [m for m in PLACEHOLDER_MARKERS if m in text]
-    if left:
-        raise StageError(f"triton_repo/templates/{template}.pbtxt.j2: placeholder {left[0]!r} left after rendering")
-    cfg = model_config_pb2.ModelConfig()
-    try:
-        text_format.Parse(text, cfg)
-    except text_format.ParseError as e:
-        raise StageError(f"triton_repo/templates/{template}.pbtxt.j2: not a valid ModelConfig ({e})") from None
-    return cfg
-
-
-def write_model_config(path: Path, cfg) -> None:
-    """Write ``cfg`` as protobuf text to ``path`` (``config.pbtxt``)."""
-    from google.protobuf import text_format
-
-    Path(path).write_text(text_format.MessageToString(cfg, as_utf8=True))
-
-
-def load_model_config(path: str | Path):
-    """Parse a ``config.pbtxt`` (or a model dir containing one) into ``tritonclient``'s ``ModelConfig``.
-
-    Raises:
-        UserError: the file is missing or is not a valid ``ModelConfig``.
-    """
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.pbtxt"
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise UserError(f"{path}: cannot read model config ({e.strerror})") from None
-    cfg = model_config_pb2.ModelConfig()
-    try:
-        text_format.Parse(text, cfg)
-    except text_format.ParseError as e:
-        raise UserError(f"{path}: not a valid Triton model config ({e})") from None
-    return cfg
-
-
 def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool = True) -> dict[str, Any]:
     """``{model name: ModelConfig}`` of every model the repository for ``recipe`` contains
     (``paged_context_fmha``: see :func:`tensorrt_llm_parameters`)."""
@@ -237,6 +165,17 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
     }
 
 
+def runtime_conflicts(recipe: Recipe, engine: EngineResult) -> list[str]:
+    """Runtime knobs the engine cannot honour, so the repository turns them off (:func:`tensorrt_llm_parameters`):
+    chunked context and KV-cache reuse need paged context FMHA (docs/reference/trtllm-1.2.1-contract.md §2)."""
+    if engine.paged_context_fmha:
+        return []
+    b = recipe.build
+    return [f"{knob}: true needs paged context FMHA, which this engine does not have; the repository turns it off"
+            for knob, on in (("build.enable_chunked_prefill", b.enable_chunked_prefill),
+                             ("build.kv_cache_config.enable_block_reuse", b.kv_cache_config.enable_block_reuse)) if on]
+
+
 # ---------------------------------------------------------------------------------------- files
 def template_hashes() -> dict[str, str]:
     """sha256 of every template/model file of the ``triton_repo`` package (part of the cache key)."""
@@ -272,7 +211,7 @@ def _copy_tokenizer(hf_ckpt: Path, dest: Path) -> list[str]:
     return copied
 
 
-def _llmapi_kwargs(recipe: Recipe, quantized: StageResult, engine: StageResult) -> dict[str, Any]:
+def _llmapi_kwargs(recipe: Recipe, quantized: QuantizeResult, engine: EngineResult) -> dict[str, Any]:
     """``LLM()`` kwargs for model.yaml: the engine stage's ``llm_api_config.yaml`` or, if absent,
     ``pipeline.engine.pytorch.llm_api_kwargs``. Raises StageError when neither is available."""
     path = Path(engine.path) / layouts()["llmapi"]["engine_config_file"]
@@ -281,14 +220,12 @@ def _llmapi_kwargs(recipe: Recipe, quantized: StageResult, engine: StageResult) 
         if not isinstance(data, dict):
             raise StageError(f"{path}: expected a mapping of LLM() arguments")
         return data
-    try:
-        from pipeline.engine.pytorch import llm_api_kwargs
-    except ImportError:
-        raise StageError(f"{path}: missing (run the pytorch engine stage first)") from None
-    return dict(llm_api_kwargs(recipe, Path(quantized.path) / "hf_ckpt"))
+    from pipeline.engine.pytorch import llm_api_kwargs
+
+    return dict(llm_api_kwargs(recipe, quantized.hf_ckpt))
 
 
-def _write_llmapi_files(recipe: Recipe, model_dir: Path, quantized: StageResult, engine: StageResult) -> str:
+def _write_llmapi_files(recipe: Recipe, model_dir: Path, quantized: QuantizeResult, engine: EngineResult) -> str:
     """Write ``1/model.yaml`` and link ``model.py``/``helpers.py`` to the container's llmapi model."""
     lay = layouts()["llmapi"]
     version = model_dir / "1"
@@ -306,27 +243,28 @@ def _write_llmapi_files(recipe: Recipe, model_dir: Path, quantized: StageResult,
 
 
 # ---------------------------------------------------------------------------------------- stage
-def cache_key(recipe: Recipe, *, quantized: StageResult, engine: StageResult) -> str:
-    """Hash of the serving + build sections, both upstream cache keys, the engine path and the templates."""
+def cache_key(recipe: Recipe, *, quantized: QuantizeResult, engine: EngineResult) -> str:
+    """Hash of the runtime fields (serving + KV/scheduler knobs, :mod:`pipeline.recipe.consumers`), both upstream
+    cache keys (which cover the build-time fields), the engine path and the templates."""
     return artifacts.stable_hash({
-        "serving": recipe.serving.model_dump(mode="json"),
-        "build": recipe.build.model_dump(mode="json"),
+        "recipe": consumed(recipe, "runtime"),
         "triton_max_batch_size": recipe.triton_max_batch_size,
-        "quantize": quantized.manifest.get("cache_key"),
-        "engine": engine.manifest.get("cache_key"),
+        "quantize": quantized.cache_key,
+        "engine": engine.cache_key,
         "engine_dir": str(Path(engine.path).resolve()),
         "templates": template_hashes(),
     })
 
 
 def run(
-    recipe: Recipe, out_dir: Path, *, quantized: StageResult, engine: StageResult, force: bool = False, dry_run: bool = False
-) -> StageResult:
-    """Write the Triton model repository for ``recipe`` into ``out_dir`` (reused when unchanged).
+    recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, engine: EngineResult, force: bool = False,
+    dry_run: bool = False,
+) -> RepoResult:
+    """Write the Triton model repository for ``recipe`` into ``layout.triton_repo`` (reused when unchanged).
 
     Args:
         recipe: the validated recipe (``build.engine`` selects the layout).
-        out_dir: the repository directory (replaced atomically).
+        layout: the build directory; ``layout.triton_repo`` is replaced atomically.
         quantized: the quantize stage result (tokenizer files come from ``<path>/hf_ckpt``).
         engine: the engine stage result (``gpt_model_path`` / CPU engine dir / ``llm_api_config.yaml``).
         force: rebuild even when the cache key matches.
@@ -335,32 +273,40 @@ def run(
             (``status: dry_run``); every config.pbtxt is still generated and validated.
 
     Returns:
-        The :class:`StageResult`; ``manifest["models"]`` lists the models written.
+        The :class:`RepoResult` (``models`` lists the models written).
 
     Raises:
         StageError: missing tokenizer/engine config, or a template that renders an invalid config.
     """
-    out_dir = Path(out_dir)
+    out_dir = layout.triton_repo
     key = cache_key(recipe, quantized=quantized, engine=engine)
     if dry_run:
         key = artifacts.stable_hash([key, "dry_run"])
-    if not force and (hit := artifacts.cached_result(STAGE, out_dir, key)):
+    if not force and (hit := RepoResult.load(out_dir, key)):
         return hit
     t0 = time.perf_counter()
     kind = recipe.build.engine
     lay = layouts()
-    paged_ctx = (engine.manifest.get("effective_plugins") or {}).get("use_paged_context_fmha", True)
-    configs = model_configs(recipe, Path(engine.path), paged_context_fmha=bool(paged_ctx))
-    extra: dict[str, Any] = {"status": "dry_run"} if dry_run else {}
+    configs = model_configs(recipe, engine.path, paged_context_fmha=engine.paged_context_fmha)
+    impl = lay["layouts"][kind]["tensorrt_llm"]
+    problems = repository_problems(configs, impl)
+    if problems:  # would not load (or would answer wrong) under the upstream backend / model
+        raise StageError("generated model repository breaks the upstream contract "
+                         "(pipeline/data/triton_backend_contract.yaml): " + "; ".join(problems))
+    extra: dict[str, Any] = {}
+    conflicts = runtime_conflicts(recipe, engine)
+    if conflicts:
+        extra["notes"] = conflicts
+        for c in conflicts:
+            sys.stderr.write(f"trtpipe: warning: {c}\n")
     with artifacts.atomic_dir(out_dir) as tmp:
         for name, cfg in configs.items():
             (tmp / name).mkdir()
             write_model_config(tmp / name / "config.pbtxt", cfg)
-        impl = lay["layouts"][kind]["tensorrt_llm"]
         if impl == "llmapi":
             extra["llmapi_model_py_source"] = _write_llmapi_files(recipe, tmp / "tensorrt_llm", quantized, engine)
         else:
-            hf_ckpt = Path(quantized.path) / "hf_ckpt"
+            hf_ckpt = quantized.hf_ckpt
             if dry_run and not hf_ckpt.is_dir():
                 extra["notes"] = [f"tokenizer files are copied from {hf_ckpt} by the real build"]
             else:
@@ -379,9 +325,11 @@ def run(
                 ])
         manifest = artifacts.base_manifest(
             STAGE, key,
+            status="dry_run" if dry_run else "built",
+            consumed=consumed(recipe, "runtime"),
             engine_kind=kind,
             models=sorted(configs),
-            inputs={"quantize": quantized.manifest.get("cache_key"), "engine": engine.manifest.get("cache_key"),
+            inputs={"quantize": quantized.cache_key, "engine": engine.cache_key,
                     "engine_dir": str(Path(engine.path).resolve())},
             templates=template_hashes(),
             versions=artifacts.library_versions("tritonclient", "jinja2", "protobuf", "transformers"),
@@ -391,4 +339,4 @@ def run(
             **extra,
         )
         artifacts.write_manifest(tmp, manifest)
-    return StageResult(stage=STAGE, path=out_dir, manifest=json.loads(json.dumps(manifest, default=str)), cached=False)
+    return RepoResult.from_manifest(out_dir, json.loads(json.dumps(manifest, default=str)))

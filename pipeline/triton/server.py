@@ -1,54 +1,199 @@
-"""Run Triton on a built model repository: :class:`TritonServer`, target resolution, detached state.
+"""The ``tritonserver`` process: where it comes from (:func:`find_triton`), its command line
+(:func:`triton_command`) and its lifecycle (:class:`TritonServer`).
 
-``TritonServer`` launches the real ``tritonserver`` (container binary on GPU, nvidia-pytriton's
-on CPU; see :mod:`pipeline.triton_server`) in its own session with its output in a log file,
-waits for readiness with a bound (a python stub that cannot start leaves the server "loading"
-forever), and stops it with SIGTERM → short exit timeout → SIGKILL of the process group, leaving
-no stub process and no ``/dev/shm`` region behind::
+Two installations are supported:
 
-    with TritonServer(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port()) as srv:
+* **GPU** — the Triton container of the release matrix (:func:`pipeline.release.default_release`;
+  ``/opt/tritonserver/bin/tritonserver`` with its own backends).
+* **CPU** — the Triton 2.51 binary bundled in PyPI ``nvidia-pytriton==0.7.0``. It runs only when
+  prepared as found in the CPU probes (docs/reference/cpu-stack.md §1): a backend directory holding
+  ``python/`` = the bundled python backend + the stub of the running Python X.Y next to
+  ``libtriton_python.so``; ``LD_LIBRARY_PATH`` = ``nvidia_pytriton.libs`` + the Python ``LIBDIR``;
+  the venv's ``bin`` first on ``PATH`` (the stub finds its interpreter and site-packages there).
+
+``TritonServer`` launches it in its own session with its output in a log file, waits for readiness
+with a bound (a python stub that cannot start leaves the server "loading" forever), and stops it with
+SIGTERM → short exit timeout → SIGKILL of the process group, leaving no stub process and no
+``/dev/shm`` region behind::
+
+    with TritonServer(repo) as srv:            # ports None: free ports are picked at start
         client = tritonclient.grpc.InferenceServerClient(srv.grpc_url)
-
-``trtpipe serve --detach`` records a running server in ``artifacts/serve.json``
-(:func:`write_state`, :func:`read_state`, :func:`stop_detached`).
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import importlib.util
 import os
-import re
+import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline import artifacts
-from pipeline.errors import IncompatibleArtifactError, StageError, UserError
-from pipeline.triton_server import (
-    TritonInstall,
+from pipeline.errors import MissingToolError, StageError, UserError
+from pipeline.triton.process import (
+    DEFAULT_SHM_PREFIX,
     check_ports_free,
     die_with_parent,
-    find_triton,
-    free_port,
     http_ok,
     log_tail,
     models_still_loading,
+    pick_free_port,
     repository_index,
-    shm_regions,
     terminate_tree,
     tree_rss,
-    triton_command,
 )
 
-__all__ = [
-    "TritonServer", "build_world_size", "check_runtime", "free_port", "read_state", "resolve_target",
-    "state_alive", "state_path", "state_ready", "stop_detached", "write_state",
-]
+#: tritonserver inside the Triton container of the release matrix (pipeline/data/release_matrix.yaml)
+CONTAINER_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
+#: the model that ranks ≠ 0 load in a multi-rank launch (launch_triton_server.py --tensorrt_llm_model_name)
+TRTLLM_MODEL_NAME = "tensorrt_llm"
 
-STATE_FILE = "serve.json"
+@dataclasses.dataclass(frozen=True)
+class TritonInstall:
+    """One usable ``tritonserver``: its binary, extra flags it needs, and its environment.
+
+    ``kind`` is ``"gpu"`` (container) or ``"cpu"`` (nvidia-pytriton). ``backend_dir`` and
+    ``cache_dir`` are passed as ``--backend-directory``/``--cache-directory`` when set.
+    ``env`` holds only the variables to override on top of ``os.environ``.
+    """
+
+    kind: str
+    binary: Path
+    backend_dir: Path | None = None
+    cache_dir: Path | None = None
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def environ(self) -> dict[str, str]:
+        """``os.environ`` with this installation's overrides applied."""
+        return {**os.environ, **self.env}
+
+
+def find_triton() -> TritonInstall:
+    """The ``tritonserver`` to use: ``$TRTPIPE_TRITONSERVER``, the container's, or nvidia-pytriton's.
+
+    Raises:
+        MissingToolError: none is available (install ``trtpipe[cpu]`` or use the deploy image).
+    """
+    override = os.environ.get("TRTPIPE_TRITONSERVER")
+    if override:
+        return TritonInstall(kind="gpu", binary=Path(override))
+    if CONTAINER_TRITONSERVER.is_file():
+        return TritonInstall(kind="gpu", binary=CONTAINER_TRITONSERVER)
+    return cpu_triton()
+
+
+def _pytriton_root() -> Path | None:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def cpu_triton(cache_root: Path | None = None) -> TritonInstall:
+    """The nvidia-pytriton Triton prepared for this Python (docs/reference/cpu-stack.md §1 steps 1–3).
+
+    The backend directory is prepared once per (pytriton version, Python X.Y) under
+    ``<cache>/triton_backends/`` (written atomically) and reused afterwards.
+
+    Raises:
+        MissingToolError: nvidia-pytriton is not installed, or lacks a stub for this Python.
+    """
+    from pipeline import artifacts
+
+    root = _pytriton_root()
+    if root is None or not (root / "tritonserver" / "bin" / "tritonserver").is_file():
+        raise MissingToolError(
+            "no tritonserver here: install the CPU server with `pip install 'trtpipe[cpu]'` (nvidia-pytriton 0.7.0) "
+            "or run in the GPU deploy image (docs/deploy-gpu.md)"
+        )
+    ts = root / "tritonserver"
+    pyver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = ts / "python_backend_stubs" / pyver / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise MissingToolError(f"nvidia-pytriton has no python-backend stub for Python {pyver} ({stub})")
+    try:
+        from importlib import metadata
+
+        version = metadata.version("nvidia-pytriton")
+    except Exception:  # noqa: BLE001 - only used to name the cache dir
+        version = "unknown"
+    cache_root = cache_root or artifacts.cache_dir()
+    backend_dir = cache_root / "triton_backends" / f"pytriton-{version}-py{pyver}"
+    if not (backend_dir / "python" / "triton_python_backend_stub").is_file():
+        with artifacts.atomic_dir(backend_dir) as tmp:
+            shutil.copytree(ts / "backends" / "python", tmp / "python", ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copy2(stub, tmp / "python" / "triton_python_backend_stub")
+    libs = [str(root.parent / "nvidia_pytriton.libs"), str(sysconfig.get_config_var("LIBDIR") or "")]
+    if os.environ.get("LD_LIBRARY_PATH"):
+        libs.append(os.environ["LD_LIBRARY_PATH"])
+    path = [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+    env = {"LD_LIBRARY_PATH": os.pathsep.join(p for p in libs if p), "PATH": os.pathsep.join(p for p in path if p)}
+    return TritonInstall(kind="cpu", binary=ts / "bin" / "tritonserver", backend_dir=backend_dir, cache_dir=ts / "caches", env=env)
+
+
+def triton_command(
+    binary: Path | str,
+    model_repository: Path | str,
+    *,
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    metrics_port: int = 8002,
+    host: str = "127.0.0.1",
+    exit_timeout_s: int = 5,
+    world_size: int = 1,
+    shm_prefix: str = DEFAULT_SHM_PREFIX,
+    backend_dir: Path | None = None,
+    cache_dir: Path | None = None,
+    log_verbose: int = 0,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The argv that starts Triton on ``model_repository``.
+
+    ``world_size == 1``: one ``tritonserver`` process. ``world_size > 1`` (TensorRT-LLM TP×PP):
+    ``mpirun --allow-run-as-root -n 1 tritonserver … : -n 1 tritonserver …`` with one app context
+    per rank, as ``launch_triton_server.py`` generates it: every rank gets
+    ``--disable-auto-complete-config --backend-config=python,shm-region-prefix-name=<prefix>{i}_``
+    and ranks ≠ 0 add ``--model-control-mode=explicit --load-model=tensorrt_llm``.
+    ``host`` is passed as ``--http-address/--grpc-address/--metrics-address``.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    cmd: list[str] = ["mpirun", "--allow-run-as-root"] if world_size > 1 else []
+    for rank in range(world_size):
+        if world_size > 1:
+            cmd += ["-n", "1"]
+        prefix = f"{shm_prefix}{rank}_" if world_size > 1 else shm_prefix
+        cmd += [
+            str(binary),
+            f"--model-repository={model_repository}",
+            f"--http-port={http_port}",
+            f"--grpc-port={grpc_port}",
+            f"--metrics-port={metrics_port}",
+            f"--http-address={host}",
+            f"--grpc-address={host}",
+            f"--metrics-address={host}",
+            f"--exit-timeout-secs={exit_timeout_s}",
+            f"--log-verbose={log_verbose}",
+        ]
+        if backend_dir is not None:
+            cmd.append(f"--backend-directory={backend_dir}")
+        if cache_dir is not None:
+            cmd.append(f"--cache-directory={cache_dir}")
+        if rank != 0:
+            cmd += ["--model-control-mode=explicit", f"--load-model={TRTLLM_MODEL_NAME}"]
+        cmd += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name={prefix}"]
+        cmd += list(extra_args)
+        if world_size > 1 and rank != world_size - 1:
+            cmd.append(":")
+    return cmd
+
+
 _LOCAL = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
 
 
@@ -57,7 +202,8 @@ class TritonServer:
 
     Args:
         model_repository: directory with ``<model>/config.pbtxt`` entries.
-        http_port, grpc_port, metrics_port: Triton's ports (defaults 8000/8001/8002).
+        http_port, grpc_port, metrics_port: Triton's ports (defaults 8000/8001/8002); ``None`` picks a port
+            the OS reports free (:func:`~pipeline.triton.process.pick_free_port`).
         host: bind address of all three endpoints (``0.0.0.0`` to expose them).
         log_file: server stdout+stderr (default: a new file in the temp dir).
         exit_timeout_s: ``--exit-timeout-secs``: how long Triton waits for in-flight requests/open
@@ -78,9 +224,9 @@ class TritonServer:
         self,
         model_repository: Path,
         *,
-        http_port: int = 8000,
-        grpc_port: int = 8001,
-        metrics_port: int = 8002,
+        http_port: int | None = 8000,
+        grpc_port: int | None = 8001,
+        metrics_port: int | None = 8002,
         host: str = "127.0.0.1",
         log_file: Path | None = None,
         exit_timeout_s: int = 5,
@@ -91,8 +237,10 @@ class TritonServer:
         die_with_parent: bool = True,
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
-        self.http_port, self.grpc_port, self.metrics_port = int(http_port), int(grpc_port), int(metrics_port)
         self.host = host
+        self.http_port, self.grpc_port, self.metrics_port = (
+            int(p) if p is not None else pick_free_port(host) for p in (http_port, grpc_port, metrics_port)
+        )
         self.log_file = Path(log_file) if log_file is not None else None
         self.exit_timeout_s = int(exit_timeout_s)
         self.extra_args = tuple(extra_args)
@@ -242,167 +390,3 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-# ---------------------------------------------------------------------- what to serve
-_TRTLLM_BACKEND = re.compile(r'^\s*backend\s*:\s*"tensorrtllm"', re.M)
-
-
-def resolve_target(target: Path | None, root: Path = artifacts.DEFAULT_ARTIFACTS_ROOT) -> tuple[Path, Path | None]:
-    """``(model repository, build dir or None)`` for ``trtpipe serve [ARTIFACT_DIR | RECIPE]``.
-
-    ``None`` → the last build; a ``.yaml`` recipe → its default build dir ``artifacts/<name>``; a
-    build dir (holding ``triton_repo/``) or a model repository directly.
-
-    Raises:
-        UserError: nothing built yet / no model repository there (one line: run ``trtpipe build``).
-    """
-    if target is None:
-        build = artifacts.last_build(root)
-        if build is None:
-            raise UserError(f"no build found ({root / artifacts.LAST_BUILD_FILE}): run `trtpipe build RECIPE` first")
-        return _repo_of(build, hint="RECIPE"), build
-    if target.is_file() and target.suffix in (".yaml", ".yml"):
-        from pipeline.recipe import load_recipe
-
-        recipe = load_recipe(target)
-        build = artifacts.default_build_dir(recipe.name or target.stem, root)
-        return _repo_of(build, hint=str(target)), build
-    if not target.exists():
-        raise UserError(f"{target} does not exist: give a build directory, a model repository or a recipe")
-    if (target / "triton_repo").is_dir() or (target / "quantize").is_dir() or (target / "engine").is_dir():
-        return _repo_of(target, hint="RECIPE"), target
-    if target.is_dir() and any(target.glob("*/config.pbtxt")):
-        return target, (target.parent if (target.parent / "engine").is_dir() else None)
-    raise UserError(f"{target} is neither a build directory nor a Triton model repository (no */config.pbtxt)")
-
-
-def _repo_of(build: Path, hint: str) -> Path:
-    repo = build / "triton_repo"
-    if not any(repo.glob("*/config.pbtxt")):
-        raise UserError(f"no model repository at {repo}: run `trtpipe build {hint}` first")
-    return repo
-
-
-def build_world_size(build: Path | None) -> int:
-    """TP×PP of the build: the engine manifest's ``world_size``, else ``<build>/recipe.yaml``'s; 1 when unknown."""
-    if build is None:
-        return 1
-    manifest = artifacts.read_manifest(build / "engine") or {}
-    if manifest.get("world_size"):
-        return int(manifest["world_size"])
-    if not (build / "recipe.yaml").is_file():
-        return 1
-    from pipeline.recipe import load_recipe
-
-    return load_recipe(build / "recipe.yaml").target.world_size
-
-
-def check_runtime(repo: Path, build: Path | None, install: TritonInstall) -> list[str]:
-    """Refuse artifacts this Triton cannot serve; returns warnings to show (may be empty).
-
-    * CPU Triton + a repository using the C++ ``tensorrtllm`` backend → refused (GPU image needed).
-    * GPU Triton + a TensorRT engine → ``pipeline.engine.tensorrt.check_engine_compatible(
-      manifest, runtime_facts())``; any difference is refused.
-
-    Raises:
-        IncompatibleArtifactError: listing what differs.
-    """
-    uses_trtllm = any(_TRTLLM_BACKEND.search(p.read_text(errors="replace")) for p in repo.glob("*/config.pbtxt"))
-    if install.kind == "cpu" and uses_trtllm:
-        raise IncompatibleArtifactError(
-            f"{repo} uses the tensorrtllm backend (a TensorRT-LLM GPU engine) and this machine has only the CPU "
-            "Triton: serve it in the GPU deploy image (docs/deploy-gpu.md) or build a cpu recipe"
-        )
-    manifest = artifacts.read_manifest(build / "engine") if build is not None else None
-    if install.kind != "gpu" or not uses_trtllm or manifest is None:
-        return []
-    try:
-        from pipeline.engine.tensorrt import check_engine_compatible, runtime_facts
-    except ImportError:
-        return ["engine compatibility not checked: pipeline.engine.tensorrt.check_engine_compatible is missing"]
-    problems = check_engine_compatible(manifest, runtime_facts(), stage_dir=build / "engine")
-    if problems:
-        raise IncompatibleArtifactError(
-            f"engine {build / 'engine'} does not match this runtime: {'; '.join(problems)} "
-            "— rebuild it here with `trtpipe build RECIPE --force`"
-        )
-    return []
-
-
-# ---------------------------------------------------------------------- detached servers
-def state_path(root: Path = artifacts.DEFAULT_ARTIFACTS_ROOT) -> Path:
-    """``artifacts/serve.json``: the server started by ``trtpipe serve --detach``."""
-    return Path(root) / STATE_FILE
-
-
-def write_state(path: Path, server: TritonServer, build: Path | None) -> dict[str, Any]:
-    """Record a ready, detached ``server`` in ``path`` (atomically) and return the record."""
-    import psutil
-
-    state = {
-        "pid": server.pid,
-        "create_time": psutil.Process(server.pid).create_time(),
-        "host": server.host,
-        "http_port": server.http_port,
-        "grpc_port": server.grpc_port,
-        "metrics_port": server.metrics_port,
-        "grpc_url": server.grpc_url,
-        "http_url": server.http_url,
-        "model_repository": str(server.model_repository),
-        "build_dir": str(build.resolve()) if build else None,
-        "log_file": str(Path(server.log_file).resolve()) if server.log_file else None,
-        "shm_prefix": server.shm_prefix,
-        "exit_timeout_s": server.exit_timeout_s,
-        "started_at": artifacts.utc_now(),
-        "ready_s": round(server.ready_s or 0.0, 3),
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.replace(path)
-    return state
-
-
-def read_state(path: Path) -> dict[str, Any] | None:
-    """The recorded detached server, or ``None`` (no file / unreadable)."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def state_alive(state: dict[str, Any]) -> bool:
-    """True when the recorded PID is still the process we started (PID + start time match)."""
-    import psutil
-
-    try:
-        p = psutil.Process(int(state["pid"]))
-        return abs(p.create_time() - float(state["create_time"])) < 1.0 and p.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, KeyError, TypeError, ValueError):
-        return False
-
-
-def state_ready(state: dict[str, Any]) -> bool:
-    """One readiness probe of the recorded server's HTTP endpoint."""
-    return http_ok(f"http://{state['http_url']}/v2/health/ready")
-
-
-def stop_detached(path: Path, grace_s: float | None = None) -> tuple[dict[str, Any] | None, bool]:
-    """Stop the server recorded in ``path`` and remove the file.
-
-    Returns ``(state, was_running)``; ``(None, False)`` when nothing is recorded. A stale record
-    (process gone or PID reused) is just removed; its shm regions are cleaned either way.
-    """
-    state = read_state(path)
-    if state is None:
-        return None, False
-    running = state_alive(state)
-    if running:
-        grace = float(state.get("exit_timeout_s", 5)) + 5 if grace_s is None else grace_s
-        terminate_tree(int(state["pid"]), grace_s=grace, shm_prefix=state.get("shm_prefix"))
-    elif state.get("shm_prefix"):
-        for region in shm_regions(state["shm_prefix"]):
-            region.unlink(missing_ok=True)
-    Path(path).unlink(missing_ok=True)
-    return state, running

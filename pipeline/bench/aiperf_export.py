@@ -1,0 +1,171 @@
+"""AIPerf-compatible exports beside bench.json: ``profile_export.jsonl``, ``profile_export_aiperf.json`` / ``.csv``.
+
+Schema source: ai-dynamo/aiperf@db4f6397 — ``docs/tutorials/working-with-profile-exports.md`` (the three
+files), ``aiperf/common/models/record_models.py`` (``MetricRecordInfo``: ``metadata`` / ``metrics`` /
+``error``; ``MetricValue``: ``value`` + ``unit``), ``aiperf/common/models/error_models.py``
+(``ErrorDetails``: ``code`` / ``type`` / ``message``), ``aiperf/common/models/export_models.py``
+(``JsonMetricResult``: ``unit``, ``avg``, ``p1`` … ``p99``, ``min``, ``max``, ``std``; ``JsonExportData``
+keyed by metric tag) and ``aiperf/exporters/csv_exporter.py`` (a ``Metric,avg,min,max,p1,…,p99,std``
+table of per-request metrics, a blank line, then a ``Metric,Value`` table of run metrics; names are
+``Header (unit)``; numbers with two decimals). Units as AIPerf displays them: ``ms``, ``tokens``,
+``tokens/sec/user``, ``tokens/sec``, ``requests/sec``, ``sec``, ``requests``.
+
+AIPerf's files describe one load point; a trtpipe run may hold several. ``profile_export.jsonl`` at
+the top holds every measured request of the run (``metadata`` also carries trtpipe's ``scenario`` and
+``load``; AIPerf's models accept extra fields). The aggregated files are written per load point
+under ``aiperf/<ISL>x<OSL>_<load>/`` and, when the run has exactly one load point, also at the top.
+Timestamps are epoch ns (``t0_epoch_ns`` + the monotonic offset from the run start).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.bench import metrics as bm
+from pipeline.bench.records import RequestRecord
+
+JSONL = "profile_export.jsonl"
+AGG_JSON = "profile_export_aiperf.json"
+AGG_CSV = "profile_export_aiperf.csv"
+#: AIPerf's STAT_KEYS order (aiperf/common/constants.py)
+STAT_KEYS = ("avg", "min", "max", "p1", "p5", "p10", "p25", "p50", "p75", "p90", "p95", "p99", "std")
+_PCTS = (1, 5, 10, 25, 50, 75, 90, 95, 99)
+
+#: per-request metric tag → (AIPerf header, unit, value of one request)
+_RECORD_METRICS: dict[str, tuple[str, str, Any]] = {
+    "input_sequence_length": ("Input Sequence Length", "tokens", lambda r: r.input_tokens),
+    "time_to_first_token": ("Time to First Token", "ms", bm.ttft_ms),
+    "time_to_second_token": ("Time to Second Token", "ms", bm.ttst_ms),
+    "request_latency": ("Request Latency", "ms", bm.e2e_ms),
+    "output_token_count": ("Output Token Count", "tokens", lambda r: r.output_tokens),
+    "inter_chunk_latency": ("Inter Chunk Latency", "ms", bm.chunk_gaps_ms),
+    "output_sequence_length": ("Output Sequence Length", "tokens", lambda r: r.output_tokens),
+    "inter_token_latency": ("Inter Token Latency", "ms", bm.itl_ms),
+    "output_token_throughput_per_user": ("Output Token Throughput Per User", "tokens/sec/user",
+                                         lambda r: 1e3 / t if (t := bm.itl_ms(r)) else None),
+}
+
+
+def record_line(r: RequestRecord, session_num: int, t0_ns: int, t0_epoch_ns: int) -> dict[str, Any]:
+    """One ``MetricRecordInfo`` of ``profile_export.jsonl`` for a measured request."""
+    def epoch(ns: int | None) -> int | None:
+        return None if ns is None else t0_epoch_ns + (ns - t0_ns)
+
+    first = r.response_ns[0] if r.response_ns else None
+    meta = {
+        "session_num": session_num, "x_request_id": f"{r.scenario}/{r.load}/{r.index}", "x_correlation_id": None,
+        "conversation_id": None, "turn_index": 0, "request_start_ns": epoch(r.start_ns), "request_ack_ns": epoch(first),
+        "request_end_ns": epoch(r.end_ns), "worker_id": "trtpipe", "record_processor_id": "trtpipe",
+        "benchmark_phase": "profiling", "was_cancelled": r.error == "cancelled",
+        "cancellation_time_ns": epoch(r.end_ns) if r.error == "cancelled" else None,
+        "scenario": r.scenario, "load": r.load,
+    }
+    if r.error is not None or not r.ok:
+        return {"metadata": meta, "metrics": {"error_isl": {"value": r.input_tokens, "unit": "tokens"}},
+                "error": {"code": None, "type": (r.error or "no tokens").split(":")[0][:60], "message": r.error or "no output tokens"}}
+    out = {}
+    for tag, (_, unit, fn) in _RECORD_METRICS.items():
+        v = fn(r)
+        if v is not None and v != []:
+            out[tag] = {"value": v, "unit": unit}
+    return {"metadata": meta, "metrics": out, "error": None}
+
+
+def _stats(values: Sequence[float], unit: str) -> dict[str, Any] | None:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        return None
+    pct = np.percentile(arr, _PCTS)
+    out: dict[str, Any] = {"unit": unit, "avg": float(arr.mean()), "min": float(arr.min()), "max": float(arr.max())}
+    out |= {f"p{p}": float(v) for p, v in zip(_PCTS, pct)}
+    out["std"] = float(arr.std())
+    return out
+
+
+def aggregate(records: Sequence[RequestRecord], summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``JsonExportData``-shaped metrics of one load point (measured requests; ``summary`` from
+    :func:`pipeline.bench.metrics.summarize` for the run-level values)."""
+    done = [r for r in records if not r.warmup and r.ok]
+    out: dict[str, dict[str, Any]] = {}
+    for tag, (_, unit, fn) in _RECORD_METRICS.items():
+        vals: list[float] = []
+        for r in done:
+            v = fn(r)
+            if isinstance(v, list):
+                vals += v
+            elif v is not None:
+                vals.append(float(v))
+        if (s := _stats(vals, unit)) is not None:
+            out[tag] = s
+    m, c = summary["metrics"], summary["counts"]
+    single = {
+        "request_throughput": (m["request_throughput"], "requests/sec"),
+        "output_token_throughput": (m["output_token_throughput"], "tokens/sec"),
+        "request_count": (c["completed"], "requests"),
+        "error_request_count": (c["failed"], "requests"),
+        "benchmark_duration": (summary["duration_s"], "sec"),
+        "total_output_tokens": (c["output_tokens"], "tokens"),
+        "total_osl": (c["output_tokens"], "tokens"),
+        "total_isl": (c["input_tokens"], "tokens"),
+        "goodput": (m["request_goodput"], "requests/sec"),
+        "good_request_count": (c["good"], "requests"),
+    }
+    for tag, (v, unit) in single.items():
+        if v is not None:
+            out[tag] = {"unit": unit, "avg": v}
+    return out
+
+
+_HEADERS = {tag: h for tag, (h, _, _) in _RECORD_METRICS.items()} | {
+    "request_throughput": "Request Throughput", "output_token_throughput": "Output Token Throughput",
+    "request_count": "Request Count", "error_request_count": "Error Request Count",
+    "benchmark_duration": "Benchmark Duration", "total_output_tokens": "Total Output Tokens",
+    "total_osl": "Total Output Sequence Length", "total_isl": "Total Input Sequence Length",
+    "goodput": "Goodput", "good_request_count": "Good Request Count",
+}
+
+
+def aggregate_csv(agg: dict[str, dict[str, Any]]) -> str:
+    """``profile_export_aiperf.csv`` text: per-request metrics table, blank line, run metrics table."""
+    def name(tag: str, unit: str) -> str:
+        return _HEADERS[tag] + ("" if unit in ("count", "requests") else f" ({unit})")
+
+    def num(v: Any) -> str:
+        return "" if v is None else f"{int(v)}" if isinstance(v, int) else f"{float(v):.2f}"
+
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["Metric", *STAT_KEYS])
+    for tag in sorted(t for t, s in agg.items() if "p50" in s):
+        w.writerow([name(tag, agg[tag]["unit"]), *(num(agg[tag].get(k)) for k in STAT_KEYS)])
+    w.writerow([])
+    w.writerow(["Metric", "Value"])
+    for tag in sorted(t for t, s in agg.items() if "p50" not in s):
+        w.writerow([name(tag, agg[tag]["unit"]), num(agg[tag]["avg"])])
+    return buf.getvalue()
+
+
+def write(tmp: Path, run: Any) -> None:
+    """Write the AIPerf files of ``run`` into the run directory being built (``tmp``)."""
+    measured = [r for r in run.records if not r.warmup]
+    with open(tmp / JSONL, "w") as f:
+        for i, r in enumerate(measured):
+            f.write(json.dumps(record_line(r, i, run.t0_ns, run.t0_epoch_ns), separators=(",", ":")) + "\n")
+    points = [p for p in run.load_points if "summary" in p]
+    for p in points:
+        recs = [r for r in measured if r.scenario == p["scenario"] and r.load == p["load"]]
+        agg = aggregate(recs, p["summary"])
+        doc = {"input_config": {"trtpipe": run.spec.model_dump(mode="json"), "url": run.url, "scenario": p["scenario"],
+                                "load": p["load"]}, "was_cancelled": bool(run.interrupted)} | agg
+        dirs = [tmp / "aiperf" / f"{p['scenario'].replace(':', 'x')}_{p['load']}"] + ([tmp] if len(points) == 1 else [])
+        for d in dirs:
+            d.mkdir(parents=True, exist_ok=True)
+            (d / AGG_JSON).write_text(json.dumps(doc, indent=2) + "\n")
+            (d / AGG_CSV).write_text(aggregate_csv(agg))

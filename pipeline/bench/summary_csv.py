@@ -1,0 +1,83 @@
+"""``summary.csv`` of a bench run: one row per scenario × load point (the file plots and comparisons read).
+
+Column names follow genai-perf's metric keys with the unit and statistic appended, e.g.
+``time_to_first_token_ms_p99``, ``inter_token_latency_ms_avg``, ``output_token_throughput_tokens_per_s``,
+``request_throughput_requests_per_s``. :mod:`pipeline.bench.exporters` writes it; :mod:`pipeline.bench.plots`
+and :mod:`pipeline.bench.compare` read it back with :func:`read_summary`.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from pipeline.bench.metrics import METRICS
+from pipeline.bench.stats import STAT_FIELDS
+
+SUMMARY_CSV = "summary.csv"
+#: columns that identify a row (scenario × load point) and its counts
+KEY_COLUMNS = (
+    "scenario", "isl", "osl", "mode", "concurrency", "request_rate", "requests", "completed", "failed", "short",
+    "duration_s", "client_cpu_fraction",
+)
+_UNIT_SUFFIX = {"ms": "ms", "tokens": "tokens", "tokens/s": "tokens_per_s", "requests/s": "requests_per_s"}
+
+
+def column(tag: str, stat: str | None = None) -> str:
+    """CSV column of a metric (``stat`` for distributions), e.g. ``time_to_first_token_ms_p99``."""
+    base = f"{tag}_{_UNIT_SUFFIX[METRICS[tag].unit]}"
+    return f"{base}_{stat}" if stat else base
+
+
+def csv_columns() -> list[str]:
+    """All CSV columns, in order."""
+    cols = list(KEY_COLUMNS)
+    for tag, spec in METRICS.items():
+        cols += [column(tag, s) for s in STAT_FIELDS] if spec.distribution else [column(tag)]
+    return cols
+
+
+def csv_row(point: dict[str, Any]) -> dict[str, Any]:
+    """The CSV row of one load point (``point`` as stored in bench.json)."""
+    s = point["summary"]
+    row: dict[str, Any] = {k: point.get(k) for k in ("scenario", "isl", "osl", "mode", "concurrency", "request_rate")}
+    row.update({k: s["counts"][k] for k in ("requests", "completed", "failed", "short")})
+    row["duration_s"] = s["duration_s"]
+    row["client_cpu_fraction"] = point.get("client_cpu_fraction")
+    for tag, spec in METRICS.items():
+        value = s["metrics"].get(tag)
+        if spec.distribution:
+            for stat in STAT_FIELDS:
+                row[column(tag, stat)] = (value or {}).get(stat)
+        else:
+            row[column(tag)] = value
+    return row
+
+
+def read_summary(run_dir: Path) -> list[dict[str, Any]]:
+    """Rows of ``summary.csv`` with numbers parsed (empty cells → ``None``).
+
+    Raises:
+        UserError: ``run_dir`` has no summary.csv.
+    """
+    from pipeline.errors import UserError
+
+    path = Path(run_dir) / SUMMARY_CSV
+    if not path.is_file():
+        raise UserError(f"{run_dir}: not a bench run directory (no {SUMMARY_CSV})")
+    rows = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            rows.append({k: _num(v) for k, v in row.items()})
+    return rows
+
+
+def _num(v: str | None) -> Any:
+    if v is None or v == "":
+        return None
+    try:
+        f = float(v)
+    except ValueError:
+        return v
+    return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f

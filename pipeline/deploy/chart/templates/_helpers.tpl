@@ -1,0 +1,181 @@
+{{/* trtpipe chart helpers. Rendered by Helm (Go templates + sprig); written for trtpipe, see docs/deploy-k8s.md. */}}
+
+{{- define "trtpipe.fullname" -}}
+{{- .Release.Name | trunc 53 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "trtpipe.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "trtpipe.labels" -}}
+{{ include "trtpipe.selectorLabels" . }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+trtpipe.dev/recipe: {{ .Values.model.recipe | quote }}
+{{- end -}}
+
+{{/* The Triton rank commands, as TensorRT-LLM's launch_triton_server.py lays them out and
+     pipeline.triton.server.triton_command writes them: one tritonserver per rank, `-n 1 … :` between
+     ranks when there are several; ranks other than 0 load only tensorrt_llm, and on several nodes they
+     also close their endpoints (only rank 0 serves). Returns a JSON list. */}}
+{{- define "trtpipe.rankArgv" -}}
+{{- $v := .Values -}}
+{{- $world := mul (int $v.parallelism.tp) (int $v.parallelism.pp) -}}
+{{- $multiNode := gt (int $v.parallelism.nodes) 1 -}}
+{{- $argv := list -}}
+{{- range $rank := until (int $world) -}}
+{{- if gt $world 1 }}{{ $argv = concat $argv (list "-n" "1") }}{{ end -}}
+{{- $prefix := $v.triton.shmRegionPrefix -}}
+{{- if gt $world 1 }}{{ $prefix = printf "%s%d_" $prefix $rank }}{{ end -}}
+{{- $argv = concat $argv (list $v.triton.binary
+      (printf "--model-repository=%s/triton_repo" $v.modelRepository.buildDir)
+      (printf "--http-port=%d" (int $v.triton.ports.http))
+      (printf "--grpc-port=%d" (int $v.triton.ports.grpc))
+      (printf "--metrics-port=%d" (int $v.triton.ports.metrics))
+      "--http-address=0.0.0.0" "--grpc-address=0.0.0.0" "--metrics-address=0.0.0.0"
+      (printf "--exit-timeout-secs=%d" (int $v.triton.exitTimeoutSecs))
+      (printf "--log-verbose=%d" (int $v.triton.logVerbose))) -}}
+{{- if ne $rank 0 }}
+{{- $argv = concat $argv (list "--model-control-mode=explicit" "--load-model=tensorrt_llm") -}}
+{{- end -}}
+{{- $argv = concat $argv (list "--disable-auto-complete-config" (printf "--backend-config=python,shm-region-prefix-name=%s" $prefix)) -}}
+{{- if and $multiNode (ne $rank 0) }}
+{{- $argv = concat $argv (list "--allow-http=false" "--allow-grpc=false" "--allow-metrics=false") -}}
+{{- end -}}
+{{- if lt $rank (sub $world 1) }}{{ $argv = append $argv ":" }}{{ end -}}
+{{- end -}}
+{{- toJson $argv -}}
+{{- end -}}
+
+{{/* argv of the single-node server container */}}
+{{- define "trtpipe.serverArgv" -}}
+{{- $world := mul (int .Values.parallelism.tp) (int .Values.parallelism.pp) -}}
+{{- $ranks := include "trtpipe.rankArgv" . | fromJsonArray -}}
+{{- if gt $world 1 -}}
+{{- toJson (concat (list "mpirun" "--allow-run-as-root") $ranks) -}}
+{{- else -}}
+{{- toJson $ranks -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "trtpipe.ports" -}}
+- name: http
+  containerPort: {{ .Values.triton.ports.http }}
+  protocol: TCP
+- name: grpc
+  containerPort: {{ .Values.triton.ports.grpc }}
+  protocol: TCP
+- name: metrics
+  containerPort: {{ .Values.triton.ports.metrics }}
+  protocol: TCP
+{{- end -}}
+
+{{/* Triton's HTTP health endpoints (server src/http_server.cc: /v2/health/live, /v2/health/ready) */}}
+{{- define "trtpipe.probes" -}}
+startupProbe:
+  httpGet:
+    path: /v2/health/ready
+    port: http
+  periodSeconds: {{ .Values.probes.startup.periodSeconds }}
+  failureThreshold: {{ .Values.probes.startup.failureThreshold }}
+readinessProbe:
+  httpGet:
+    path: /v2/health/ready
+    port: http
+  periodSeconds: {{ .Values.probes.readiness.periodSeconds }}
+  failureThreshold: {{ .Values.probes.readiness.failureThreshold }}
+livenessProbe:
+  httpGet:
+    path: /v2/health/live
+    port: http
+  periodSeconds: {{ .Values.probes.liveness.periodSeconds }}
+  failureThreshold: {{ .Values.probes.liveness.failureThreshold }}
+{{- end -}}
+
+{{- define "trtpipe.resources" -}}
+{{- $gpu := dict "nvidia.com/gpu" (toString .Values.gpu.perPod) -}}
+requests:
+  {{- toYaml (merge (dict) $gpu .Values.resources.requests) | nindent 2 }}
+limits:
+  {{- toYaml (merge (dict) $gpu .Values.resources.limits) | nindent 2 }}
+{{- end -}}
+
+{{/* the volume holding build directories: a PVC, or an emptyDir the object-store init container fills */}}
+{{- define "trtpipe.buildsVolume" -}}
+- name: builds
+{{- if eq .Values.modelRepository.source "objectStore" }}
+  emptyDir: {}
+{{- else }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.modelRepository.pvc.claimName }}
+{{- end }}
+{{- end -}}
+
+{{- define "trtpipe.podVolumes" -}}
+{{ include "trtpipe.buildsVolume" . }}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.shm.sizeLimit }}
+{{- end -}}
+
+{{- define "trtpipe.volumeMounts" -}}
+- name: builds
+  mountPath: {{ .Values.modelRepository.mountPath }}
+  readOnly: true
+- name: dshm
+  mountPath: /dev/shm
+{{- end -}}
+
+{{/* object-store source: copy the build directory into the pod before Triton starts */}}
+{{- define "trtpipe.initContainers" -}}
+{{- if eq .Values.modelRepository.source "objectStore" -}}
+{{- $os := .Values.modelRepository.objectStore -}}
+initContainers:
+  - name: fetch-build
+    image: {{ required "modelRepository.objectStore.image is required with source objectStore" $os.image }}
+    command: ["/bin/sh", "-c"]
+    args:
+      - 'aws s3 sync "$TRTPIPE_BUILD_URI" "$TRTPIPE_BUILD_DIR" ${AWS_ENDPOINT_URL:+--endpoint-url "$AWS_ENDPOINT_URL"}'
+    env:
+      - name: TRTPIPE_BUILD_URI
+        value: {{ required "modelRepository.objectStore.uri is required with source objectStore" $os.uri | quote }}
+      - name: TRTPIPE_BUILD_DIR
+        value: {{ .Values.modelRepository.buildDir | quote }}
+      - name: AWS_ENDPOINT_URL
+        value: {{ $os.endpointUrl | quote }}
+    {{- if $os.credentialsSecret }}
+    envFrom:
+      - secretRef:
+          name: {{ $os.credentialsSecret }}
+    {{- end }}
+    volumeMounts:
+      - name: builds
+        mountPath: {{ .Values.modelRepository.mountPath }}
+{{- end -}}
+{{- end -}}
+
+{{- define "trtpipe.podCommon" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+nodeSelector:
+  {{- toYaml (merge (dict "nvidia.com/gpu.product" .Values.gpu.product) .Values.nodeSelector) | nindent 2 }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}
+{{- end -}}
+
+{{- define "trtpipe.image" -}}
+{{ printf "%s:%s" .repository .tag | quote }}
+{{- end -}}

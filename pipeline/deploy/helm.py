@@ -1,0 +1,233 @@
+"""The Helm chart: values from the :class:`~pipeline.deploy.spec.DeploySpec`, templates from package data, and the
+chart rendered with its default values by Helm's own Go engine.
+
+Layout written by :func:`write_chart` under ``OUT``::
+
+    chart/<name>/Chart.yaml, values.yaml, values.schema.json, templates/…, dashboards/grafana-dashboard.json
+    prometheus-adapter-values.yaml   ``rules.custom`` for the prometheus-adapter chart (one rule per signal)
+    rendered/<template>.yaml         the chart rendered with its defaults (``helm template``), plain manifests
+
+Rendering uses PyPI ``helm-python-sdk`` (``helm_python``: ctypes bindings to ``libhelm_c``, a C ABI over Helm's
+Go SDK v4 — the same template engine, sprig functions and values-schema check as the ``helm`` binary, which no
+registry reachable here ships). The render also checks the values against ``values.schema.json``, as
+``helm install`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.deploy import metrics
+from pipeline.deploy.spec import (
+    PORTS, SHM_MULTI_GPU, SHM_SINGLE_GPU, STARTUP_TIMEOUT_S, TRITONSERVER, DeploySpec,
+)
+from pipeline.errors import MissingToolError, StageError
+from pipeline.triton.process import DEFAULT_SHM_PREFIX
+
+CHART_VERSION = "0.1.0"
+#: NVIDIA's autoscaling tutorial: CPU = max(4, GPUs), memory = 8 GiB per CPU (tutorials
+#: TensorRT-LLM_Autoscaling_and_Load_Balancing/chart/templates/deployment.yaml@e9c13b881148)
+MIN_CPU, GIB_PER_CPU = 4, 8
+#: probes: readiness/liveness periods of Triton's own k8s-onprem chart (server deploy/k8s-onprem/templates/
+#: deployment.yaml@4b5445910791: readiness 5 s × 3, liveness 10 s × 3, startup every 10 s)
+PROBE_PERIOD_S = {"startup": 10, "readiness": 5, "liveness": 10}
+
+
+def _image(ref: str) -> dict[str, str]:
+    repo, _, tag = ref.rpartition(":")
+    return {"repository": repo, "tag": tag, "pullPolicy": "IfNotPresent"}
+
+
+def chart_values(spec: DeploySpec) -> dict[str, Any]:
+    """The chart's default ``values.yaml`` for ``spec`` (every key documented in docs/deploy-k8s.md)."""
+    from pipeline.recipe import dump_recipe
+
+    r = spec.recipe
+    cpu = max(MIN_CPU, spec.gpus_per_pod)
+    signals = metrics.signals_for(spec.engine)
+    bench = r.bench
+    return {
+        "image": _image(spec.release.image),
+        # the trtpipe image (repository Dockerfile, FROM the same Triton container) runs the build and bench Jobs
+        "trtpipeImage": {"repository": "trtpipe", "tag": f"gpu-{spec.release.triton_container}", "pullPolicy": "IfNotPresent"},
+        "imagePullSecrets": [],
+        "model": {"recipe": r.name, "engine": spec.engine, "tensorrtLlm": spec.tensorrt_llm,
+                  "servedModel": spec.bench_model},
+        "parallelism": {"tp": spec.tp, "pp": spec.pp, "gpusPerNode": spec.gpus_per_node, "nodes": spec.nodes},
+        "gpu": {"perPod": spec.gpus_per_pod, "product": spec.gpu_product},
+        "modelRepository": {
+            "source": "pvc",
+            "mountPath": spec.mount_path,
+            "buildDir": spec.build_dir,
+            "pvc": {"claimName": "trtpipe-builds", "create": False, "storageClassName": "", "size": "200Gi",
+                    "accessModes": ["ReadWriteMany"]},
+            "objectStore": {"uri": "", "image": "", "endpointUrl": "", "credentialsSecret": ""},
+            "build": {"recipe": dump_recipe(r), "hfTokenSecret": "hf-token",
+                      "gpus": min(spec.world_size, spec.gpus_per_node), "activeDeadlineSeconds": 14400},
+        },
+        "replicas": 1,
+        "nodeSelector": {},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {},
+        "resources": {
+            "requests": {"cpu": str(cpu), "memory": f"{cpu * GIB_PER_CPU}Gi"},
+            "limits": {"memory": f"{cpu * GIB_PER_CPU}Gi"},
+        },
+        "shm": {"sizeLimit": SHM_SINGLE_GPU if spec.gpus_per_pod == 1 else SHM_MULTI_GPU},
+        "terminationGracePeriodSeconds": 30,
+        "service": {"type": "ClusterIP"},
+        "triton": {"binary": TRITONSERVER, "ports": dict(PORTS), "exitTimeoutSecs": 5, "logVerbose": 0,
+                   "shmRegionPrefix": DEFAULT_SHM_PREFIX},
+        "probes": {
+            "startup": {"periodSeconds": PROBE_PERIOD_S["startup"],
+                        "failureThreshold": STARTUP_TIMEOUT_S // PROBE_PERIOD_S["startup"]},
+            "readiness": {"periodSeconds": PROBE_PERIOD_S["readiness"], "failureThreshold": 3},
+            "liveness": {"periodSeconds": PROBE_PERIOD_S["liveness"], "failureThreshold": 3},
+        },
+        "multiNode": {"workerWaitSeconds": 600},
+        "autoscaling": {
+            "enabled": True, "minReplicas": 1, "maxReplicas": 4, "metric": metrics.DEFAULT_SIGNAL,
+            "signals": {k: {"record": s.record, "expr": s.expr, "target": s.target} for k, s in signals.items()},
+        },
+        "monitoring": {
+            # `release: prometheus` is the label kube-prometheus-stack selects by default (NVIDIA's tutorial uses it)
+            "podMonitor": {"enabled": True, "interval": "6s", "labels": {"release": "prometheus"}},
+            "prometheusRule": {"enabled": True, "interval": "6s", "labels": {"release": "prometheus"}},
+        },
+        "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1},
+        "bench": {
+            "enabled": True,
+            "scenarios": [f"{sc.isl}:{sc.osl}" for sc in bench.scenarios],
+            "concurrency": ",".join(str(c) for c in bench.concurrency),
+            "tokenizerDir": spec.tokenizer_dir,
+            "cpu": "4", "memory": "8Gi", "activeDeadlineSeconds": 7200,
+        },
+    }
+
+
+def _load_json(name: str) -> dict[str, Any]:
+    return json.loads(resources.files("pipeline.deploy").joinpath(name).read_text())
+
+
+def values_schema(spec: DeploySpec) -> dict[str, Any]:
+    """``values.schema.json``: the package's schema with the backend's autoscaling signals as the metric enum."""
+    schema = _load_json("chart/values.schema.json")
+    keys = sorted(metrics.signals_for(spec.engine))
+    auto = schema["properties"]["autoscaling"]["properties"]
+    auto["metric"]["enum"] = keys
+    auto["signals"]["propertyNames"] = {"enum": keys}
+    return schema
+
+
+def grafana_dashboard(spec: DeploySpec) -> dict[str, Any]:
+    """A Grafana dashboard (JSON model, schemaVersion 39) of the deployment's Triton series and signals."""
+    sel = f'namespace="$namespace",pod=~"{spec.name}.*"'
+    llm = f'model="{metrics.LLM_MODEL}"'
+    panels: list[tuple[str, str, str]] = [
+        ("Requests/s per pod", f"sum by (pod) (rate(nv_inference_request_success{{{sel},{llm}}}[1m]))", "reqps"),
+        ("Pending requests (Triton queue)", f"sum by (pod) (nv_inference_pending_request_count{{{sel}}})", "short"),
+    ]
+    for s in metrics.signals_for(spec.engine).values():
+        panels.append((f"{s.record} (HPA target {s.target})", f'{s.record}{{namespace="$namespace"}}', "short"))
+    return {
+        "title": f"trtpipe {spec.name}",
+        "uid": f"trtpipe-{spec.name}"[:40],
+        "schemaVersion": 39,
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {"list": [{"name": "namespace", "type": "query", "datasource": {"type": "prometheus"},
+                                 "query": "label_values(nv_inference_request_success, namespace)"}]},
+        "panels": [
+            {"id": i + 1, "type": "timeseries", "title": title,
+             "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
+             "datasource": {"type": "prometheus"}, "fieldConfig": {"defaults": {"unit": unit}},
+             "targets": [{"refId": "A", "expr": expr}]}
+            for i, (title, expr, unit) in enumerate(panels)
+        ],
+    }
+
+
+def adapter_values(spec: DeploySpec) -> dict[str, Any]:
+    """prometheus-adapter chart values: one ``rules.custom`` entry per signal this backend exports."""
+    return {"rules": {"default": False,
+                      "custom": [metrics.adapter_rule(s) for s in metrics.signals_for(spec.engine).values()]}}
+
+
+def write_chart(spec: DeploySpec, out: Path) -> Path:
+    """Write the chart and its companions into ``out`` (layout in the module docstring); return the chart dir."""
+    chart = out / "chart" / spec.name
+    src = resources.files("pipeline.deploy").joinpath("chart/templates")
+    with resources.as_file(src) as templates:
+        shutil.copytree(templates, chart / "templates", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (chart / "Chart.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v2",
+        "name": spec.name,
+        "description": f"Triton + TensorRT-LLM serving of trtpipe recipe {spec.recipe.name}",
+        "type": "application",
+        "version": CHART_VERSION,
+        "appVersion": spec.release.triton_container,
+        "kubeVersion": ">=1.29.0-0",
+        "annotations": {"trtpipe.dev/tensorrt-llm": spec.tensorrt_llm, "trtpipe.dev/engine": spec.engine},
+    }, sort_keys=False))
+    (chart / "values.yaml").write_text(
+        "# Default values of the trtpipe chart (docs/deploy-k8s.md explains every key).\n"
+        + yaml.safe_dump(chart_values(spec), sort_keys=False, width=120)
+    )
+    (chart / "values.schema.json").write_text(json.dumps(values_schema(spec), indent=2) + "\n")
+    (chart / "dashboards").mkdir()
+    (chart / "dashboards" / "grafana-dashboard.json").write_text(json.dumps(grafana_dashboard(spec), indent=2) + "\n")
+    (out / "prometheus-adapter-values.yaml").write_text(yaml.safe_dump(adapter_values(spec), sort_keys=False))
+    return chart
+
+
+def helm_engine():
+    """The ``helm_python`` module (Helm's Go SDK through ctypes).
+
+    Raises:
+        MissingToolError: helm-python-sdk is not installed (``pip install 'trtpipe[deploy]'``).
+    """
+    try:
+        import helm_python
+    except ImportError:
+        raise MissingToolError(
+            "rendering the Helm chart needs Helm's engine: pip install 'trtpipe[deploy]' (PyPI helm-python-sdk)"
+        ) from None
+    return helm_python
+
+
+def render_chart(chart: Path, *, values: dict[str, Any] | None = None, release: str | None = None,
+                 namespace: str = "default") -> dict[str, str]:
+    """``helm template``: ``{template path: rendered YAML}`` of ``chart`` with ``values`` over its defaults.
+
+    Raises:
+        StageError: the values fail ``values.schema.json`` or a template fails (``fail``/``required``/syntax);
+            the message is Helm's.
+        MissingToolError: no Helm engine (:func:`helm_engine`).
+    """
+    helm = helm_engine()
+    try:
+        with helm.Chart.load(str(chart)) as ch:
+            return ch.render(values or {}, name=release or chart.name, namespace=namespace)
+    except helm.HelmError as e:
+        raise StageError(f"helm template {chart.name}: {str(e).strip()}") from None
+
+
+def write_rendered(rendered: dict[str, str], out: Path) -> list[Path]:
+    """Write each non-empty rendered template to ``out/<file name>`` (NOTES.txt included); return the files."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key in sorted(rendered):
+        text = rendered[key]
+        if not text.strip() or (not key.endswith(".txt") and all(not d for d in yaml.safe_load_all(text))):
+            continue  # a template switched off by its values
+        rel = key.split("/templates/", 1)[-1]
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text if text.endswith("\n") else text + "\n")
+        written.append(path)
+    return written

@@ -1,0 +1,357 @@
+"""Achievable throughput and latency of an in-flight-batching engine: a step-time model with fitted efficiencies.
+
+The roofline (:mod:`pipeline.plan.perf`) is an upper bound at datasheet peaks. This module predicts
+what an engine reaches: one engine iteration ("step") costs
+
+    t_step = step_overhead + n_seqs × seq_overhead
+             + pp × [ max(W / (η_bw·BW), (F_lin·n_tokens + F_head·n_logits) / (η_gemm·T_gemm))   GEMMs
+                      + (n_tokens × A + n_logits × G) / (η_bw·BW)                                activation and logits traffic
+                      + kv_read_tokens × kv_bytes / (η_bw·BW)                                    decode attention
+                      + F_attn / (η_attn·T_attn) ]                                               prefill attention
+
+(W: weight bytes streamed per step; BW: peak DRAM bandwidth; T: dense tensor peak of the dtype; F_lin,
+F_head: GEMM FLOPs per token / per emitted token; n_tokens: tokens in the step; n_logits: sequences that
+emit a token; A: activation bytes each token moves through DRAM between kernels; G: logits bytes each
+emitted token writes and the sampler reads back; kv_read_tokens: context
+tokens whose K and V the decoding sequences read; F_attn: causal prefill attention FLOPs). The η's, the overheads and their sources are in :class:`Efficiency`.
+
+The scheduler is modelled in steady state (:func:`predict_point`): B sequences in flight, each living
+k_p prefill steps (1, or ceil(ISL / chunk) with chunked prefill) + OSL − 1 decode steps; B is bounded
+by the requested concurrency, ``max_batch_size``, the KV cache (GUARANTEED_NO_EVICT reserves ISL + OSL
+per sequence) and ``max_num_tokens`` (every token of the cycle must pass through steps of at most
+max_num_tokens tokens). Steps that carry a prefill and pure decode steps are costed separately when
+there is less than one prefill per step, so that concurrency 1 is a prefill followed by memory-bound
+decode steps, and max load is compute-bound mixed steps.
+
+Units: bytes, FLOPs, seconds inside; the :class:`Prediction` fields carry their unit in the name
+(``_ms``, ``_tokens_per_s``). Everything here is pure arithmetic: no recipe, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Policy = Literal["GUARANTEED_NO_EVICT", "MAX_UTILIZATION"]
+
+
+class StepCost(BaseModel):
+    """Per-GPU cost coefficients of one engine step (bytes, FLOPs, bytes/s, FLOP/s).
+
+    ``weight_bytes``: GEMM weights streamed once per step (Linear layers + lm_head, not the embedding
+    table, of which a step reads only a few rows). ``kv_token_bytes``: K and V bytes per context token.
+    ``linear_flops_per_token``: 2 × decoder Linear parameters per GPU. ``head_flops_per_token``:
+    2 × vocab × hidden / tp, paid only by tokens whose logits are computed (one per emitting sequence).
+    ``attn_flops_coeff``: 2 × layers × heads × head_dim per GPU, so that a causal prefill of n tokens
+    costs coeff × n² FLOPs (QKᵀ and PV, half the square). ``act_bytes_per_token``: bytes of activations
+    one token writes and reads back between the kernels of a step (norms, residual adds, GEMM outputs,
+    SiLU·up, attention in/out; :func:`activation_traffic_bytes`). ``logit_bytes_per_token``: bytes of
+    logits an emitted token writes (lm_head output) and the sampler reads: 2 × vocab / tp × 4 B (fp32). ``bandwidth``: peak DRAM bytes/s;
+    ``gemm_flops``/``attn_flops``: dense peak FLOP/s of the GEMM and context-attention dtypes.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    weight_bytes: float = Field(gt=0)
+    kv_token_bytes: float = Field(gt=0)
+    linear_flops_per_token: float = Field(gt=0)
+    head_flops_per_token: float = Field(ge=0)
+    attn_flops_coeff: float = Field(ge=0)
+    act_bytes_per_token: float = Field(default=0.0, ge=0)
+    logit_bytes_per_token: float = Field(default=0.0, ge=0)
+    bandwidth: float = Field(gt=0)
+    gemm_flops: float = Field(gt=0)
+    attn_flops: float = Field(gt=0)
+    pp_size: int = Field(default=1, ge=1)
+
+
+class SchedulerLimits(BaseModel):
+    """What bounds the in-flight batch: TensorRT-LLM's max_batch_size, max_num_tokens, chunked prefill,
+    the KV cache (tokens, block size) and the capacity-scheduler policy."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_batch_size: int = Field(ge=1)
+    max_num_tokens: int = Field(ge=1)
+    chunked_prefill: bool = False
+    kv_tokens: int = Field(ge=0)
+    tokens_per_block: int = Field(ge=1)
+    policy: Policy = "GUARANTEED_NO_EVICT"
+
+
+class Efficiency(BaseModel):
+    """The model's efficiency parameters (dimensionless fractions of peak, and overheads).
+
+    - ``bw_frac`` η_bw: achieved fraction of peak DRAM bandwidth when a step streams weights and KV.
+    - ``gemm_frac`` η_gemm: achieved fraction of the dense tensor-core peak in the GEMMs.
+    - ``attn_frac`` η_attn: achieved fraction of the dense tensor-core peak in prefill attention (FMHA).
+    - ``seq_overhead_us``: time per sequence in a step outside the GEMM/attention roofline (sampling,
+      logits copy, the runtime's per-request bookkeeping), µs.
+    - ``step_overhead_ms``: fixed time per step (kernel launches, scheduler iteration), ms.
+    - ``rel_error``: expected relative error of the output tokens/s where the parameters were calibrated
+      (one standard deviation of the log error, from leave-one-GPU-out refits).
+    - ``step_overhead_uncertainty_ms``: how far ``step_overhead_ms`` may be off (it is not identifiable
+      from max-load data); adds (uncertainty / step time) to the error of low-concurrency predictions.
+
+    ``source`` says where the numbers come from (fit, measurement, assumption).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    bw_frac: float = Field(gt=0, le=1)
+    gemm_frac: float = Field(gt=0, le=1)
+    attn_frac: float = Field(gt=0, le=1)
+    seq_overhead_us: float = Field(ge=0)
+    step_overhead_ms: float = Field(ge=0)
+    rel_error: float = Field(ge=0)
+    step_overhead_uncertainty_ms: float = Field(default=0.0, ge=0)
+    source: str = ""
+
+
+class StepMix(BaseModel):
+    """One step's contents (averages over the steady state): sequences, tokens, emitted logits,
+    context tokens read by decode attention, and prefill-attention work in units of attn_flops_coeff."""
+
+    model_config = ConfigDict(frozen=True)
+
+    n_seqs: float
+    n_tokens: float
+    n_logits: float
+    kv_read_tokens: float
+    attn_units: float = 0.0
+
+
+class StepTime(BaseModel):
+    """Seconds of one step, split by term (``gemm`` is the max of its weight-read and compute times)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    overhead_s: float
+    gemm_s: float
+    gemm_bound: Literal["memory", "compute"]
+    act_s: float
+    kv_s: float
+    attn_s: float
+
+    @property
+    def total_s(self) -> float:
+        """Sum of the terms (s)."""
+        return self.overhead_s + self.gemm_s + self.act_s + self.kv_s + self.attn_s
+
+
+class Prediction(BaseModel):
+    """Predicted steady-state performance at one ISL/OSL (tokens) and concurrency.
+
+    ``concurrency`` None means maximum load (the largest batch the engine admits; TTFT then excludes the
+    queueing of an infinite-rate benchmark, which depends on how many requests are sent).
+    ``batch``: sequences in flight; ``limited_by``: what sets it. ``ttft_ms``: request start → first
+    token; ``itl_ms``: mean gap between later tokens (= TPOT); ``e2e_ms``: request latency.
+    ``rel_error``: expected relative error (1 σ) of ``output_tokens_per_s``; ``output_tokens_per_s_low``
+    / ``_high`` = value / (1 + e) and × (1 + e). ``step_ms``: mean step; ``step_split_ms``: its terms.
+    """
+
+    isl: int
+    osl: int
+    concurrency: int | None
+    batch: int
+    limited_by: Literal["concurrency", "max_batch_size", "kv_cache", "max_num_tokens"]
+    prefill_steps: int
+    output_tokens_per_s: float
+    output_tokens_per_s_low: float
+    output_tokens_per_s_high: float
+    per_user_tokens_per_s: float
+    ttft_ms: float
+    itl_ms: float
+    e2e_ms: float
+    step_ms: float
+    bound: Literal["memory", "compute", "overhead"]
+    step_split_ms: dict[str, float]
+    rel_error: float
+    error_terms: dict[str, float] = Field(default_factory=dict)
+
+
+def step_time(cost: StepCost, eff: Efficiency, mix: StepMix) -> StepTime:
+    """Time of one step with contents ``mix`` (see the module docstring for the formula).
+
+    GEMMs: the weights are read once per step whatever the number of tokens, so their time is the larger
+    of weight_bytes / (η_bw·BW) and the GEMM FLOPs / (η_gemm·T). Decode attention reads every context
+    token's K and V (memory-bound); prefill attention is compute-bound. Pipeline stages run in series.
+    """
+    pp = cost.pp_size
+    bw = eff.bw_frac * cost.bandwidth
+    t_w = cost.weight_bytes / bw
+    t_c = (cost.linear_flops_per_token * mix.n_tokens + cost.head_flops_per_token * mix.n_logits) / (eff.gemm_frac * cost.gemm_flops)
+    return StepTime(
+        overhead_s=eff.step_overhead_ms * 1e-3 + mix.n_seqs * eff.seq_overhead_us * 1e-6,
+        gemm_s=pp * max(t_w, t_c),
+        gemm_bound="compute" if t_c > t_w else "memory",
+        act_s=pp * (mix.n_tokens * cost.act_bytes_per_token + mix.n_logits * cost.logit_bytes_per_token) / bw,
+        kv_s=pp * mix.kv_read_tokens * cost.kv_token_bytes / bw,
+        attn_s=pp * cost.attn_flops_coeff * mix.attn_units / (eff.attn_frac * cost.attn_flops),
+    )
+
+
+def kv_sequences(limits: SchedulerLimits, isl: int, osl: int) -> int:
+    """Sequences of ISL + OSL tokens the KV cache admits at once.
+
+    GUARANTEED_NO_EVICT reserves each request's whole ISL + OSL up front: kv_blocks //
+    ceil((ISL + OSL) / tokens_per_block). MAX_UTILIZATION allocates blocks as tokens arrive, so in
+    steady state a sequence holds ISL + OSL/2 tokens on average: floor(kv_tokens / (ISL + OSL/2)).
+    """
+    tpb = limits.tokens_per_block
+    if limits.policy == "MAX_UTILIZATION":
+        return int(limits.kv_tokens // (isl + osl / 2))
+    return (limits.kv_tokens // tpb) // math.ceil((isl + osl) / tpb)
+
+
+def _prefill_steps(limits: SchedulerLimits, isl: int, batch: int) -> int:
+    """Steps one prompt takes: 1, or with chunked prefill ceil(ISL / chunk) where chunk is the token
+    budget left after the other sequences' decode tokens (at least one KV block)."""
+    if not limits.chunked_prefill:
+        return 1
+    chunk = max(limits.max_num_tokens - (batch - 1), limits.tokens_per_block)
+    return max(1, math.ceil(isl / chunk))
+
+
+def max_batch(limits: SchedulerLimits, isl: int, osl: int) -> tuple[int, str]:
+    """Largest steady-state batch and what limits it: ``max_batch_size``, ``kv_cache`` or ``max_num_tokens``.
+
+    Token budget: a request's ISL + OSL − 1 tokens (prompt, then one per decode step) pass through its
+    k_p + OSL − 1 steps, each of at most max_num_tokens tokens, so B ≤ max_num_tokens × (k_p + OSL − 1) /
+    (ISL + OSL − 1). Without chunked prefill a whole prompt must fit one step next to the other
+    sequences' decode tokens: B × (OSL − 1) / (OSL) + ISL ≤ max_num_tokens.
+
+    Raises ``ValueError`` when a prompt can never be scheduled (ISL > max_num_tokens without chunked
+    prefill) or when the KV cache cannot hold one sequence.
+    """
+    if not limits.chunked_prefill and isl > limits.max_num_tokens:
+        raise ValueError(f"ISL {isl} exceeds max_num_tokens {limits.max_num_tokens} and chunked prefill is off")
+    kv = kv_sequences(limits, isl, osl)
+    if kv < 1:
+        raise ValueError(f"the KV cache ({limits.kv_tokens} tokens) cannot hold one sequence of {isl + osl} tokens")
+    cands = {"max_batch_size": limits.max_batch_size, "kv_cache": kv}
+    b = min(cands.values())
+    # token budget depends on k_p, which depends on the batch: two passes converge (k_p only grows as b shrinks)
+    for _ in range(3):
+        steps = _prefill_steps(limits, isl, b) + osl - 1
+        tok = math.floor(limits.max_num_tokens * steps / (isl + osl - 1))
+        if not limits.chunked_prefill:
+            tok = min(tok, math.floor((limits.max_num_tokens - isl) * osl / max(osl - 1, 1)) + 1)
+        cands["max_num_tokens"] = max(tok, 1)
+        b = min(cands.values())
+    lim = min(cands, key=lambda k: (cands[k], k != "kv_cache", k != "max_batch_size"))
+    return max(b, 1), lim
+
+
+def predict_point(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl: int, osl: int,
+                  concurrency: int | None = None, *, extra_error: dict[str, float] | None = None) -> Prediction:
+    """Steady-state output tokens/s, TTFT, ITL and request latency at ``concurrency`` clients (closed
+    loop: each sends its next request when the previous one ends), or at maximum load when None.
+
+    With B sequences in flight and S = k_p + OSL − 1 steps per request, a step holds on average
+    p = B·k_p/S prefill chunks and B − p decoding sequences. When p ≥ 1 every step is alike; when p < 1
+    a share p of the steps carries one prefill chunk (ISL / k_p tokens) and the others are pure decode.
+    Output tokens/s = B × OSL / (S × mean step). ITL = mean step seen by a decoding sequence (other
+    requests' prefills included). TTFT = k_p prefill steps (+ half a step of waiting for the running one
+    when B > 1) + queueing: with more clients than B, Little's law gives latency = clients / request rate.
+
+    ``extra_error``: named relative error terms added in quadrature to ``eff.rel_error`` (conditions the
+    calibration did not cover). Raises ``ValueError`` as :func:`max_batch` does, or for ISL/OSL/concurrency < 1.
+    """
+    if isl < 1 or osl < 1 or (concurrency is not None and concurrency < 1):
+        raise ValueError(f"ISL {isl}, OSL {osl} and concurrency {concurrency} must be at least 1")
+    b_max, lim = max_batch(limits, isl, osl)
+    b = b_max if concurrency is None else min(concurrency, b_max)
+    limited_by = lim if concurrency is None or concurrency >= b_max else "concurrency"
+    k_p = _prefill_steps(limits, isl, b)
+    steps = k_p + osl - 1
+    ctx = isl + osl / 2  # mean context of a decoding sequence
+    p = b * k_p / steps
+    chunk = isl / k_p
+
+    def mix(decoding: float, prefilling: float, emit_from_prefill: float) -> StepMix:
+        return StepMix(n_seqs=decoding + prefilling, n_tokens=decoding + prefilling * chunk,
+                       n_logits=decoding + emit_from_prefill, kv_read_tokens=decoding * ctx,
+                       attn_units=prefilling * isl * isl / k_p)
+
+    if p >= 1:
+        avg = step_time(cost, eff, mix(b - p, p, b / steps))
+        t_mixed = t_decode = avg
+        share, share_other = 1.0, 1.0
+    else:
+        t_mixed = step_time(cost, eff, mix(b - 1, 1, 1 / k_p))
+        t_decode = step_time(cost, eff, mix(b, 0, 0))
+        share, share_other = p, min((b - 1) * k_p / steps, 1.0)
+    t_mean = share * t_mixed.total_s + (1 - share) * t_decode.total_s
+    itl = share_other * t_mixed.total_s + (1 - share_other) * t_decode.total_s
+    out_tps = b * osl / (steps * t_mean)
+    ttft = k_p * t_mixed.total_s + (t_mean / 2 if b > 1 else 0.0)
+    e2e = ttft + (osl - 1) * itl
+    clients = concurrency if concurrency is not None else b
+    if clients > b:  # closed loop beyond the batch: the extra clients queue (Little's law)
+        wait = max(clients * steps * t_mean / b - e2e, 0.0)
+        ttft, e2e = ttft + wait, e2e + wait
+    split = {k: share * getattr(t_mixed, k) + (1 - share) * getattr(t_decode, k)
+             for k in ("overhead_s", "gemm_s", "act_s", "kv_s", "attn_s")}
+    mem_s = cmp_s = 0.0
+    for t, w in ((t_mixed, share), (t_decode, 1 - share)):
+        mem_s += w * (t.act_s + t.kv_s + (t.gemm_s if t.gemm_bound == "memory" else 0.0))
+        cmp_s += w * (t.attn_s + (t.gemm_s if t.gemm_bound == "compute" else 0.0))
+    bound = "overhead" if split["overhead_s"] > mem_s + cmp_s else ("memory" if mem_s >= cmp_s else "compute")
+    terms = {"calibration": eff.rel_error}
+    if eff.step_overhead_uncertainty_ms:
+        terms["step_overhead"] = eff.step_overhead_uncertainty_ms * 1e-3 / t_mean
+    terms.update(extra_error or {})
+    err = math.sqrt(sum(v * v for v in terms.values()))
+    return Prediction(
+        isl=isl, osl=osl, concurrency=concurrency, batch=b, limited_by=limited_by, prefill_steps=k_p,
+        output_tokens_per_s=out_tps, output_tokens_per_s_low=out_tps / (1 + err), output_tokens_per_s_high=out_tps * (1 + err),
+        per_user_tokens_per_s=1.0 / itl, ttft_ms=ttft * 1e3, itl_ms=itl * 1e3, e2e_ms=e2e * 1e3, step_ms=t_mean * 1e3,
+        bound=bound, step_split_ms={k[:-2]: v * 1e3 for k, v in split.items()}, rel_error=err,
+        error_terms={k: round(v, 4) for k, v in terms.items()},
+    )
+
+
+def activation_traffic_bytes(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, layers: int,
+                             act_bytes: int = 2, tp: int = 1) -> float:
+    """DRAM bytes of activations one token moves between the kernels of a step (per GPU), Llama layer:
+
+    per layer, in elements: 2 RMSNorms (read h, write h) 4h + 2 residual adds (read 2h, write h) 6h +
+    q/k/v and gate/up read the normed input 2h + o_proj and down write h … 1h → 13h; QKV output written and
+    read by attention 2(H + 2K)d/tp; attention output written and read by o_proj 2Hd/tp; gate/up output
+    written (2I) and read by SiLU·mul (2I), its product written (I) and read by down (I) 6I/tp.
+    Bytes = layers × elements × act_bytes (2: BF16/FP16 activations). Llama-3.1-8B: 32 × 159,744 × 2 B
+    = 10.2 MB per token. Counted from the unfused graph (TensorRT-LLM fuses some of it: an upper bound).
+    """
+    per_layer = 13 * hidden + (2 * (heads + 2 * kv_heads) * head_dim + 2 * heads * head_dim + 6 * intermediate) / tp
+    return layers * per_layer * act_bytes
+
+
+def knee_batch(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl: int, osl: int, share: float = 0.9) -> int:
+    """Smallest concurrency whose predicted output tokens/s reaches ``share`` of the maximum-load prediction
+    (bisection; throughput does not fall as concurrency grows): a starting ``max_batch_size`` that gives
+    most of the throughput with the lowest latency. Raises ``ValueError`` as :func:`max_batch` does."""
+    b_max, _ = max_batch(limits, isl, osl)
+    target = share * predict_point(cost, limits, eff, isl, osl, None).output_tokens_per_s
+    lo, hi = 1, b_max
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if predict_point(cost, limits, eff, isl, osl, mid).output_tokens_per_s >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def predicted_tps(cost: StepCost | None, limits: SchedulerLimits | None, eff: Efficiency | None,
+                  isl: int, osl: int, concurrency: int) -> float | None:
+    """Predicted output tokens/s at ``concurrency`` clients, or None without model inputs or when the point
+    cannot run (see :func:`max_batch`)."""
+    if cost is None or limits is None or eff is None:
+        return None
+    try:
+        return predict_point(cost, limits, eff, isl, osl, concurrency).output_tokens_per_s
+    except ValueError:
+        return None

@@ -1,0 +1,221 @@
+"""Calibration of the achievable-throughput model on published TensorRT-LLM throughput.
+
+``pipeline/data/plan_calibration.yaml`` holds NVIDIA's v0.17 Llama-3.1-8B TP1 max-load output tokens/s on
+H100 / L40S / A100 at nine ISL/OSL pairs and the conditions of those runs. Each point becomes a recipe
+(:func:`point_recipe`: the GPU, the qformat and KV dtype of its column, trtllm-bench's max_batch_size and
+max_num_tokens, KV fraction 0.95, tokens_per_block 64, chunked context) that goes through the same planner
+and model as any recipe, so the fit calibrates exactly the code path users get.
+
+:func:`fit` (scipy least squares on log errors; scipy comes with nvidia-modelopt) refits the free
+parameters; :func:`evaluate` scores an :class:`Efficiency`; :func:`leave_one_gpu_out` refits without each
+GPU and scores it on that GPU, :func:`leave_one_pair_out` the same per ISL/OSL pair. ``scripts/calibrate_plan.py`` runs them and writes
+``pipeline/data/plan_efficiency.yaml``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from importlib import resources
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from pipeline import gpus
+from pipeline.plan.achievable import Efficiency
+from pipeline.recipe import Recipe
+
+CALIBRATION_FILE = "data/plan_calibration.yaml"
+#: Parameters fitted: (start, lower bound, upper bound); fractions of peak, µs per sequence per step.
+#: attn_frac's ceiling 0.75 is the best published FMHA forward efficiency (FlashAttention-3: ~740 TFLOPS
+#: BF16 on H100 = 75 % of peak, arXiv:2407.08608; FlashAttention-2: up to 73 % of A100 peak, arXiv:2307.08691).
+FREE: dict[str, tuple[float, float, float]] = {
+    "bw_frac": (0.7, 0.2, 1.0),
+    "gemm_frac": (0.6, 0.1, 1.0),
+    "attn_frac": (0.5, 0.05, 0.75),
+    "seq_overhead_us": (5.0, 0.0, 200.0),
+}
+#: Parameters held fixed (not identifiable from max-load throughput, where steps last 20-300 ms):
+#: 0.5 ms per step ≈ 32 layers × ~10 kernels × ~1.5 µs launch each of a TensorRT engine step, ± 0.5 ms.
+FIXED: dict[str, float] = {"step_overhead_ms": 0.5, "step_overhead_uncertainty_ms": 0.5}
+
+
+class CalibrationPoint(BaseModel):
+    """One published figure: GPU key, its column's formats, ISL/OSL (tokens) and output tokens/s."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    qformat: str
+    kv_cache_dtype: str
+    model_dtype: str
+    isl: int
+    osl: int
+    published: float
+
+
+@functools.cache
+def _raw() -> dict:
+    return yaml.safe_load(resources.files("pipeline").joinpath(CALIBRATION_FILE).read_text())
+
+
+def points() -> list[CalibrationPoint]:
+    """Every published point of ``plan_calibration.yaml`` (27: 3 GPUs × 9 ISL/OSL pairs)."""
+    raw = _raw()
+    cols = list(raw["columns"].items())
+    out = []
+    for isl, osl, *values in raw["rows"]:
+        for (gpu, col), v in zip(cols, values, strict=True):
+            out.append(CalibrationPoint(gpu=gpu, qformat=col["qformat"], kv_cache_dtype=col["kv_cache_dtype"],
+                                        model_dtype=col["model_dtype"], isl=isl, osl=osl, published=v))
+    return out
+
+
+def trtllm_bench_settings(gpu: gpus.GpuSpec, param_count: int, weight_bytes_per_param: float, kv_bytes_per_token: int,
+                          isl: int, osl: int, kv_fraction: float = 0.95) -> tuple[int, int]:
+    """``(max_batch_size, max_num_tokens)`` that ``trtllm-bench build --dataset`` picks (TensorRT-LLM
+    tensorrt_llm/bench/build/tuning.py: calc_engine_setting + finetune_setting).
+
+    requests = (GPU GiB − params × bytes/param GiB) × fraction / (KV GiB per token × (ISL + OSL));
+    raw_bs = min(requests, 4096); raw_tokens = min(raw_bs × (1 + ISL/OSL), 32768);
+    batch rounded up to 32 (min 64) below 256, to 128 below 1024, else to 256;
+    tokens rounded up to 256 (min 2048) below 4096, to 512 below 8192, else to 1024.
+    """
+    gib = 1 << 30
+    available = gpu.memory_bytes / gib - param_count * weight_bytes_per_param / gib
+    requests = available * kv_fraction / (kv_bytes_per_token / gib * (isl + osl))
+    raw_bs = min(requests, 4096)
+    raw_tok = min(raw_bs * (1 + isl / osl), 32768)
+    if raw_bs < 256:
+        bs = max(64, 32 * math.ceil(raw_bs / 32))
+    elif raw_bs < 1024:
+        bs = 128 * math.ceil(raw_bs / 128)
+    else:
+        bs = 256 * math.ceil(raw_bs / 256)
+    if raw_tok < 4096:
+        tok = max(2048, 256 * math.ceil(raw_tok / 256))
+    elif raw_tok < 8192:
+        tok = 512 * math.ceil(raw_tok / 512)
+    else:
+        tok = 1024 * math.ceil(raw_tok / 1024)
+    return bs, tok
+
+
+def point_recipe(p: CalibrationPoint) -> Recipe:
+    """The recipe that reproduces a published run's conditions (see ``plan_calibration.yaml``)."""
+    from pipeline.models import known_geometry
+
+    raw = _raw()
+    cond = raw["conditions"]
+    geo = known_geometry(raw["model"])
+    assert geo is not None
+    gpu = gpus.catalog()[p.gpu]
+    kv_b = 1 if p.kv_cache_dtype in ("fp8", "int8") else 2
+    kv_tok = 2 * geo.num_hidden_layers * geo.num_key_value_heads * geo.head_dim * kv_b
+    bs, tok = trtllm_bench_settings(gpu, geo.num_parameters, 1.0 if p.qformat == "fp8" else 2.0, kv_tok, p.isl, p.osl,
+                                    cond["kv_cache_free_gpu_mem_fraction"])
+    tpb = cond["tokens_per_block"]
+    seq = math.ceil((p.isl + p.osl) / tpb) * tpb
+    return Recipe.model_validate({
+        "name": f"calib-{p.gpu}-{p.isl}-{p.osl}",
+        "model": {"source": raw["model"], "dtype": p.model_dtype},
+        "target": {"gpu": p.gpu},
+        "quantization": {"qformat": p.qformat, "kv_cache_dtype": p.kv_cache_dtype},
+        "build": {
+            "engine": cond["engine"], "max_batch_size": bs, "max_num_tokens": tok, "max_input_len": p.isl,
+            "max_seq_len": seq, "tokens_per_block": tpb, "enable_chunked_prefill": cond["enable_chunked_prefill"],
+            "plugins": {"use_paged_context_fmha": True, "use_fp8_context_fmha": cond["use_fp8_context_fmha"]},
+            "kv_cache_config": {"free_gpu_memory_fraction": cond["kv_cache_free_gpu_mem_fraction"]},
+            "scheduler_config": {"capacity_scheduler_policy": cond["capacity_scheduler_policy"]},
+        },
+        "bench": {"scenarios": [{"isl": p.isl, "osl": p.osl}], "concurrency": [1]},
+    })
+
+
+@functools.cache
+def _inputs(p: CalibrationPoint):
+    """(StepCost, SchedulerLimits) of a point, from the planner's memory plan."""
+    from pipeline.plan.planner import plan_recipe
+
+    plan = plan_recipe(point_recipe(p))
+    assert plan.step_cost is not None and plan.scheduler is not None, plan.verdict.errors
+    return plan.step_cost, plan.scheduler
+
+
+class PointResult(BaseModel):
+    """A point's published and predicted output tokens/s, the relative error (pred/pub − 1), the batch."""
+
+    gpu: str
+    isl: int
+    osl: int
+    published: float
+    predicted: float
+    error: float
+    batch: int
+    limited_by: str
+
+
+def evaluate(eff: Efficiency, pts: list[CalibrationPoint] | None = None) -> list[PointResult]:
+    """Predict every calibration point at maximum load with ``eff``."""
+    from pipeline.plan.achievable import predict_point
+
+    out = []
+    for p in pts if pts is not None else points():
+        cost, limits = _inputs(p)
+        pr = predict_point(cost, limits, eff, p.isl, p.osl, None)
+        out.append(PointResult(gpu=p.gpu, isl=p.isl, osl=p.osl, published=p.published, predicted=pr.output_tokens_per_s,
+                               error=pr.output_tokens_per_s / p.published - 1, batch=pr.batch, limited_by=pr.limited_by))
+    return out
+
+
+def summary(results: list[PointResult]) -> dict[str, float]:
+    """``median_abs_error``, ``worst_abs_error`` (relative, pred/pub − 1) and ``rms_log_error`` (ln units)."""
+    errs = [abs(r.error) for r in results]
+    return {
+        "median_abs_error": statistics.median(errs),
+        "worst_abs_error": max(errs),
+        "rms_log_error": math.sqrt(statistics.fmean(math.log(r.predicted / r.published) ** 2 for r in results)),
+    }
+
+
+def _efficiency(x, fixed: dict[str, float]) -> Efficiency:
+    return Efficiency(**dict(zip(FREE, (float(v) for v in x), strict=True)), **fixed, rel_error=0.0)
+
+
+def fit(pts: list[CalibrationPoint] | None = None, fixed: dict[str, float] | None = None) -> Efficiency:
+    """Least-squares fit of :data:`FREE` on ln(predicted / published) over ``pts`` (default: all points),
+    :data:`FIXED` held. Deterministic (scipy ``least_squares``, trust-region reflective, fixed start)."""
+    from scipy.optimize import least_squares
+
+    pts = points() if pts is None else pts
+    fixed = FIXED if fixed is None else fixed
+
+    def resid(x):
+        return [math.log(r.predicted / r.published) for r in evaluate(_efficiency(x, fixed), pts)]
+
+    x0 = [v[0] for v in FREE.values()]
+    lo = [v[1] for v in FREE.values()]
+    hi = [v[2] for v in FREE.values()]
+    res = least_squares(resid, x0, bounds=(lo, hi), x_scale=[v[0] or 1 for v in FREE.values()], diff_step=1e-4)
+    return _efficiency(res.x, fixed)
+
+
+def leave_one_gpu_out(pts: list[CalibrationPoint] | None = None) -> dict[str, tuple[Efficiency, list[PointResult]]]:
+    """For each calibration GPU: the fit without it and that fit's results on it."""
+    pts = points() if pts is None else pts
+    out = {}
+    for g in dict.fromkeys(p.gpu for p in pts):
+        eff = fit([p for p in pts if p.gpu != g])
+        out[g] = (eff, evaluate(eff, [p for p in pts if p.gpu == g]))
+    return out
+
+
+def leave_one_pair_out(pts: list[CalibrationPoint] | None = None) -> list[PointResult]:
+    """For each ISL/OSL pair: the fit without it (all GPUs), scored on that pair; all results together."""
+    pts = points() if pts is None else pts
+    out: list[PointResult] = []
+    for pair in dict.fromkeys((p.isl, p.osl) for p in pts):
+        eff = fit([p for p in pts if (p.isl, p.osl) != pair])
+        out += evaluate(eff, [p for p in pts if (p.isl, p.osl) == pair])
+    return out

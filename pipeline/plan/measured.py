@@ -1,0 +1,104 @@
+"""Predicted vs measured: compare :func:`pipeline.plan.predict` with ``trtpipe bench`` runs (``bench.json``).
+
+:func:`compare_run` reads a run directory, takes its recipe (``--recipe``, else the ``recipe.yaml`` of the build
+directory the run recorded), and for each closed-loop load point (ISL/OSL × concurrency) returns the measured
+output tokens/s, mean TTFT and mean ITL (ms) next to the prediction and its expected error. Used by
+``scripts/plan_vs_measured.py``; a sweep tool can call it per point.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from pipeline.errors import UserError
+from pipeline.plan.achievable import Prediction
+
+from pipeline.bench.exporters import BENCH_JSON  # noqa: E402  (the run file name)
+
+
+class PointComparison(BaseModel):
+    """One closed-loop load point: measured (from bench.json) and predicted. Units: tokens/s and ms.
+
+    ``error`` = predicted / measured − 1 of output tokens/s; ``within`` says whether the measurement lies
+    inside the prediction's 1 σ band [value / (1 + e), value × (1 + e)].
+    """
+
+    run_dir: str
+    isl: int
+    osl: int
+    concurrency: int
+    requests: int
+    measured_output_tokens_per_s: float
+    measured_ttft_ms: float | None
+    measured_itl_ms: float | None
+    predicted: Prediction
+    error: float
+    within: bool
+
+
+def load_bench(run_dir: Path) -> dict:
+    """The ``bench.json`` document of a run directory (:meth:`pipeline.bench.run.BenchResult.read`).
+
+    Raises:
+        UserError: it is missing, not JSON, or not a trtpipe bench document.
+    """
+    from pipeline.bench.run import BenchResult
+
+    doc = BenchResult.read(run_dir)
+    if not str(doc.get("schema", "")).startswith("trtpipe.bench/"):
+        raise UserError(f"{run_dir}: schema {doc.get('schema')!r} is not a trtpipe bench document")
+    return doc
+
+
+def recipe_of_run(doc: dict) -> Path | None:
+    """The recipe YAML a run was made against: the resolved recipe of the build the run recorded."""
+    from pipeline.layout import BuildLayout
+
+    build = (doc.get("config") or {}).get("build_dir") or ((doc.get("environment") or {}).get("build") or {}).get("dir")
+    recipe = BuildLayout(Path(build)).recipe_file if build else None
+    return recipe if recipe is not None and recipe.is_file() else None
+
+
+def compare_run(run_dir: Path, recipe_path: Path | None = None, concurrency: list[int] | None = None,
+                *, gpu: str | None = None) -> list[PointComparison]:
+    """Measured vs predicted for every closed-loop load point of ``run_dir`` (only ``concurrency`` values when
+    given), in the order of the run.
+
+    Raises:
+        UserError: no bench.json, no recipe (pass one), a recipe that cannot be predicted, no matching point.
+    """
+    from pipeline.plan.predict import predict
+    from pipeline.recipe import load_recipe
+
+    doc = load_bench(run_dir)
+    path = recipe_path or recipe_of_run(doc)
+    if path is None:
+        raise UserError(f"{run_dir}: the run recorded no build directory with a recipe.yaml: pass the recipe (--recipe)")
+    recipe = load_recipe(Path(path))
+    out = []
+    for p in doc.get("load_points", []):
+        if p.get("mode") != "concurrency" or "summary" not in p:
+            continue
+        c = int(p["concurrency"])
+        if concurrency and c not in concurrency:
+            continue
+        s = p["summary"]
+        m = s["metrics"]
+        tps = m.get("output_token_throughput")
+        if not tps:
+            continue
+        pred = predict(recipe, int(p["isl"]), int(p["osl"]), c, gpu=gpu, recipe_dir=Path(path).resolve().parent)
+        e = pred.rel_error
+        out.append(PointComparison(
+            run_dir=str(run_dir), isl=int(p["isl"]), osl=int(p["osl"]), concurrency=c, requests=s["counts"]["completed"],
+            measured_output_tokens_per_s=tps, measured_ttft_ms=(m.get("time_to_first_token") or {}).get("avg"),
+            measured_itl_ms=(m.get("inter_token_latency") or {}).get("avg"), predicted=pred,
+            error=pred.output_tokens_per_s / tps - 1, within=abs(math.log(pred.output_tokens_per_s / tps)) <= math.log1p(e),
+        ))
+    if not out:
+        want = f" at concurrency {','.join(map(str, concurrency))}" if concurrency else ""
+        raise UserError(f"{run_dir}: no completed closed-loop load point{want} in {BENCH_JSON}")
+    return out

@@ -1,0 +1,171 @@
+"""The generated model repository checked against the upstream-derived contract.
+
+``pipeline/data/triton_backend_contract.yaml`` lists, each with its upstream ``file@commit:line``, every
+``config.pbtxt`` parameter the C++ ``tensorrtllm`` backend reads (type, required or default, accepted
+values), every tensor of the upstream ``inflight_batcher_llm`` templates and of the ``llmapi`` model, and
+what the backend writes into a response. :func:`repository_problems` holds a generated repository to it;
+the triton_repo stage refuses to write a repository with problems, and the tests run it over every GPU
+recipe. The commits that could be read (the exact 1.2.1 sources could not) are the file's ``sources``.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONTRACT_RESOURCE = "data/triton_backend_contract.yaml"
+#: our model name → upstream template name, per repository kind (layouts of triton_repo/layouts.yaml)
+TEMPLATE_OF = {
+    "cpp": {"tensorrt_llm": "tensorrt_llm", "ensemble": "ensemble", "preprocessing": "preprocessing",
+            "postprocessing": "postprocessing", "tensorrt_llm_bls": "tensorrt_llm_bls"},
+    "llmapi": {"tensorrt_llm": "llmapi_tensorrt_llm"},
+}
+#: a request flag → the outputs the backend then writes (model_instance_state.cc@c2e65b88d852:1079-1305,
+#: fillTritonResponse; the ensemble/BLS templates forward the same outputs): a model that accepts the
+#: flag must declare them, or the values are dropped (python models) / the response fails (C++ backend)
+FLAG_OUTPUTS = {
+    "return_log_probs": ("cum_log_probs", "output_log_probs"),
+    "return_context_logits": ("context_logits",),
+    "return_generation_logits": ("generation_logits",),
+    "return_num_input_tokens": ("num_input_tokens",),
+    "return_num_output_tokens": ("num_output_tokens",),
+}
+
+
+@functools.cache
+def contract() -> dict[str, Any]:
+    """The parsed contract (read once)."""
+    return yaml.safe_load(resources.files("pipeline").joinpath(CONTRACT_RESOURCE).read_text())
+
+
+def _perf_outputs() -> tuple[str, ...]:
+    for req in contract()["cpp_backend_response_requirements"]:
+        if "acceptance_rate" in req["outputs"]:
+            return tuple(req["outputs"])
+    raise KeyError("the contract lists no perf-metrics outputs")
+
+
+def _always_outputs() -> tuple[str, ...]:
+    return tuple(contract()["cpp_backend_response_requirements"][0]["outputs"])
+
+
+def _bool_spellings() -> list[str]:
+    return list(contract()["parameter_parsing"]["types"]["bool"]["accepted"])
+
+
+def parameter_problems(params: dict[str, str]) -> list[str]:
+    """What in a C++ ``tensorrt_llm`` model's ``parameters`` would make the backend fail or misread.
+
+    Missing required keys (read without try/catch: the instance fails to load), values outside a key's
+    accepted set (case-sensitive), values that do not parse as the key's type, and keys the backend does
+    not know (neither read nor in the upstream template: a misspelling is silently ignored).
+    """
+    c = contract()
+    known = {p["name"]: p for p in c["cpp_backend_parameters"]}
+    template_only = {p["name"] for p in c["template_keys_not_read_by_cpp_backend"]}
+    out = [f"tensorrt_llm: required parameter {name!r} is missing (the backend cannot load the model; {p['source']})"
+           for name, p in known.items() if p.get("required") and name not in params]
+    for key, value in params.items():
+        p = known.get(key)
+        if p is None:
+            if key not in template_only:
+                out.append(f"tensorrt_llm: parameter {key!r} is not read by the tensorrtllm backend (misspelled?)")
+            continue
+        unset = value == "" or value in (p.get("unset_spellings") or [])
+        if p.get("accepted") and not unset and value not in p["accepted"]:
+            out.append(f"tensorrt_llm: {key}={value!r} is not one of {p['accepted']} ({p['source']})")
+        problem = _type_problem(p["type"], value)
+        if problem and not (unset and not p.get("required")):
+            out.append(f"tensorrt_llm: {key}={value!r} {problem} ({p['source']})")
+    return out
+
+
+def _type_problem(kind: str, value: str) -> str | None:
+    if kind == "bool":
+        return None if value in _bool_spellings() else f"is not a boolean the backend parses ({'/'.join(_bool_spellings())})"
+    parse = {"int": int, "uint32": int, "int64": int, "uint64": int, "float": float}.get(kind)
+    if parse is None:
+        return None
+    try:
+        number = parse(value)
+    except ValueError:
+        return f"does not parse as {kind}"
+    return "is negative" if kind.startswith("uint") and number < 0 else None
+
+
+def tensor_problems(model: str, template: str, cfg: Any) -> list[str]:
+    """Tensors of our ``ModelConfig`` ``cfg`` that differ from upstream template ``template``.
+
+    Every input and output we declare must exist upstream with the same data type (an upstream
+    ``${…}`` type, e.g. the logits dtype, accepts any) and dims; inputs keep upstream's ``optional``.
+    Outputs the backend always writes, and those a declared ``return_*`` flag makes it write, must be
+    declared; the LLM-API model must declare every output upstream's ``model.py`` emits.
+    """
+    from tritonclient.grpc import model_config_pb2
+
+    t = contract()["templates"][template]
+    name_of = model_config_pb2.DataType.Name
+    out: list[str] = []
+    for kind, ours, theirs in (("input", cfg.input, t["inputs"]), ("output", cfg.output, t["outputs"])):
+        up = {x["name"]: x for x in theirs}
+        for x in ours:
+            u = up.get(x.name)
+            if u is None:
+                out.append(f"{model}: {kind} {x.name!r} does not exist in upstream {template} ({t['source']})")
+                continue
+            dtype = name_of(x.data_type)
+            if not str(u["data_type"]).startswith("${") and dtype != u["data_type"]:
+                out.append(f"{model}: {kind} {x.name!r} is {dtype}, upstream declares {u['data_type']} (line {u.get('line')})")
+            if list(x.dims) != list(u["dims"]):
+                out.append(f"{model}: {kind} {x.name!r} has dims {list(x.dims)}, upstream {u['dims']} (line {u.get('line')})")
+            if kind == "input" and "optional" in u and bool(x.optional) != bool(u["optional"]):
+                out.append(f"{model}: input {x.name!r} optional={x.optional}, upstream optional={u['optional']}")
+    declared_in = {x.name for x in cfg.input}
+    declared_out = {x.name for x in cfg.output}
+    need: set[str] = set()
+    if template == "tensorrt_llm":
+        need |= set(_always_outputs())
+    if template == "llmapi_tensorrt_llm":
+        need |= {x["name"] for x in t["outputs"]}
+    if "return_perf_metrics" in declared_in:
+        need |= set(_perf_outputs()) & {x["name"] for x in t["outputs"]}
+    for flag, outputs in FLAG_OUTPUTS.items():
+        if flag in declared_in:
+            need |= set(outputs) & {x["name"] for x in t["outputs"]}
+    out += [f"{model}: output {name!r} is not declared, but upstream's backend/model writes it" for name in sorted(need - declared_out)]
+    return out
+
+
+def repository_problems(configs: dict[str, Any], implementation: str) -> list[str]:
+    """Every contract problem of a repository's ``{model name: ModelConfig}``.
+
+    Args:
+        configs: the parsed configs (e.g. from :func:`pipeline.triton.model_config.load_model_config`).
+        implementation: the ``tensorrt_llm`` implementation of the layout: ``cpp`` (C++ ``tensorrtllm``
+            backend: tensors and parameters are checked), ``llmapi`` (the LLM-API python model) or
+            ``cpu`` (trtpipe's python model behind the same tensors: tensors only).
+    """
+    templates = TEMPLATE_OF["llmapi" if implementation == "llmapi" else "cpp"]
+    out: list[str] = []
+    for model, cfg in configs.items():
+        template = templates.get(model)
+        if template is None:
+            out.append(f"{model}: not a model of the upstream {implementation} repository")
+            continue
+        out += tensor_problems(model, template, cfg)
+        if implementation == "cpp" and model == "tensorrt_llm":
+            if cfg.backend != "tensorrtllm":
+                out.append(f"tensorrt_llm: backend {cfg.backend!r}, upstream uses 'tensorrtllm'")
+            out += parameter_problems({k: v.string_value for k, v in cfg.parameters.items()})
+    return out
+
+
+def load_repository(repo: Path) -> dict[str, Any]:
+    """``{model name: ModelConfig}`` of every ``<model>/config.pbtxt`` in ``repo``."""
+    from pipeline.triton.model_config import load_model_config
+
+    return {p.parent.name: load_model_config(p) for p in sorted(Path(repo).glob("*/config.pbtxt"))}

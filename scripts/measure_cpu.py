@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""Measure this host's rates for the planner's CPU-engine prediction and write ``pipeline/data/cpu_host.yaml``.
+
+What it measures (torch, all the cores this process may use, best of several repeats — the machine may be
+shared, and the best run is the closest to what the hardware does):
+
+- ``read_bandwidth_gbs``: GB/s (10^9 B/s) at which ``torch.nn.functional.linear`` streams a weight set the
+  size and shapes of SmolLM2's (30 layers × 7 Linear + lm_head, 538 MB fp32, far beyond the caches) for one
+  token: the rate at which a decode step reads its weights on this machine (BLAS GEMV, not a bare stream);
+  ``stream_bandwidth_gbs``: ``tensor.sum()`` over 1 GiB, the bare streaming rate, for reference;
+- ``fp32_gflops`` / ``bf16_gflops``: GFLOP/s of the same Linear layers for 64 tokens at once: the rate of
+  prefill and batched decode at the CPU engine's shapes;
+- ``engine_step_overhead_ms`` / ``engine_seq_overhead_us``: the CPU engine's own time per step and per
+  sequence in a step: :class:`pipeline.cpu_runtime.CpuEngine` runs a model of SmolLM2's depth (30 layers)
+  and vocabulary but width 64, whose bytes and FLOPs are negligible (what they cost at the measured rates is
+  subtracted); the decode step time at 1, 2, 4, 8 and 16 concurrent requests (best of 3) is fitted as overhead + n × per-sequence.
+
+    flock /tmp/heavy.lock .venv/bin/python scripts/measure_cpu.py            # measure and write the YAML
+    flock /tmp/heavy.lock .venv/bin/python scripts/measure_cpu.py --dry-run  # measure and print only
+
+Takes about a minute. Rerun it after the CPU engine changes, or on another host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+OUT = REPO / "pipeline" / "data" / "cpu_host.yaml"
+CONCURRENCIES = (1, 2, 4, 8, 16)
+OSL = 48
+ISL = 16
+
+
+def _best(fn, repeats: int) -> float:
+    """Shortest wall time (s) of ``fn()`` over ``repeats`` runs after one warm-up."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def stream_bandwidth_gbs(gib: float = 1.0, repeats: int = 7) -> float:
+    """GB/s of summing a ``gib`` GiB fp32 tensor."""
+    import torch
+
+    x = torch.ones(int(gib * (1 << 30) / 4), dtype=torch.float32)
+    t = _best(lambda: x.sum(), repeats)
+    return x.numel() * 4 / t / 1e9
+
+
+def _model_weights(dtype_name: str) -> list:
+    """Random weights with SmolLM2-135M's Linear shapes (q, k, v, o, gate, up, down × 30 layers + lm_head)."""
+    import torch
+
+    from pipeline.models import known_geometry
+
+    geo = known_geometry("embedded:smollm2-135m-instruct")
+    assert geo is not None
+    dt = getattr(torch, dtype_name)
+    ws = [torch.randn(o, i, dtype=torch.float32).to(dt) for _ in range(geo.num_hidden_layers) for _, i, o in geo.layer_linear_shapes]
+    return ws + [torch.randn(geo.vocab_size, geo.hidden_size).to(dt)]
+
+
+def linear_rates(dtype_name: str, tokens: int, repeats: int = 5) -> tuple[float, float]:
+    """(GB/s of weights read, GFLOP/s) of ``F.linear`` over the SmolLM2-shaped weights for ``tokens`` tokens."""
+    import torch
+
+    ws = _model_weights(dtype_name)
+    dt = getattr(torch, dtype_name)
+    inputs = {w.shape[1]: torch.randn(tokens, w.shape[1]).to(dt) for w in ws}
+
+    def run():
+        for w in ws:
+            torch.nn.functional.linear(inputs[w.shape[1]], w)
+
+    t = _best(run, repeats)
+    nbytes = sum(w.numel() * w.element_size() for w in ws)
+    flops = 2 * tokens * sum(w.numel() for w in ws)
+    return nbytes / t / 1e9, flops / t / 1e9
+
+
+def _tiny_engine(tmp: Path) -> tuple[Path, dict]:
+    """A CPU engine directory holding a random model of SmolLM2's depth and vocabulary, width 64."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.models import known_geometry
+
+    geo = known_geometry("embedded:smollm2-135m-instruct")
+    assert geo is not None
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=geo.num_hidden_layers, num_attention_heads=1,
+                      num_key_value_heads=1, head_dim=64, vocab_size=geo.vocab_size, tie_word_embeddings=True,
+                      max_position_embeddings=1024)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(tmp)
+    ec = {"kind": "cpu", "dtype": "float32", "attn_implementation": "sdpa", "scheduler": "fifo", "max_batch_size": 32,
+          "max_num_tokens": 1024, "max_seq_len": 1024, "max_input_len": 512, "tokens_per_block": 32, "kv_cache_blocks": 512,
+          "enable_block_reuse": False}
+    (tmp / "engine_config.json").write_text(json.dumps(ec))
+    return tmp, {"hidden": 64, "intermediate": 128, "layers": geo.num_hidden_layers, "vocab": geo.vocab_size}
+
+
+def _decode_step_s(engine, n: int) -> float:
+    """Median gap (s) between consecutive tokens of ``n`` concurrent requests (ISL 16, OSL 48, decode only)."""
+    gaps: list[float] = []
+    done = threading.Event()
+    left = [n]
+    lock = threading.Lock()
+
+    def make_cb():
+        last = [None]
+
+        def cb(tokens, finished):
+            now = time.perf_counter()
+            if last[0] is not None and tokens:
+                gaps.append((now - last[0]) / len(tokens))
+            last[0] = now
+            if finished:
+                with lock:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        done.set()
+        return cb
+
+    for i in range(n):
+        engine.add_request([(7 * i + j) % 1000 + 10 for j in range(ISL)], max_new_tokens=OSL, min_tokens=OSL, end_id=None,
+                           on_tokens=make_cb())
+    if not done.wait(600):
+        raise RuntimeError("CPU engine did not finish the measurement requests in 600 s")
+    return statistics.median(gaps)
+
+
+def engine_steps() -> tuple[dict[int, float], dict]:
+    """Decode step time (s) of the CPU engine by concurrency, with the width-64 model, and its geometry.
+
+    Run first, in a fresh process: after a 1 GiB tensor is freed, glibc's malloc heuristics (a raised mmap
+    threshold) make this engine's multi-request steps several times slower for the rest of the process.
+    """
+    from pipeline.cpu_runtime import CpuEngine
+
+    with tempfile.TemporaryDirectory(prefix="trtpipe-measure-") as d:
+        path, g = _tiny_engine(Path(d))
+        with CpuEngine(path) as engine:
+            _decode_step_s(engine, 2)  # warm-up
+            return {n: min(_decode_step_s(engine, n) for _ in range(3)) for n in CONCURRENCIES}, g
+
+
+def engine_overheads(measured: dict[int, float], g: dict, bw: float, flops: float) -> tuple[float, float]:
+    """(step overhead ms, per-sequence overhead µs) of the CPU engine: the measured step times minus what
+    the width-64 model's bytes and FLOPs cost at ``bw`` B/s and ``flops`` FLOP/s, fitted as a line in the
+    request count (least squares; slope and intercept clipped at 0)."""
+    from pipeline.plan.achievable import Efficiency, StepCost, StepMix, activation_traffic_bytes, step_time
+
+    h, inter, layers, vocab = g["hidden"], g["intermediate"], g["layers"], g["vocab"]
+    lin = layers * (4 * h * h + 3 * h * inter)
+    cost = StepCost(weight_bytes=(lin + vocab * h) * 4, kv_token_bytes=2 * layers * h * 4, linear_flops_per_token=2 * lin,
+                    head_flops_per_token=2 * vocab * h, attn_flops_coeff=2 * layers * h,
+                    act_bytes_per_token=activation_traffic_bytes(h, 1, 1, h, inter, layers, 4), logit_bytes_per_token=2 * vocab * 4,
+                    bandwidth=bw, gemm_flops=flops, attn_flops=flops)
+    zero = Efficiency(bw_frac=1, gemm_frac=1, attn_frac=1, seq_overhead_us=0, step_overhead_ms=0, rel_error=0)
+    ctx = ISL + OSL / 2
+    resid = {n: t - step_time(cost, zero, StepMix(n_seqs=n, n_tokens=n, n_logits=n, kv_read_tokens=n * ctx)).total_s
+             for n, t in measured.items()}
+    ns = list(resid)
+    mean_n, mean_t = statistics.fmean(ns), statistics.fmean(resid.values())
+    slope = sum((n - mean_n) * (resid[n] - mean_t) for n in ns) / sum((n - mean_n) ** 2 for n in ns)
+    slope = max(slope, 0.0)
+    intercept = max(mean_t - slope * mean_n, 0.0)
+    return intercept * 1e3, slope * 1e6
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="print the measurements, do not write the YAML")
+    args = ap.parse_args(argv)
+
+    import psutil
+    import torch
+    import transformers
+    import yaml
+
+    cores = len(os.sched_getaffinity(0))
+    torch.set_num_threads(cores)
+    measured, geo = engine_steps()
+    bw, _ = linear_rates("float32", 1)
+    _, f32 = linear_rates("float32", 64)
+    _, bf16 = linear_rates("bfloat16", 64)
+    stream = stream_bandwidth_gbs()
+    print(f"weight-read bandwidth {bw:.1f} GB/s (bare stream {stream:.1f}), GEMM fp32 {f32:.0f} GFLOP/s, "
+          f"bf16 {bf16:.0f} GFLOP/s ({cores} threads)")
+    step_ms, seq_us = engine_overheads(measured, geo, bw * 1e9, f32 * 1e9)
+    steps = {n: t * 1e3 for n, t in measured.items()}
+    print("CPU engine decode step (width-64 model): " + ", ".join(f"{n} seq {t:.2f} ms" for n, t in steps.items()))
+    print(f"→ step overhead {step_ms:.2f} ms + {seq_us:.0f} µs per sequence")
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    isa = "AVX-512" if " avx512f" in flags else ("AVX2" if " avx2" in flags else "")
+    data = {
+        "name": f"{platform.node()}: {_cpu_model()}, {cores} cores{' ' + isa if isa else ''}",
+        "cpu_model": _cpu_model(),
+        "cores": cores,
+        "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 2),
+        "measured": f"{datetime.date.today().isoformat()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+                    f"{cores} threads, scripts/measure_cpu.py",
+        "read_bandwidth_gbs": round(bw, 2),
+        "stream_bandwidth_gbs": round(stream, 2),
+        "fp32_gflops": round(f32, 1),
+        "bf16_gflops": round(bf16, 1),
+        "engine_step_overhead_ms": round(step_ms, 3),
+        "engine_seq_overhead_us": round(seq_us, 1),
+        "sources": {
+            "read_bandwidth_gbs": "best of 5: F.linear of 1 token through SmolLM2-shaped fp32 weights (30 × 7 Linear + "
+                                  "lm_head, 538 MB), weight bytes / time",
+            "stream_bandwidth_gbs": "best of 7 torch.sum over a 1 GiB fp32 tensor (reference, not used)",
+            "fp32_gflops": "best of 5: F.linear of 64 tokens through the same weights, 2 × tokens × params / time",
+            "bf16_gflops": "as fp32_gflops with bfloat16 weights and inputs",
+            "engine_step_overhead_ms": "CpuEngine decode step with a 30-layer width-64 SmolLM2-vocabulary model at "
+                                       f"{', '.join(map(str, CONCURRENCIES))} requests, minus its modelled bytes/FLOPs: intercept "
+                                       f"of a line in the request count (measured {', '.join(f'{t:.2f}' for t in steps.values())} ms)",
+            "engine_seq_overhead_us": "slope of that line",
+        },
+    }
+    if args.dry_run:
+        print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120))
+        return 0
+    header = ("# This host's measured rates for the planner's CPU-engine prediction (pipeline/gpus.py: HostSpec).\n"
+              "# WRITTEN BY scripts/measure_cpu.py — rerun it on another host or after the CPU engine changes.\n")
+    OUT.write_text(header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120))
+    print(f"wrote {OUT.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
