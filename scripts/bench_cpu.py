@@ -117,7 +117,7 @@ def _tree_rss(pid: int) -> int:
 
 def served(build: Path, concurrency: list[int], waves: int) -> tuple[dict[int, dict], dict]:
     """``trtpipe serve --detach`` + ``trtpipe bench`` on the build; ({conc: metrics}, deployment facts)."""
-    from pipeline.triton_server import free_port
+    from pipeline.triton.process import pick_free_port as free_port
 
     trtpipe = str(Path(sys.executable).parent / "trtpipe")
     work = build.parent.parent  # holds artifacts/
