@@ -4,9 +4,10 @@
 What it measures (torch, all the cores this process may use, best of several repeats — the machine may be
 shared, and the best run is the closest to what the hardware does):
 
-- ``read_bandwidth_gbs``: GB/s (10^9 B/s) at which ``torch.nn.functional.linear`` streams a weight set the
-  size and shapes of SmolLM2's (30 layers × 7 Linear + lm_head, 538 MB fp32, far beyond the caches) for one
-  token: the rate at which a decode step reads its weights on this machine (BLAS GEMV, not a bare stream);
+- ``read_bandwidth_gbs``: GB/s (10^9 B/s) at which the CPU engine's GEMMs (prepacked oneDNN,
+  :class:`pipeline.cpu_runtime.model.Linear`) stream a weight set the size and shapes of SmolLM2's (30 layers ×
+  7 Linear + lm_head, 538 MB fp32, far beyond the caches) for one token: the rate at which a decode step reads
+  its weights on this machine (not a bare stream);
   ``stream_bandwidth_gbs``: ``tensor.sum()`` over 1 GiB, the bare streaming rate, for reference;
 - ``fp32_gflops`` / ``bf16_gflops``: GFLOP/s of the same Linear layers for 64 tokens at once: the rate of
   prefill and batched decode at the CPU engine's shapes;
@@ -81,13 +82,17 @@ def linear_rates(dtype_name: str, tokens: int, repeats: int = 5) -> tuple[float,
     """(GB/s of weights read, GFLOP/s) of ``F.linear`` over the SmolLM2-shaped weights for ``tokens`` tokens."""
     import torch
 
+    from pipeline.cpu_runtime.model import Linear, mkldnn_linear_available
+
     ws = _model_weights(dtype_name)
     dt = getattr(torch, dtype_name)
     inputs = {w.shape[1]: torch.randn(tokens, w.shape[1]).to(dt) for w in ws}
+    # the CPU engine's own GEMMs (prepacked oneDNN for float32, as it serves); F.linear for bfloat16
+    layers = [Linear(w, None, packed=dt == torch.float32 and mkldnn_linear_available()) for w in ws]
 
     def run():
-        for w in ws:
-            torch.nn.functional.linear(inputs[w.shape[1]], w)
+        for w, lin in zip(ws, layers):
+            lin(inputs[w.shape[1]])
 
     t = _best(run, repeats)
     nbytes = sum(w.numel() * w.element_size() for w in ws)
@@ -109,9 +114,11 @@ def _tiny_engine(tmp: Path) -> tuple[Path, dict]:
                       max_position_embeddings=1024)
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(tmp)
-    ec = {"kind": "cpu", "dtype": "float32", "attn_implementation": "sdpa", "scheduler": "fifo", "max_batch_size": 32,
-          "max_num_tokens": 1024, "max_seq_len": 1024, "max_input_len": 512, "tokens_per_block": 32, "kv_cache_blocks": 512,
-          "enable_block_reuse": False}
+    from pipeline.cpu_runtime.engine import RUNTIME
+
+    ec = {"kind": "cpu", "runtime": RUNTIME, "dtype": "float32", "max_batch_size": 32, "max_num_tokens": 1024,
+          "max_seq_len": 1024, "max_input_len": 512, "enable_chunked_prefill": True,
+          "kv_cache": {"max_tokens": 32 * 1024, "free_memory_fraction": 0.5}}
     (tmp / "engine_config.json").write_text(json.dumps(ec))
     return tmp, {"hidden": 64, "intermediate": 128, "layers": geo.num_hidden_layers, "vocab": geo.vocab_size}
 
@@ -234,11 +241,11 @@ def main(argv: list[str] | None = None) -> int:
         "engine_step_overhead_ms": round(step_ms, 3),
         "engine_seq_overhead_us": round(seq_us, 1),
         "sources": {
-            "read_bandwidth_gbs": "best of 5: F.linear of 1 token through SmolLM2-shaped fp32 weights (30 × 7 Linear + "
+            "read_bandwidth_gbs": "best of 5: the CPU engine's prepacked oneDNN Linear of 1 token through SmolLM2-shaped fp32 weights (30 × 7 Linear + "
                                   "lm_head, 538 MB), weight bytes / time",
             "stream_bandwidth_gbs": "best of 7 torch.sum over a 1 GiB fp32 tensor (reference, not used)",
-            "fp32_gflops": "best of 5: F.linear of 64 tokens through the same weights, 2 × tokens × params / time",
-            "bf16_gflops": "as fp32_gflops with bfloat16 weights and inputs",
+            "fp32_gflops": "best of 5: the same Linear layers for 64 tokens through the same weights, 2 × tokens × params / time",
+            "bf16_gflops": "as fp32_gflops with bfloat16 weights and inputs (F.linear)",
             "engine_step_overhead_ms": "CpuEngine decode step with a 30-layer width-64 SmolLM2-vocabulary model at "
                                        f"{', '.join(map(str, CONCURRENCIES))} requests, minus its modelled bytes/FLOPs: intercept "
                                        f"of a line in the request count (measured {', '.join(f'{t:.2f}' for t in steps.values())} ms)",
