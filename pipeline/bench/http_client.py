@@ -39,7 +39,12 @@ from typing import Any
 
 import aiohttp
 
-from pipeline.bench.client import ModelInfo, _fix_cumulative_counts, detect_interface, request_inputs
+from pipeline.bench.client import (
+    ModelInfo,
+    _fix_cumulative_counts,
+    detect_interface,
+    request_inputs,
+)
 from pipeline.bench.prompts import Prompt
 from pipeline.bench.records import RequestRecord
 from pipeline.errors import UserError
