@@ -184,6 +184,9 @@ def bench(
     if concurrency:  # explicit concurrency wins over a recipe's request_rate
         overrides["request_rate"] = []
     spec = stage.with_overrides(stage.spec_for(recipe, layout), overrides, flags=FLAGS)
+    if api == "openai" and layout is not None:  # not our deployment: keep only the last build's tokenizer, no provenance
+        tokenizer = tokenizer or layout.tokenizer_dir()
+        layout = None
     target = stage.BenchTarget(url=url, layout=layout, tokenizer=tokenizer, out=out, metrics_url=metrics_url, api=api,
                                openai_endpoint=openai_endpoint, served_model=served_model)
     with progress_bar(err_console) as start:
