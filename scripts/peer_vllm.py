@@ -69,6 +69,11 @@ def bench(args: list[str], out: Path) -> dict:
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     if p.returncode != 0:
         sys.exit(f"trtpipe bench {' '.join(args)} failed (rc {p.returncode}): {p.stderr[-2000:]}")
+    return read_rows(out)
+
+
+def read_rows(out: Path) -> dict:
+    """Per concurrency: output tok/s, TTFT avg/p99, ITL avg, request and OSL counts of a ``trtpipe bench`` run dir."""
     rows = {}
     for lp in json.loads((out / "bench.json").read_text())["load_points"]:
         s = lp["summary"]
@@ -134,6 +139,11 @@ def run_vllm(a: argparse.Namespace, model: Path, out: Path) -> dict:
 
 
 def run_triton(a: argparse.Namespace, tok: Path, out: Path) -> dict:
+    if a.triton_runs:  # scripts/peer_check.py's trtpipe runs: the same deployment, ISL/OSL, concurrency and counts
+        rows = {}
+        for c in a.concurrency:
+            rows |= read_rows(a.triton_runs / f"trtpipe_c{c}")
+        return {"rows": rows, "from": str(a.triton_runs)}
     if a.triton_url:
         return {"rows": bench_points(["--url", a.triton_url, "--model", "ensemble"], a, tok, out / "triton")}
     build = out / "build"
@@ -162,6 +172,8 @@ def main() -> None:
     ap.add_argument("--waves", type=int, default=2, help="measured requests per point = waves × concurrency (≥ 4)")
     ap.add_argument("--vllm-port", type=int, default=18100)
     ap.add_argument("--triton-url", help="bench this running Triton (gRPC host:port) instead of serving the CPU default")
+    ap.add_argument("--triton-runs", type=Path, help="take the Triton side from scripts/peer_check.py's output dir "
+                    "(its trtpipe_c<N> runs: same load) instead of benching it again")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-triton", action="store_true")
     ap.add_argument("--out", type=Path, default=REPO / "artifacts" / "peer_vllm")
