@@ -83,9 +83,18 @@ def run_perf_analyzer(pa: Path, libs: Path, url: str, data: Path, c: int, n: int
            "--shape", "text_input:1", "--concurrency-range", str(c), "--request-count", str(n),
            "--measurement-mode", "count_windows", "--measurement-request-count", str(n), "--stability-percentage", "999",
            "--max-trials", "1", "--profile-export-file", str(export)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if p.returncode != 0:
-        sys.exit(f"perf_analyzer failed (rc {p.returncode}): {p.stdout[-1500:]}{p.stderr[-1500:]}")
+    for attempt in range(3):  # perf_analyzer 2.51 now and then exits 0 leaving an empty export: run it again
+        export.unlink(missing_ok=True)
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        export.with_suffix(".log").write_text(p.stdout + p.stderr)
+        if p.returncode != 0:
+            sys.exit(f"perf_analyzer failed (rc {p.returncode}): {p.stdout[-1500:]}{p.stderr[-1500:]}")
+        try:
+            json.loads(export.read_text())["experiments"][0]["requests"]
+            return
+        except (OSError, ValueError, KeyError, IndexError):
+            print(f"perf_analyzer c={c}: empty/invalid export (attempt {attempt + 1}), see {export.with_suffix('.log')}", flush=True)
+    sys.exit(f"perf_analyzer c={c}: no valid export after 3 runs; see {export.with_suffix('.log')}")
 
 
 def genai_perf_metrics(export: Path, tokenizer) -> dict:
