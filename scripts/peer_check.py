@@ -76,8 +76,9 @@ def input_data(prompts: list[str], osl: int, path: Path) -> Path:
     return path
 
 
-def run_perf_analyzer(pa: Path, libs: Path, url: str, data: Path, c: int, n: int, export: Path) -> None:
-    """One perf_analyzer run at concurrency ``c`` for ``n`` requests, per-request timestamps into ``export``."""
+def run_perf_analyzer(pa: Path, libs: Path, url: str, data: Path, c: int, n: int, export: Path, *, need_export: bool = True) -> None:
+    """One perf_analyzer run at concurrency ``c`` for ``n`` requests, per-request timestamps into ``export``
+    (a warmup run, ``need_export=False``, is not re-run for an empty export)."""
     env = {**os.environ, "LD_LIBRARY_PATH": str(libs)}
     cmd = [str(pa), "-m", "ensemble", "-u", url, "-i", "grpc", "--streaming", "--input-data", str(data),
            "--shape", "text_input:1", "--concurrency-range", str(c), "--request-count", str(n),
@@ -89,6 +90,8 @@ def run_perf_analyzer(pa: Path, libs: Path, url: str, data: Path, c: int, n: int
         export.with_suffix(".log").write_text(p.stdout + p.stderr)
         if p.returncode != 0:
             sys.exit(f"perf_analyzer failed (rc {p.returncode}): {p.stdout[-1500:]}{p.stderr[-1500:]}")
+        if not need_export:
+            return
         try:
             json.loads(export.read_text())["experiments"][0]["requests"]
             return
@@ -185,7 +188,7 @@ def main() -> None:
             # perf_analyzer: warmup run (c requests, discarded), then n measured
             data = input_data(prompts, a.osl, out / f"pa_inputs_c{c}.json")
             t0 = time.time()
-            run_perf_analyzer(pa, libs, url, data, c, c, out / f"pa_warmup_c{c}.json")
+            run_perf_analyzer(pa, libs, url, data, c, c, out / f"pa_warmup_c{c}.json", need_export=False)
             run_perf_analyzer(pa, libs, url, data, c, n, out / f"pa_c{c}.json")
             peer = genai_perf_metrics(out / f"pa_c{c}.json", tok) | {"wall_s": time.time() - t0}
             rows.append({"concurrency": c, "requests": n, "trtpipe": ours, "genai_perf": peer})
