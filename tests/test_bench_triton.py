@@ -330,3 +330,27 @@ def test_unreachable_metrics_url_is_a_note_not_a_failure(server, tmp_path):
     check_outcome(run, run.run_dir)
     assert "server_metrics" not in run.load_points[0]
     assert any(n.startswith(f"server metrics not scraped: {bad}") for n in run.notes)
+
+
+@pytest.mark.parametrize(("model", "isl", "osl"), [("ensemble", 40, 6), ("tensorrt_llm", 16, 8)])
+def test_triton_http_and_grpc_bench_the_same_deployment_identically(server, tmp_path, model, isl, osl):
+    """``--api triton-http`` (generate_stream, SSE) and gRPC send the same inputs: same counts, exact OSL."""
+    spec = BenchSpec(model=model, scenarios=[{"isl": isl, "osl": osl}], concurrency=[4], num_requests=8, warmup_requests=1, seed=3)
+    runs = {}
+    for api, url in (("grpc", server.grpc_url), ("triton-http", f"http://{server.http_url}")):
+        run = bench.run(spec, BenchTarget(url=url, api=api, tokenizer=_smollm2_tokenizer(), out=tmp_path / api))
+        check_outcome(run)
+        s = run.load_points[0]["summary"]
+        assert s["counts"]["completed"] == 8 and s["counts"]["short"] == 0 and s["counts"]["output_tokens"] == 8 * osl
+        assert s["osl_check"]["mismatch"] == 0 and s["metrics"]["input_sequence_length"]["min"] == isl
+        runs[api] = sorted((r.index, r.input_tokens, tuple(sorted(r.osl_counts.items()))) for r in run.records if not r.warmup)
+    assert runs["grpc"] == runs["triton-http"]
+    assert all(dict(c)["client"] == osl and len(c) == 2 for _, _, c in runs["grpc"])  # client + server/retokenized
+
+
+def test_triton_http_preflight_errors_are_one_line(server, tmp_path):
+    from pipeline.errors import UserError
+
+    spec = BenchSpec(model="nope", scenarios=[{"isl": 8, "osl": 2}], concurrency=[1], num_requests=1)
+    with pytest.raises(UserError, match=r"model 'nope' is not ready on http://"):
+        bench.run(spec, BenchTarget(url=f"http://{server.http_url}", api="triton-http", out=tmp_path / "a"))

@@ -53,7 +53,7 @@ STREAMS_PER_CHANNEL = 128
 #: gptManagerBenchmark recipe used ``--eos_id -1``; docs/reference/benchmark-metrics.md §5.2); min_tokens = OSL too
 NEVER_END_ID = -1
 #: interfaces whose requests carry text (``text_input``) and need a tokenizer for exact-ISL prompts
-TEXT_INTERFACES = ("text", "llmapi")
+TEXT_INTERFACES = ("text", "llmapi", "openai", "openai-chat")
 #: one-line notice printed at the start of a run on the LLM-API interface
 LLMAPI_OSL_WARNING = (
     "exact OSL is not enforceable on the LLM-API interface (no min_tokens input in TensorRT-LLM 1.2.1's llmapi "
@@ -167,16 +167,17 @@ def _add(req: service_pb2.ModelInferRequest, name: str, datatype: str, arr: np.n
         req.raw_input_contents.append(np.ascontiguousarray(arr).tobytes())
 
 
-def build_request(
-    info: ModelInfo, prompt: Prompt, osl: int, *, request_id: str, ignore_eos: bool = True, perf_metrics: bool = False,
-    exact_osl: bool = True,
-) -> service_pb2.ModelInferRequest:
-    """The streaming inference request for one prompt with exactly ``osl`` output tokens.
+def request_inputs(
+    info: ModelInfo, prompt: Prompt, osl: int, *, ignore_eos: bool = True, perf_metrics: bool = False, exact_osl: bool = True,
+) -> list[tuple[str, str, Any]]:
+    """``[(name, datatype, value)]``: the inputs of one streaming request for ``prompt`` with exactly ``osl``
+    output tokens, whatever the transport (gRPC protobuf here, JSON for ``--api triton-http``).
 
     Sends ``request_output_len``/``max_tokens = osl`` and ``min_tokens = osl`` (exact OSL,
     docs/reference/benchmark-metrics.md §5.2), streaming on, ``return_num_output_tokens`` (text interface: the
     token interface counts ``output_ids`` itself), ``exclude_input_in_output`` (text), and when
-    ``ignore_eos`` ``end_id = -1`` — each only if the model declares that input.
+    ``ignore_eos`` ``end_id = -1`` — each only if the model declares that input. ``input_ids`` is an
+    int32 array; every other value a Python scalar.
 
     LLM-API interface (``llmapi``, docs/reference/triton-model-repository.md §3.7): ``text_input``, ``streaming = true``,
     ``sampling_param_max_tokens = osl`` (an upper bound only: no min_tokens input exists),
@@ -189,37 +190,35 @@ def build_request(
     with ``ignore_eos=False`` no ``end_id`` either, so the model stops at its own EOS (the ensemble's
     preprocessing default ``end_id``).
     """
-    req = service_pb2.ModelInferRequest(model_name=info.name, id=request_id)
-    req.parameters["triton_enable_empty_final_response"].bool_param = True
+    out: list[tuple[str, str, Any]] = []
 
     def scalar(name: str, dt: str, value: Any) -> None:
         if name in info.inputs:
-            arr = np.array([value], dtype={"INT32": np.int32, "BOOL": np.bool_, "BYTES": np.object_}[dt])
-            _add(req, name, dt, arr.reshape(1, 1) if info.max_batch_size > 0 else arr)
+            out.append((name, dt, value))
 
     if info.interface == "llmapi":
         if prompt.text is None:
             raise UserError(f"model {info.name!r} takes text; the prompt has none")
-        scalar("text_input", "BYTES", prompt.text.encode())
+        scalar("text_input", "BYTES", prompt.text)
         scalar("streaming", "BOOL", True)
         scalar("sampling_param_max_tokens", "INT32", osl)
         scalar("sampling_param_exclude_input_from_output", "BOOL", True)
         scalar("sampling_param_top_k", "INT32", 1)
         if perf_metrics:
             scalar("sampling_param_return_perf_metrics", "BOOL", True)
-        return req
+        return out
     if info.interface == "tokens":
         if prompt.ids is None:
             raise UserError(f"model {info.name!r} takes token ids; the prompt has none")
         ids = prompt.ids.astype(np.int32)
-        _add(req, "input_ids", "INT32", ids.reshape(1, -1) if info.max_batch_size > 0 else ids)
+        out.append(("input_ids", "INT32", ids))
         scalar("input_lengths", "INT32", len(ids))
         scalar("request_output_len", "INT32", osl)
         scalar("streaming", "BOOL", True)
     else:
         if prompt.text is None:
             raise UserError(f"model {info.name!r} takes text; the prompt has none")
-        scalar("text_input", "BYTES", prompt.text.encode())
+        scalar("text_input", "BYTES", prompt.text)
         scalar("max_tokens", "INT32", osl)
         scalar("stream", "BOOL", True)
         scalar("exclude_input_in_output", "BOOL", True)
@@ -231,6 +230,25 @@ def build_request(
         scalar("end_id", "INT32", NEVER_END_ID)
     if perf_metrics:
         scalar("return_perf_metrics", "BOOL", True)
+    return out
+
+
+def build_request(
+    info: ModelInfo, prompt: Prompt, osl: int, *, request_id: str, ignore_eos: bool = True, perf_metrics: bool = False,
+    exact_osl: bool = True,
+) -> service_pb2.ModelInferRequest:
+    """The gRPC streaming inference request for one prompt: :func:`request_inputs` as a protobuf, with
+    ``triton_enable_empty_final_response`` (so the end of a stream is seen) and ``request_id``."""
+    req = service_pb2.ModelInferRequest(model_name=info.name, id=request_id)
+    req.parameters["triton_enable_empty_final_response"].bool_param = True
+    lead = info.max_batch_size > 0
+    dtypes = {"INT32": np.int32, "BOOL": np.bool_, "BYTES": np.object_}
+    for name, dt, value in request_inputs(info, prompt, osl, ignore_eos=ignore_eos, perf_metrics=perf_metrics, exact_osl=exact_osl):
+        if isinstance(value, np.ndarray):
+            _add(req, name, dt, value.reshape(1, -1) if lead else value)
+            continue
+        arr = np.array([value.encode() if isinstance(value, str) else value], dtype=dtypes[dt])
+        _add(req, name, dt, arr.reshape(1, 1) if lead else arr)
     return req
 
 

@@ -55,7 +55,10 @@ def environment(run: Any) -> dict[str, Any]:
 
 def run_document(run: Any) -> dict[str, Any]:
     """The full ``bench.json`` document of a run."""
-    cfg = run.spec.model_dump(mode="json") | {"url": run.url, "tokenizer": run.tokenizer_path,
+    api = getattr(run, "api", None)
+    cfg = run.spec.model_dump(mode="json") | {"url": run.url, "api": api.name if api is not None else "grpc",
+                                             "openai_endpoint": api.endpoint if api is not None and api.name == "openai" else None,
+                                             "tokenizer": run.tokenizer_path,
                                              "build_dir": str(run.layout.root) if run.layout else None}
     return {
         "schema": SCHEMA,

@@ -75,6 +75,7 @@ class BenchResult:
     run_dir: Path | None = None
     gpus: int | None = None
     metrics_url: str | None = None
+    api: Any = None
 
     @property
     def osl_forced(self) -> bool:
@@ -126,7 +127,8 @@ def make_prompts(spec: BenchSpec, info: bclient.ModelInfo, isl: int, n: int, tok
             or an ISL smaller than the special tokens the LLM-API server adds.
     """
     n = min(n, MAX_UNIQUE_PROMPTS)
-    extra = added_special_tokens(tokenizer) if info.interface == "llmapi" and tokenizer is not None else 0
+    adds = info.interface in ("llmapi", "openai")  # the server tokenizes with special tokens (vLLM: add_special_tokens=True)
+    extra = added_special_tokens(tokenizer) if adds and tokenizer is not None else 0
     if spec.dataset is not None:
         prompts = dataset_prompts(spec.dataset, tokenizer=tokenizer)
         if info.interface == "tokens" and prompts[0].ids is None:
@@ -158,7 +160,8 @@ async def _run_async(run: BenchResult, tokenizer: Any, on_progress: Callable[...
     stop = asyncio.Event()
     points = _load_points(spec)
     max_streams = max(int(v) for m, v in points) if points[0][0] is Schedule.CONCURRENCY else 1024
-    client = bclient.StreamClient(run.url, info, timeout_s=spec.request_timeout_s, max_streams=max_streams)
+    api = run.api
+    client = api.client(info, timeout_s=spec.request_timeout_s, max_streams=max_streams)
 
     def on_sigint() -> None:
         if run.interrupted:  # second Ctrl-C: give up on a clean stop
@@ -176,10 +179,7 @@ async def _run_async(run: BenchResult, tokenizer: Any, on_progress: Callable[...
             scenario = f"{isl}:{osl}"
             most = max(spec.warmup_requests + spec.requests_for(v) for _, v in points)
             prompts = make_prompts(spec, info, isl, most, tokenizer)
-            requests = [
-                bclient.build_request(info, p, osl, request_id="", ignore_eos=True, perf_metrics=spec.server_timestamps)
-                for p in prompts
-            ]
+            requests = [api.build(info, p, osl, perf_metrics=spec.server_timestamps) for p in prompts]
             for mode, value in points:
                 if stop.is_set():
                     return
@@ -204,7 +204,7 @@ async def _load_point(run, client, stop, scenario, isl, osl, mode, value, prompt
             k = i % len(requests)
             rec = RequestRecord(scenario, label, i, warmup, prompts[k].num_tokens, osl)
             run.records.append(rec)
-            await client.stream(bclient.with_request_id(requests[k], f"{scenario}-{label}-{i}"), rec)
+            await client.stream(run.api.with_id(requests[k], f"{scenario}-{label}-{i}"), rec)
             if rec.error and rec.error.startswith("UNAVAILABLE") and not stop.is_set():
                 run.aborted = f"server became unreachable during {scenario} {label}: {rec.error}"
                 stop.set()
@@ -278,12 +278,16 @@ def execute(
     metrics_url: str | None = None,
     on_progress: Callable[[str, int], Callable[[int], None]] | None = None,
     on_status: Callable[[str], None] | None = None,
+    api: str = "grpc",
+    openai_endpoint: str = "completions",
+    served_model: str | None = None,
 ) -> BenchResult:
-    """Run the benchmark ``spec`` against Triton's gRPC ``url`` and write its run directory.
+    """Run the benchmark ``spec`` against the server at ``url`` and write its run directory.
 
     Args:
         spec: the bench section (scenarios, load points, counts, SLOs).
-        url: gRPC ``host:port`` (a ``grpc://`` prefix is accepted).
+        url: gRPC ``host:port`` (a ``grpc://`` prefix is accepted); for ``api="triton-http"`` Triton's HTTP
+            ``http://host:port``; for ``api="openai"`` the OpenAI base URL ``http://host:port/v1``.
         tokenizer: HF tokenizer directory (needed by text interfaces and to count LLM-API output).
         out: the run directory (default ``artifacts/bench/<YYYYmmdd-HHMMSS>``).
         layout: the build being served (provenance in bench.json).
@@ -291,6 +295,11 @@ def execute(
             (:mod:`pipeline.bench.server_metrics`). Each load point then gets ``server_metrics`` deltas.
         on_progress: ``(description, total) -> advance(n)`` for a progress display.
         on_status: receives one-line status messages.
+        api: ``grpc`` | ``triton-http`` | ``openai`` (:mod:`pipeline.bench.apis`).
+        openai_endpoint: ``completions`` (exact-ISL prompt text) or ``chat`` (the chat template adds tokens:
+            each request's ISL is then the server's ``usage.prompt_tokens``).
+        served_model: the OpenAI model name (default: the only one ``GET /v1/models`` lists); Triton APIs use
+            ``spec.model``.
 
     Returns:
         The :class:`BenchResult` with ``run_dir`` set. Failures, a lost server and Ctrl-C are recorded in
@@ -303,15 +312,22 @@ def execute(
 
     status = on_status or (lambda s: None)
     progress = on_progress or (lambda d, t: (lambda n: None))
-    url = bclient.normalize_url(url)
-    info = asyncio.run(bclient.preflight(url, spec.model))
-    status(f"{info.name} on {url}: {info.interface} interface, Triton {info.server.get('version', '?')}")
+    from pipeline.bench.apis import Api
+
+    proto = Api.make(api, url, openai_endpoint)
+    url = proto.url
+    info = proto.preflight(served_model if api == "openai" else spec.model)
+    if api == "openai":
+        spec = spec.model_copy(update={"model": info.name})
+        status(f"{info.name} at {url}: OpenAI /{info.config['endpoint']}, streaming")
+    else:
+        status(f"{info.name} on {url}: {info.interface} interface, Triton {info.server.get('version', '?')} ({api})")
     if info.interface == "llmapi" and tokenizer is None:
         raise UserError(
             f"model {info.name!r} (LLM-API) returns text without token counts: counting output tokens needs its "
             "tokenizer — pass --tokenizer DIR (no tokenizer found in the last build)"
         )
-    if info.interface == "text" and tokenizer is None and spec.dataset is None:
+    if info.interface in ("text", "openai", "openai-chat") and tokenizer is None and spec.dataset is None:
         raise UserError(
             f"model {info.name!r} takes text: exact-ISL prompts need its tokenizer — pass --tokenizer DIR "
             "(no tokenizer found in the last build)"
@@ -320,10 +336,17 @@ def execute(
     if info.interface == "llmapi":
         notes.append(bclient.LLMAPI_OSL_WARNING)
         status(f"warning: {bclient.LLMAPI_OSL_WARNING}")
+    if api == "openai" and "min_tokens" not in info.inputs:
+        why = "the server rejected min_tokens/ignore_eos: OSL is only max_tokens, requests may stop short at EOS"
+        notes.append(why)
+        status(f"warning: {why}")
     from pipeline.bench.server_metrics import probe
 
     given = metrics_url
-    metrics_url, why = probe(metrics_url, url)
+    if proto.is_triton or given:  # Prometheus deltas only for Triton targets (or an explicit --metrics-url)
+        metrics_url, why = probe(metrics_url, url)
+    else:
+        metrics_url, why = None, None
     if why and given:  # the default endpoint not answering is normal (another port, or no metrics): silent
         notes.append(why)
         status(f"note: {why}")
@@ -333,7 +356,7 @@ def execute(
     run = BenchResult(spec, started_at=now.astimezone().isoformat(timespec="seconds"), t0_ns=time.perf_counter_ns(),
                       info=info, t0_epoch_ns=time.time_ns(), tokenizer_path=None if tokenizer is None else str(tokenizer),
                       notes=notes, url=url, layout=layout, run_dir=run_dir, gpus=build_gpus(layout),
-                      metrics_url=metrics_url)
+                      metrics_url=metrics_url, api=proto)
     try:
         asyncio.run(_run_async(run, tok, progress))
     except KeyboardInterrupt:

@@ -1,4 +1,4 @@
-"""``trtpipe bench``: ISL/OSL load test of a Triton deployment over gRPC; ``bench compare A B``.
+"""``trtpipe bench``: ISL/OSL load test of a Triton deployment (gRPC or HTTP) or any OpenAI-compatible server; ``bench compare A B``.
 
 Examples::
 
@@ -6,6 +6,8 @@ Examples::
     trtpipe bench --model tensorrt_llm --scenario 100:2000 --scenario 100:100 --concurrency 1,8
     trtpipe bench --request-rate 2,4 --arrival constant --duration 60 --goodput ttft:200,itl:20
     trtpipe bench --recipe recipes/smollm2.yaml              # the recipe's bench section
+    trtpipe bench --api openai --url http://localhost:8000/v1 --tokenizer DIR --isl 100 --osl 200   # vLLM, TGI, …
+    trtpipe bench --api triton-http --url http://localhost:8000 --isl 100 --osl 200   # Triton generate_stream
     trtpipe bench compare artifacts/bench/20261122-101500 artifacts/bench/20261122-103000
 
 The work is :func:`pipeline.stages.bench.run`; this module turns flags into validated overrides of the
@@ -31,7 +33,7 @@ FLAGS = {
 }
 
 app = typer.Typer(
-    help="Benchmark a Triton deployment (TTFT, ITL, TPOT, throughput) at exact ISL/OSL; `compare` two runs.",
+    help="Benchmark a Triton deployment or any OpenAI-compatible server (TTFT, ITL, TPOT, throughput) at exact ISL/OSL; `compare` two runs.",
     invoke_without_command=True,
     no_args_is_help=False,
 )
@@ -107,8 +109,10 @@ def _wide(con: Any) -> Any:
 @handle_errors
 def bench(
     ctx: typer.Context,
-    url: Annotated[str, typer.Option("--url", help="Triton gRPC endpoint host:port.")] = "localhost:8001",
-    model: Annotated[str | None, typer.Option("--model", help="ensemble | tensorrt_llm | tensorrt_llm_bls (default: recipe/last build, else ensemble); the LLM-API (build.engine: pytorch) repository has only tensorrt_llm.")] = None,
+    url: Annotated[str | None, typer.Option("--url", help="Server endpoint: grpc host:port (default localhost:8001); triton-http http://host:port (default :8000); openai http://host:port/v1 (default :8000/v1).")] = None,
+    api: Annotated[str, typer.Option("--api", help="grpc (Triton ModelStreamInfer) | triton-http (Triton generate_stream, SSE) | openai (any OpenAI-compatible server: vLLM, TGI, trtllm-serve, Triton's OpenAI frontend).")] = "grpc",
+    openai_endpoint: Annotated[str, typer.Option("--openai-endpoint", help="With --api openai: completions (exact-ISL prompt text, default) | chat (chat/completions; the chat template adds tokens, ISL = the server's prompt_tokens).")] = "completions",
+    model: Annotated[str | None, typer.Option("--model", help="ensemble | tensorrt_llm | tensorrt_llm_bls (default: recipe/last build, else ensemble); the LLM-API (build.engine: pytorch) repository has only tensorrt_llm. With --api openai: the served model name (default: the only one GET /v1/models lists).")] = None,
     isl: Annotated[int | None, typer.Option("--isl", min=1, help="Input tokens per request (with --osl).")] = None,
     osl: Annotated[int | None, typer.Option("--osl", min=1, help="Output tokens per request (with --isl).")] = None,
     scenario: Annotated[list[str] | None, typer.Option("--scenario", help="ISL:OSL, repeatable (e.g. --scenario 100:2000 --scenario 100:100).")] = None,
@@ -129,7 +133,7 @@ def bench(
     metrics_url: Annotated[str | None, typer.Option("--metrics-url", help="Triton's Prometheus endpoint (default http://<--url host>:8002/metrics when it answers); queue/compute deltas per load point.")] = None,
     allow_short: Annotated[bool, typer.Option("--allow-short", help="Do not fail when requests return fewer than OSL tokens although min_tokens forced it.")] = False,
 ) -> None:
-    """Benchmark TTFT / ITL / TPOT / throughput at exact ISL/OSL over Triton gRPC (decoupled streaming)."""
+    """Benchmark TTFT / ITL / TPOT / throughput at exact ISL/OSL: Triton over gRPC or HTTP, or any OpenAI-compatible server."""
     if ctx.invoked_subcommand is not None:
         return
     from pipeline import artifacts
@@ -143,6 +147,16 @@ def bench(
         raise UserError("--isl and --osl go together (or use --scenario ISL:OSL)")
     if concurrency and request_rate:
         raise UserError("--concurrency and --request-rate exclude each other")
+    from pipeline.bench.apis import API_NAMES
+    from pipeline.bench.http_client import OPENAI_ENDPOINTS
+
+    if api not in API_NAMES:
+        raise UserError(f"--api {api!r}: use one of {', '.join(API_NAMES)}")
+    if openai_endpoint not in OPENAI_ENDPOINTS:
+        raise UserError(f"--openai-endpoint {openai_endpoint!r}: use {' or '.join(OPENAI_ENDPOINTS)}")
+    served_model = None
+    if api == "openai":  # --model names the served model, not a Triton model of the recipe
+        served_model, model = model, None
     build = artifacts.last_build()
     if recipe is not None:
         candidate = artifacts.default_build_dir(recipe.stem)
@@ -170,7 +184,11 @@ def bench(
     if concurrency:  # explicit concurrency wins over a recipe's request_rate
         overrides["request_rate"] = []
     spec = stage.with_overrides(stage.spec_for(recipe, layout), overrides, flags=FLAGS)
-    target = stage.BenchTarget(url=url, layout=layout, tokenizer=tokenizer, out=out, metrics_url=metrics_url)
+    if api == "openai" and layout is not None:  # not our deployment: keep only the last build's tokenizer, no provenance
+        tokenizer = tokenizer or layout.tokenizer_dir()
+        layout = None
+    target = stage.BenchTarget(url=url, layout=layout, tokenizer=tokenizer, out=out, metrics_url=metrics_url, api=api,
+                               openai_endpoint=openai_endpoint, served_model=served_model)
     with progress_bar(err_console) as start:
         result = stage.run(spec, target, on_progress=start, on_status=lambda s: err_console.print(s, highlight=False))
     con = _wide(console)

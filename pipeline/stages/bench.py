@@ -28,13 +28,18 @@ from pipeline.recipe.bench import BenchSpec
 class BenchTarget:
     """Where and what to bench (run-time facts, not recipe knobs).
 
-    ``url`` is Triton's gRPC ``host:port``; ``layout`` the build the server runs (its tokenizer and
+    ``url`` is Triton's gRPC ``host:port`` (``None``: the default of ``api``, :data:`pipeline.bench.apis.DEFAULT_URLS`);
+    ``api`` the protocol (``grpc`` | ``triton-http`` | ``openai``, :mod:`pipeline.bench.apis`), ``openai_endpoint``
+    ``completions`` | ``chat`` and ``served_model`` the OpenAI model name (default: the server's only one); ``layout`` the build the server runs (its tokenizer and
     manifests go into the results' provenance); ``tokenizer`` overrides the build's tokenizer directory;
     ``out`` is the run directory (default ``artifacts/bench/<YYYYmmdd-HHMMSS>``); ``metrics_url`` Triton's
     Prometheus endpoint (default ``http://<host of url>:8002/metrics`` when it answers).
     """
 
-    url: str = "localhost:8001"
+    url: str | None = "localhost:8001"
+    api: str = "grpc"
+    openai_endpoint: str = "completions"
+    served_model: str | None = None
     layout: BuildLayout | None = None
     tokenizer: Path | None = None
     out: Path | None = None
@@ -113,4 +118,5 @@ def run(
         UserError: unreachable server / model problems (before any load), a missing tokenizer.
     """
     return execute(spec, url=target.url, tokenizer=target.tokenizer_dir(), out=target.out, layout=target.layout,
-                   metrics_url=target.metrics_url, on_progress=on_progress, on_status=on_status)
+                   metrics_url=target.metrics_url, on_progress=on_progress, on_status=on_status, api=target.api,
+                   openai_endpoint=target.openai_endpoint, served_model=target.served_model)
