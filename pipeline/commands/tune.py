@@ -29,13 +29,16 @@ def _dry_run_table(tune: Any, rows: list[dict[str, Any]]) -> Any:
     t = Table(title=f"trtpipe tune {tune.name} --dry-run: {len(rows)} distinct points (stacked/cumulative as if "
                     "every change were kept)", title_justify="left")
     concs = [(s.isl, s.osl, c) for s in tune.bench.scenarios for c in tune.bench.concurrency]
-    for col in ("point", "modes", "plan", "builds", "gate", *[f"pred. tok/s {i}/{o} c{c}" for i, o, c in concs]):
+    for col in ("id", "point", "modes", "plan", "builds", "gate"):
         t.add_column(col, overflow="fold")
+    for s in tune.bench.scenarios:
+        t.add_column(f"predicted tok/s {s.isl}/{s.osl} at c=" + ",".join(map(str, tune.bench.concurrency)), overflow="fold")
     for r in rows:
         plan = "fits" if r["fits"] else f"SKIPPED: {r['reason']}"
         builds = " + ".join(r["rebuilds"]) or ("—" if not r["fits"] else "nothing (same build)")
-        t.add_row(r["label"], ",".join(r["modes"]), plan, builds, "eval" if r["gate"] else "—",
-                  *[f"{r['predicted'][k]:.0f}" if k in r["predicted"] else "—" for k in concs])
+        preds = [" / ".join(f"{r['predicted'][k]:.0f}" if k in r["predicted"] else "—" for k in concs if k[:2] == (s.isl, s.osl))
+                 for s in tune.bench.scenarios]
+        t.add_row(r["id"], r["label"], ",".join(r["modes"]), plan, builds, "eval" if r["gate"] else "—", *preds)
     return t
 
 
@@ -71,7 +74,14 @@ def tune(
 
 
 def _run(t: Any, run_dir: Path, mlflow_uri: str | None, no_mlflow: bool) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from pipeline.recipe import dump_recipe
     from pipeline.recipe.consumers import flatten

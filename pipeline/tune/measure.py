@@ -27,7 +27,13 @@ from typing import Any
 from pipeline import artifacts
 from pipeline.errors import TrtpipeError
 from pipeline.layout import STAGES, BuildLayout
-from pipeline.tune.points import Point, is_full_precision, numerics_changed, plan_point
+from pipeline.tune.points import (
+    Point,
+    is_full_precision,
+    numerics_changed,
+    plan_point,
+    stage_inputs,
+)
 
 POINT_JSON = "point.json"
 #: gate verdicts that make a point eligible to be the best (besides PASS)
@@ -56,13 +62,6 @@ def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _stage_inputs(recipe: Any, stage: str) -> dict[str, Any]:
-    from pipeline.recipe.consumers import consumed
-    from pipeline.tune.points import STAGE_CONSUMERS
-
-    return consumed(recipe, *STAGE_CONSUMERS[stage])
-
-
 def seed_build(build_dir: Path, recipe: Any, donors: list[Path]) -> list[str]:
     """Hard-link the quantize and engine stage directories of a donor build whose recipe feeds them the same
     inputs into ``build_dir`` (when it lacks them). ``build.run`` then reuses them only if their content keys
@@ -77,16 +76,16 @@ def seed_build(build_dir: Path, recipe: Any, donors: list[Path]) -> list[str]:
         target = build_dir / stage
         if target.exists():
             continue
-        mine = _stage_inputs(recipe, stage)
+        mine = stage_inputs(recipe, stage)
         for d in donors:
             src = d / stage
             if d.resolve() == build_dir.resolve() or not (src / artifacts.MANIFEST).is_file() or not (d / "recipe.yaml").is_file():
                 continue
             try:
                 other = Recipe.model_validate(yaml.safe_load((d / "recipe.yaml").read_text()))
-            except Exception:  # noqa: BLE001 - an unreadable donor is simply not used
+            except Exception:  # noqa: BLE001, S112 - an unreadable donor is simply not used
                 continue
-            if _stage_inputs(other, stage) == mine:
+            if stage_inputs(other, stage) == mine:
                 tmp = build_dir / f".{stage}.seed-{os.getpid()}"
                 shutil.rmtree(tmp, ignore_errors=True)
                 build_dir.mkdir(parents=True, exist_ok=True)

@@ -17,9 +17,20 @@ from pipeline.artifacts import stable_hash
 from pipeline.recipe.consumers import consumed
 from pipeline.tune.spec import KnobValue, Tune, apply_changes
 
-#: build stages, in order, and the consumer classes (pipeline/recipe/consumers.py) each one hashes
+#: build stages, in order, and the consumer classes (pipeline/recipe/consumers.py) each one hashes, upstream
+#: included; the cpu and pytorch engines also hash the runtime fields (pipeline/engine/cpu.py, pytorch.py:
+#: their engine holds the KV cache / LLM() arguments), the tensorrt engine does not
 STAGE_CONSUMERS = {"quantize": ("quantize",), "engine": ("quantize", "engine", "engine_cpu"),
                    "triton_repo": ("quantize", "engine", "engine_cpu", "runtime")}
+RUNTIME_IN_ENGINE = ("cpu", "pytorch")
+
+
+def stage_inputs(recipe: Any, stage: str) -> dict[str, Any]:
+    """The recipe fields that feed ``stage`` (and its upstream stages) for this recipe's engine kind."""
+    classes = STAGE_CONSUMERS[stage]
+    if stage == "engine" and recipe.build.engine in RUNTIME_IN_ENGINE:
+        classes = (*classes, "runtime")
+    return consumed(recipe, *classes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,11 +147,12 @@ def is_full_precision(recipe: Any) -> bool:
 def rebuilds(recipe: Any, earlier: list[Any]) -> list[str]:
     """The build stages ``recipe`` must build, given the recipes already built (stages with identical inputs are
     reused across points): ``["quantize", "engine", "triton_repo"]``, ``["engine", "triton_repo"]``,
-    ``["triton_repo"]`` or ``[]`` (an identical recipe)."""
+    ``["triton_repo"]`` or ``[]`` (an identical recipe). On the tensorrt engine a runtime knob (KV cache,
+    scheduler, chunked prefill, ``serving.*``) rebuilds only the repository."""
     out = []
-    for stage, classes in STAGE_CONSUMERS.items():
-        mine = consumed(recipe, *classes)
-        if not any(consumed(r, *classes) == mine for r in earlier):
+    for stage in STAGE_CONSUMERS:
+        mine = stage_inputs(recipe, stage)
+        if not any(stage_inputs(r, stage) == mine for r in earlier):
             out.append(stage)
     return out
 

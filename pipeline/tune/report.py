@@ -46,7 +46,8 @@ def mode_table(res: SweepResult, mode: str, metric: str) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in res.modes[mode]:
         d = res.points[r.point_id]
-        row = [r.change, *point_cells(d), r.speedup.text() if r.speedup else "—"]
+        ref = r.point_id == res.base_id
+        row = [r.change, *point_cells(d), "1.00× (reference)" if ref else r.speedup.text() if r.speedup else "—"]
         if stacked:
             row += [r.vs_previous.text() if r.vs_previous else "—", "yes" if r.kept else "no", r.note]
         row.append(gate_cell(d))
@@ -120,21 +121,21 @@ def write(res: SweepResult, tune: Any, out: Path, *, wall_s: float) -> dict[str,
     elif (out / BEST_RECIPE).exists():
         (out / BEST_RECIPE).unlink()
     lines = [f"# trtpipe tune: {tune.name}", "",
-             f"Base recipe `{tune.recipe_path}`; modes {', '.join(tune.spec.modes)}; {tune.spec.repeats} repeat(s) per point; "
+             (f"Base recipe `{tune.recipe_path}`; modes {', '.join(tune.spec.modes)}; {tune.spec.repeats} repeat(s) per point; "
              f"scenarios {', '.join(f'{s.isl}/{s.osl}' for s in tune.bench.scenarios)} (ISL/OSL); "
-             f"concurrency {', '.join(map(str, tune.bench.concurrency))}; wall time {wall_s / 60:.1f} min.", "",
+             f"concurrency {', '.join(map(str, tune.bench.concurrency))}; wall time {wall_s / 60:.1f} min."), "",
              f"Objective: max `{obj.metric}` over the load points that meet "
              + (", ".join(f"`{s.metric}` {'≤ ' + format(s.max, 'g') if s.max is not None else '≥ ' + format(s.min, 'g')}" for s in obj.slo)
                 or "(no SLO)") + ". Latencies in ms at that load point (means over repeats).", ""]
     for mode in res.modes:
         lines += [f"## {mode}", "", *mode_table(res, mode, obj.metric), ""]
     lines += ["## Accuracy gate", "",
-              f"`trtpipe eval` ({tune.gate.task}, n = {tune.gate.n}, rule {tune.gate.rule}) against the full-precision "
+              (f"`trtpipe eval` ({tune.gate.task}, n = {tune.gate.n}, rule {tune.gate.rule}) against the full-precision "
               "baseline, for every point whose quantization differs from the base. PASS is SAFE, FAIL is UNSAFE; "
               "INCONCLUSIVE means n is too small to resolve the rule's margin (the power analysis in eval.json) — "
-              "it is not a pass, so such a point cannot be the best.", "",
+              "it is not a pass, so such a point cannot be the best."), "",
               "| point | gate | detail |", "|---|---|---|"]
-    for pid, d in res.points.items():
+    for d in res.points.values():
         g = d.get("gate") or {}
         if g.get("verdict") in ("PASS", "FAIL", "INCONCLUSIVE"):
             a = (g.get("means") or {}).get("agreement") or {}
@@ -155,12 +156,12 @@ def write(res: SweepResult, tune: Any, out: Path, *, wall_s: float) -> dict[str,
         lines += [f"{verdict} ({dec.reason}); recipe: [`{BEST_RECIPE}`]({BEST_RECIPE}) (the top mean is written out).",
                   ""]
     lines += ["## Statistics", "",
-              "Speedup = mean objective of the point / mean of the reference over the repeats. Its 95 % interval is a "
+              ("Speedup = mean objective of the point / mean of the reference over the repeats. Its 95 % interval is a "
               f"percentile bootstrap of that ratio ({an.RESAMPLES} resamples, each side's repeats drawn independently "
               "with replacement); with 1 repeat there is no interval. Stacked mode keeps a change when the interval "
               "of its speedup over the configuration before it lies above 1 (with 1 repeat: when the point estimate "
               "does). A winner is named only when the interval of its ratio to the runner-up lies above 1; otherwise "
-              "the report says they tie.", ""]
+              "the report says they tie."), ""]
     paths["report"].write_text("\n".join(lines) + "\n")
     results = {"tune": tune.name, "base": res.base_id, "wall_s": wall_s,
                "decision": None if dec is None else {"best": dec.best, "runner_up": dec.runner_up, "tie": dec.tie,

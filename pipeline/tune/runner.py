@@ -38,7 +38,7 @@ def summarize(doc: dict[str, Any], tune: Tune) -> dict[str, Any]:
         values.append(v)
         ats.append(at)
     valid = all(v is not None for v in values)
-    at = max(set(a for a in ats if a), key=ats.count) if any(ats) else None
+    at = max({a for a in ats if a}, key=ats.count) if any(ats) else None
     lat: dict[str, float] = {}
     per_load: dict[str, list[dict[str, float]]] = {}
     for rep in doc["repeats"]:
@@ -158,22 +158,31 @@ def dry_run(tune: Tune) -> list[dict[str, Any]]:
     from pipeline.tune.points import numerics_changed, plan_point, rebuilds
 
     order: dict[str, tuple[Point, list[str]]] = {}
+    plans: dict[str, Any] = {}
+
+    def plan(p: Point) -> Any:
+        if p.id not in plans:
+            plans[p.id] = plan_point(p.recipe, tune.bench, tune.recipe_dir)
+        return plans[p.id]
+
     for mode in tune.spec.modes:
         if mode in ("isolation", "grid"):
             pts = isolation_points(tune) if mode == "isolation" else grid_points(tune)
-        else:
+        else:  # every change that fits is kept (a SKIPPED one cannot be, as in the real run)
             pts, cur = [make_point(tune, ())], ()
             for ch in steps(tune):
-                cur = (*cur, ch)
-                pts.append(make_point(tune, cur))
+                p = make_point(tune, (*cur, ch))
+                pts.append(p)
+                if plan(p).fits:
+                    cur = p.changes
         for p in pts:
             order.setdefault(p.id, (p, []))[1].append(mode)
     rows, built = [], []
     for p, modes in order.values():
-        plan = plan_point(p.recipe, tune.bench, tune.recipe_dir)
-        rows.append({"id": p.id, "label": p.label, "modes": modes, "fits": plan.fits, "reason": plan.reason,
-                     "rebuilds": rebuilds(p.recipe, built) if plan.fits else [],
-                     "gate": numerics_changed(p.recipe, tune.base), "predicted": plan.predicted})
-        if plan.fits:
+        pl = plan(p)
+        rows.append({"id": p.id, "label": p.label, "modes": modes, "fits": pl.fits, "reason": pl.reason,
+                     "rebuilds": rebuilds(p.recipe, built) if pl.fits else [],
+                     "gate": numerics_changed(p.recipe, tune.base), "predicted": pl.predicted})
+        if pl.fits:
             built.append(p.recipe)
     return rows

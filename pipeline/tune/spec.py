@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,7 +30,11 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipeline.errors import RecipeError, UserError
 from pipeline.recipe.base import StrictModel
-from pipeline.recipe.load import _describe, _line_for, _line_index  # the recipe loader's own error helpers
+from pipeline.recipe.load import (  # the recipe loader's own error helpers
+    _describe,
+    _line_for,
+    _line_index,
+)
 from pipeline.recipe.yaml_bounded import BoundedYAMLError, load_bounded
 
 Mode = Literal["isolation", "stacked", "cumulative", "grid"]
@@ -154,7 +159,7 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     for k in keys[:-1]:
         nxt = cur.setdefault(k, {}) if isinstance(cur, dict) else None
         if not isinstance(nxt, dict):
-            raise ValueError(f"{k!r} is not a section")
+            raise ValueError(f"{k!r} is not a section")  # noqa: TRY004 - reported as a value error of the knob
         cur = nxt
     cur[keys[-1]] = copy.deepcopy(value)
 
@@ -223,7 +228,7 @@ def load_tune(path: str | Path) -> Tune:
         err = e.errors()[0]
         loc = tuple(str(p) for p in err["loc"])
         # a union of value shapes reports the branch name in loc (e.g. "KnobValue"); drop it
-        loc = tuple(p for p in loc if p[:1].islower() or p.isdigit())
+        loc = tuple(p for p in loc if re.fullmatch(r"[a-z_][a-z0-9_]*|[0-9]+", p))
         raise fail(loc, _describe(err)) from None
     recipe_path = (path.parent / spec.recipe)
     base = load_recipe(recipe_path)
