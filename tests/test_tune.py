@@ -166,6 +166,7 @@ def test_real_sweep_skips_reuses_resumes_and_tracks(tmp_path):
     skipped = points["build.kv_cache_config.max_tokens=100000000"]
     assert skipped["status"] == "SKIPPED" and "exceed host memory" in skipped["reason"]
     assert not (out / "points" / skipped["id"] / "build").exists()
+    assert not (tmp_path / "artifacts" / ".last_build").exists()  # point builds do not become `trtpipe serve`'s default
     # an engine knob reuses the quantized checkpoint (content keys), rebuilds the engine and the repository
     assert base["stages"] == {"quantize": "built", "engine": "built", "triton_repo": "built"}
     assert mbs["stages"] == {"quantize": "reused", "engine": "built", "triton_repo": "built"}

@@ -114,8 +114,7 @@ def _run(t: Any, run_dir: Path, mlflow_uri: str | None, no_mlflow: bool) -> None
             line = (f"{d['label']}: {d['status']}" + (f" {v:.1f} tok/s" if v is not None else "")
                     + (f" ({d.get('reason')})" if d["status"] != "DONE" else "")
                     + (f", gate {d['gate']['verdict']}" if d.get("gate") else "") + (" (reused)" if d.get("reused") else ""))
-            if err_console.is_terminal:
-                progress.console.print(f"  {line}", highlight=False)
+            progress.console.print(f"  {line}", highlight=False)  # one line per point, also when piped
             if tracker is not None:
                 from pipeline.tune.analysis import speedup
 
