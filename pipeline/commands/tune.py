@@ -138,7 +138,8 @@ def _run(t: Any, run_dir: Path, mlflow_uri: str | None, no_mlflow: bool) -> None
                   f"{wall / 60:.1f} min", highlight=False)
     if dec is not None and dec.best is not None:
         best = res.points[dec.best]["label"]
-        console.print(("tie: " if dec.tie else "best: ") + f"{best} — {dec.reason}", highlight=False)
+        head = f"tie between {best} and {res.points[dec.runner_up]['label']}" if dec.tie else f"best: {best}"
+        console.print(f"{head} — {dec.reason}", highlight=False)
         console.print(f"best recipe: {files.get('best')}", highlight=False)
     else:
         console.print(f"no best configuration: {dec.reason if dec else ''}", highlight=False)
