@@ -138,7 +138,10 @@ def test_llama_h200_dry_run_plans_every_point_and_names_rebuilds(tmp_path):
 # ---------------------------------------------------------------------- a real sweep on the CPU default
 def _small_tune(tmp_path: Path, knobs: list[dict], extra: dict | None = None) -> Path:
     recipe = yaml.safe_load((REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml").read_text())
-    recipe["quantization"] = {"qformat": "full_prec", "kv_cache_dtype": "none"}  # no calibration: fast
+    # full precision (no calibration) and a 1-sample quality report: the quantize stage is the slow part here
+    recipe["quantization"] = {"qformat": "full_prec", "kv_cache_dtype": "none",
+                              "calibration": {"dataset": "embedded", "size": 4, "max_seq_length": 64, "batch_size": 4,
+                                              "eval_samples": 1}}
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(recipe))
     tune = {"recipe": "base.yaml", "knobs": knobs, "mode": ["isolation", "stacked"],
             "bench": {"scenarios": [{"isl": 16, "osl": 4}], "concurrency": [1, 2], "requests_per_load": 1,
