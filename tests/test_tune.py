@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str, cwd: Path, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], check=False, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=_env())
 
 
