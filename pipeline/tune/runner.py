@@ -103,19 +103,20 @@ def run_sweep(tune: Tune, out: Path, *, on_point: Callable[[Point, str], None] =
     (reused ones included). Ctrl-C propagates; finished points stay on disk."""
     res = SweepResult({}, {}, "")
 
-    def get(p: Point) -> dict[str, Any]:
+    def get(p: Point, report: bool = True) -> dict[str, Any]:
         if p.id not in res.points:
             doc = measure(p, tune, out, on_stage=lambda s: on_point(p, s), status=status)
             res.points[p.id] = summarize(doc, tune)
             res.recipes[p.id] = p.recipe
             if doc["status"] == "FAILED":
                 status(f"{p.label}: FAILED: {doc['reason']}")
-        on_done(p, res.points[p.id])
+        if report:  # every mode lists the base: it is reported there, not here
+            on_done(p, res.points[p.id])
         return res.points[p.id]
 
     base = make_point(tune, ())
     res.base_id = base.id
-    b = get(base)
+    b = get(base, report=False)
     for mode in tune.spec.modes:
         rows: list[Row] = []
         if mode in ("isolation", "grid"):
