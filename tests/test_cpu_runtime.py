@@ -1,4 +1,4 @@
-"""``CpuEngine``: in-flight batching on a paged KV cache (transformers continuous batching), on a real
+"""``CpuEngine``: in-flight batching on a slot KV cache (trtpipe's decoder on oneDNN GEMMs), on a real
 FP8-quantized SmolLM2-135M engine directory built by the ``build.engine: cpu`` stage."""
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ def test_concurrent_requests_share_forward_passes(engine: CpuEngine, tok) -> Non
     passes = engine.stats()["forward_passes"] - before
     assert all(len(o) == 16 for o in outs)
     assert passes <= 16 + 4, f"8 × 16 tokens took {passes} forward passes: requests are not batched"
+    assert max(engine.stats()["batch_sizes"]) >= 8
     assert outs[3] == _submit(engine, ids[:2] + ids, 16).wait()  # batching does not change greedy output
     assert solo
 
@@ -149,7 +150,6 @@ def test_exact_output_length_with_min_tokens(engine: CpuEngine, tok) -> None:
 
 
 def test_invalid_requests_raise_value_error(engine: CpuEngine) -> None:
-    cfg = engine.config
     ok = lambda toks, fin: None  # noqa: E731
     with pytest.raises(ValueError, match="max_input_len 512"):
         engine.add_request([1] * 513, max_new_tokens=1, on_tokens=ok)
@@ -161,13 +161,34 @@ def test_invalid_requests_raise_value_error(engine: CpuEngine) -> None:
         engine.add_request([10**6], max_new_tokens=1, on_tokens=ok)
     with pytest.raises(ValueError, match="at least 1"):
         engine.add_request([1], max_new_tokens=0, on_tokens=ok)
-    # max_batch_size (8) requests in flight: the 9th is refused with a clear message
-    ids = [engine.add_request([1, 2, 3], max_new_tokens=500, on_tokens=ok) for _ in range(cfg["max_batch_size"])]
-    with pytest.raises(ValueError, match="max_batch_size is 8"):
-        engine.add_request([1], max_new_tokens=1, on_tokens=ok)
-    for rid in ids:
-        engine.cancel(rid)
+    with pytest.raises(ValueError, match="min_tokens"):
+        engine.add_request([1], max_new_tokens=1, min_tokens=-1, end_id=2, on_tokens=ok)
     assert engine.num_active == 0
+
+
+def test_requests_beyond_the_kv_slots_wait_and_join(engine: CpuEngine, tok) -> None:
+    """More requests than KV slots: the extra ones wait (FIFO) and join when a slot frees."""
+    slots = engine.runtime["kv_slots"]
+    assert slots == 8  # max_batch_size 8 (the recipe's 16384 KV tokens hold 16 sequences of 1024)
+    ids = _prompt(tok, "Once upon a time")
+    long = [_submit(engine, ids, 120) for _ in range(slots)]
+    late = _submit(engine, ids, 8)
+    assert engine.num_active == slots + 1
+    time.sleep(0.5)
+    assert late.calls == 0, "a request beyond the free slots must wait"
+    outs = [c.wait() for c in long]
+    assert late.wait() == outs[0][:8]  # same greedy path once it got a slot
+    assert engine.num_active == 0
+
+
+def test_stop_words_end_the_request_with_the_word(engine: CpuEngine, tok) -> None:
+    ids = _prompt(tok, "The capital of France is")
+    free = _submit(engine, ids, 24).wait()
+    word = free[5:7]
+    end = next(i for i in range(2, 8) if free[i - 2:i] == word)  # first place the word is generated
+    got = _submit(engine, ids, 24, stop_words=[[10**6 - 1], word]).wait()
+    assert got == free[:end]
+    assert _submit(engine, ids, 24, stop_words=[free[:1]]).wait() == free[:1]
 
 
 def test_cancel_stops_callbacks_and_frees_the_slot(engine: CpuEngine, tok) -> None:
@@ -189,6 +210,7 @@ def test_shutdown_stops_threads_and_fails_inflight(engine_dir: Path) -> None:
     before = set(threading.enumerate())
     eng = CpuEngine(engine_dir, num_threads=1)
     assert eng.config["kind"] == "cpu" and eng.load_time_s > 0
+    assert eng.runtime["runtime"] == "trtpipe-torch" and eng.runtime["dtype"] == "float32"
     c = Collector()
     eng.add_request([1, 2, 3, 4], max_new_tokens=900, on_tokens=c, on_error=c.on_error)
     eng.shutdown()
@@ -222,3 +244,22 @@ def test_throughput_1_vs_16_concurrent(tok) -> None:
         assert sixteen > 3 * one
     finally:
         eng.shutdown()
+
+
+def test_kv_capacity_follows_the_recipe(engine_dir: Path) -> None:
+    """max_tokens caps the slots; the RAM fraction bounds them; too little KV is refused in one line."""
+    from pipeline.cpu_runtime.kv import kv_slots
+
+    per_tok = 2 * 30 * 3 * 64 * 4  # SmolLM2 fp32 K+V bytes per token
+    assert kv_slots(max_batch_size=32, max_seq_len=1024, bytes_per_token=per_tok, available_bytes=10 * 2**30,
+                    max_tokens=16384, free_memory_fraction=0.9) == (16, 16384)
+    assert kv_slots(max_batch_size=4, max_seq_len=1024, bytes_per_token=per_tok, available_bytes=10 * 2**30,
+                    max_tokens=None, free_memory_fraction=0.9) == (4, 4096)
+    budget = 3 * 1024 * per_tok  # RAM for exactly 3 sequences at fraction 1.0
+    assert kv_slots(max_batch_size=32, max_seq_len=1024, bytes_per_token=per_tok, available_bytes=budget,
+                    max_tokens=None, free_memory_fraction=1.0) == (3, 3072)
+    with pytest.raises(ValueError, match="less than one max_seq_len 1024 sequence"):
+        kv_slots(max_batch_size=32, max_seq_len=1024, bytes_per_token=per_tok, available_bytes=budget,
+                 max_tokens=None, free_memory_fraction=0.3)
+    with CpuEngine(engine_dir, num_threads=1, kv_max_tokens=2048) as eng:
+        assert eng.runtime["kv_slots"] == 2 and eng.runtime["kv_tokens"] == 2048

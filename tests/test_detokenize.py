@@ -1,23 +1,44 @@
-"""Streaming detokenization (triton_repo/detokenize.py) against the real SmolLM2 tokenizer."""
+"""Streaming detokenization (triton_repo/detokenize.py) and the transformers-free tokenizer
+(triton_repo/tokenizer.py) against the real SmolLM2 tokenizer and transformers' own."""
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import pytest
 
 from triton_repo.detokenize import DetokenizerRegistry, IncrementalDetokenizer
+from triton_repo.tokenizer import load_tokenizer
 
 TEXT = "naïve café — 東京 🚀 and  two  spaces, Ünïcödé!"
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
+def tok_dir() -> Path:
     from support import smollm2_hf_dir
 
-    path = smollm2_hf_dir()
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return smollm2_hf_dir()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tok_dir):
+    return load_tokenizer(str(tok_dir))
+
+
+def test_tokenizer_matches_transformers(tokenizer, tok_dir):
+    """The ``tokenizers``-only tokenizer of the python models encodes and decodes as transformers does."""
+    from transformers import AutoTokenizer
+
+    ref = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+    texts = [TEXT, "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n", "  leading spaces\n\ttabs", "x" * 300]
+    for text in texts:
+        for special in (True, False):
+            ids = tokenizer.encode(text, add_special_tokens=special)
+            assert ids == ref.encode(text, add_special_tokens=special)
+            for skip in (True, False):
+                assert tokenizer.decode(ids, skip_special_tokens=skip) == ref.decode(
+                    ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+    assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (ref.eos_token_id, ref.pad_token_id) == (2, 2)
 
 
 def full(tok, ids):

@@ -1,6 +1,6 @@
 """The ``build.engine: cpu`` stage and the dequantization it relies on, on real ModelOpt exports.
 
-Fixture exports come from :mod:`pipeline.cpu_runtime.testing` (ModelOpt PTQ of SmolLM2-135M on CPU,
+Fixture exports come from tests/support.py (ModelOpt PTQ of SmolLM2-135M on CPU,
 cached under the repo-local ``.trtpipe-cache/``; first FP8 run ~1 min, later runs reuse it).
 """
 
@@ -149,10 +149,12 @@ def test_stage_writes_engine_dir(fp8_engine: EngineResult, fp8_export: QuantizeR
     ec = json.loads((d / "engine_config.json").read_text())
     assert ec["kind"] == "cpu" and ec["qformat"] == "fp8" and ec["kv_cache_dtype"] == "fp8"
     assert (ec["max_batch_size"], ec["max_input_len"], ec["max_seq_len"], ec["max_num_tokens"]) == (32, 512, 1024, 1024)
-    assert ec["kv_cache_blocks"] == 16384 // 32 and ec["kv_cache_tokens"] == 16384
-    assert ec["kv_cache_bytes"] == 16384 * 2 * 30 * 3 * 64 * 4  # SmolLM2: 30 layers, 3 KV heads × 64, fp32
+    assert ec["kv_cache"]["max_tokens"] == 16384 and ec["kv_cache"]["free_memory_fraction"] == 0.9
+    assert ec["kv_cache"]["bytes_per_token"] == 2 * 30 * 3 * 64 * 4  # SmolLM2: 30 layers, 3 KV heads × 64, fp32
+    assert ec["enable_chunked_prefill"] is False  # the recipe's value (TensorRT-LLM default), honoured by the engine
     m = fp8_engine.manifest
-    assert m["stage"] == "engine" and m["engine_kind"] == "cpu"
+    assert m["stage"] == "engine" and m["engine_kind"] == "cpu" and m["runtime"] == "trtpipe-torch"
+    assert m["precision"] == {"weights": "fp8 dequantized to float32", "activations": "float32", "kv_cache": "float32"}
     assert m["versions"]["torch"] and m["versions"]["transformers"]
     assert m["files"]["model.safetensors"] == sha256_file(d / "model.safetensors")
     assert m["inputs"]["quantize_cache_key"] == fp8_export.manifest["cache_key"]

@@ -120,22 +120,11 @@ def test_validate_reports_a_gpu_recipe_that_cannot_fit(tmp_path: Path):
     ("build.kv_cache_config.enable_block_reuse=true", "build.kv_cache_config.enable_block_reuse"),
     ("build.kv_cache_config.host_cache_size=1024", "build.kv_cache_config.host_cache_size"),
     ("build.kv_cache_config.max_attention_window=256", "build.kv_cache_config.max_attention_window"),
+    ("build.scheduler_config.capacity_scheduler_policy=MAX_UTILIZATION", "build.scheduler_config.capacity_scheduler_policy"),
+    ("build.max_beam_width=4", "build.max_beam_width"),
+    ("build.kv_cache_type=continuous", "build.kv_cache_type"),
 ])
 def test_the_cpu_engine_rejects_kv_knobs_it_cannot_honour(override: str, field: str):
     with pytest.raises(RecipeError, match="CPU engine") as e:
         load_recipe(CPU, [override])
     assert f" {field}: " in str(e.value)
-
-
-def test_the_cpu_kv_pool_follows_the_recipe():
-    from pipeline.recipe.derived import cpu_kv_pool_tokens
-
-    gib = 2**30
-    r = load_recipe(CPU, ["build.kv_cache_config.max_tokens=null", "build.kv_cache_config.free_gpu_memory_fraction=0.5"])
-    # 1 GiB of RAM at 0.5 × / 46,080 B per token (SmolLM2 fp32: 2 × 30 layers × 3 heads × 64 × 4 B) → 11,651 tokens,
-    # rounded up to blocks of 32 → 11,680
-    assert cpu_kv_pool_tokens(r, kv_bytes_per_token=46_080, ram_bytes=gib, max_seq_len=1024) == (11_680, "memory_fraction")
-    # plenty of RAM: never more than max_batch_size × max_seq_len
-    assert cpu_kv_pool_tokens(r, kv_bytes_per_token=46_080, ram_bytes=1024 * gib, max_seq_len=1024) == (32 * 1024, "max_batch_size")
-    fixed = load_recipe(CPU, ["build.kv_cache_config.max_tokens=1000"])
-    assert cpu_kv_pool_tokens(fixed, kv_bytes_per_token=46_080, ram_bytes=gib, max_seq_len=1024) == (1024, "max_tokens")

@@ -171,7 +171,7 @@ def test_parameters_come_from_the_recipe(built):
     bls = params(model_config.load_model_config(res.path / "tensorrt_llm_bls"))
     assert bls["accumulate_tokens"] == "true" and bls["tensorrt_llm_model_name"] == "tensorrt_llm"
     for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
-        assert {"model.py", "_common.py", "detokenize.py"} <= {p.name for p in (res.path / model / "1").iterdir()}
+        assert {"model.py", "_common.py", "detokenize.py", "tokenizer.py"} <= {p.name for p in (res.path / model / "1").iterdir()}
 
 
 def test_translation_single_function(tmp_path):

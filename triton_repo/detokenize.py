@@ -2,18 +2,19 @@
 
 Decoding a stream token by token (``tokenizer.decode([t])`` per step) drops the leading space of
 SentencePiece tokens and splits multi-byte characters (``é``, ``東``, ``🚀``) into U+FFFD
-(tensorrtllm_backend issues #34, #112, #332). :class:`IncrementalDetokenizer` uses the
-prefix-offset / read-offset technique (as in vLLM and TensorRT-LLM's LLM API): it decodes a short
-window of already-emitted tokens plus the new ones, emits only the text beyond the window's own
-decoding, and holds text back while it ends in U+FFFD (an incomplete UTF-8 sequence). The
-concatenation of the emitted pieces plus :meth:`IncrementalDetokenizer.flush` equals
+(tensorrtllm_backend issues #34, #112, #332). :class:`IncrementalDetokenizer` runs the Hugging Face
+``tokenizers`` library's own streaming decoder (``tokenizers.decoders.DecodeStream``: the
+prefix-offset / read-offset technique of vLLM and TGI, in Rust), which emits only text beyond what
+was already emitted and holds text back while it ends in U+FFFD (an incomplete UTF-8 sequence);
+this module adds the context ids and :meth:`IncrementalDetokenizer.flush` for what is held back when
+a stream ends. The concatenation of the emitted pieces plus ``flush()`` equals
 ``tokenizer.decode(all_ids)``.
 
 :class:`DetokenizerRegistry` keeps one detokenizer per stream for a stateless-looking caller (the
 ensemble's ``postprocessing`` model, which sees every streamed step as a separate request).
 
-Pure module: needs only an object with ``decode(ids, skip_special_tokens=..., clean_up_tokenization_spaces=...)``
-(a transformers tokenizer). It is copied next to each python model in a generated repository.
+Needs a :class:`tokenizer.Tokenizer` (``backend`` = a ``tokenizers.Tokenizer``). It is copied next to
+each python model in a generated repository.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from collections.abc import Hashable, Sequence
 from typing import Any, Callable
 
 REPLACEMENT_CHAR = "\ufffd"
-#: Tokens of already-emitted text decoded together with new tokens (vLLM uses 5 too).
+#: Emitted tokens decoded together with held-back ones by :meth:`IncrementalDetokenizer.flush`
+#: (vLLM uses 5 too).
 CONTEXT_WINDOW = 5
 
 
@@ -32,39 +34,48 @@ class IncrementalDetokenizer:
     """Turn a growing token-id sequence into text deltas.
 
     Args:
-        tokenizer: a transformers tokenizer (only ``decode`` is used).
-        skip_special_tokens: passed to ``decode``.
+        tokenizer: a :class:`tokenizer.Tokenizer` (its ``backend`` and ``decode`` are used).
+        skip_special_tokens: leave special tokens out of the text.
         context_ids: ids already known before the first :meth:`add` (e.g. the prompt); their text is
             never emitted but gives the first generated token its leading space (SentencePiece).
     """
 
     def __init__(self, tokenizer: Any, *, skip_special_tokens: bool = True, context_ids: Sequence[int] = ()):
+        from tokenizers.decoders import DecodeStream
+
         self._tok = tokenizer
         self._skip = skip_special_tokens
-        self.ids: list[int] = [int(t) for t in context_ids]
-        self._read = len(self.ids)  # ids before this index have been emitted (or are context)
-        self._prefix = max(self._read - CONTEXT_WINDOW, 0)  # start of the decode window
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=self._skip, clean_up_tokenization_spaces=False)
+        ctx = [int(t) for t in context_ids]
+        self._stream = DecodeStream(ids=ctx or None, skip_special_tokens=skip_special_tokens)
+        self._emitted: collections.deque[int] = collections.deque(ctx[-CONTEXT_WINDOW:], maxlen=CONTEXT_WINDOW)
+        self._held: list[int] = []  # ids added since the last emitted piece
 
     def add(self, new_ids: Sequence[int]) -> str:
         """Append ``new_ids`` and return the newly stable text ('' while a character is incomplete)."""
-        self.ids.extend(int(t) for t in new_ids)
-        prefix_text = self._decode(self.ids[self._prefix:self._read])
-        full_text = self._decode(self.ids[self._prefix:])
-        if len(full_text) <= len(prefix_text) or full_text.endswith(REPLACEMENT_CHAR):
+        ids = [int(t) for t in new_ids]
+        if not ids:
             return ""
-        delta = full_text[len(prefix_text):]
-        self._prefix, self._read = self._read, len(self.ids)
-        return delta
+        piece = self._stream.step(self._tok.backend, ids)
+        self._held.extend(ids)
+        if piece is None:
+            return ""
+        self._emitted.extend(self._held)
+        self._held.clear()
+        return piece
 
     def flush(self) -> str:
         """Return whatever is still held back (possibly ending in U+FFFD) and mark it emitted."""
-        prefix_text = self._decode(self.ids[self._prefix:self._read])
-        full_text = self._decode(self.ids[self._prefix:])
-        self._prefix, self._read = self._read, len(self.ids)
-        return full_text[len(prefix_text):]
+        if not self._held:
+            return ""
+        window = list(self._emitted)
+        before = self._tok.decode(window, skip_special_tokens=self._skip)
+        after = self._tok.decode(window + self._held, skip_special_tokens=self._skip)
+        self._emitted.extend(self._held)
+        self._held.clear()
+        from tokenizers.decoders import DecodeStream
+
+        self._stream = DecodeStream(ids=list(self._emitted) or None, skip_special_tokens=self._skip)
+        return after[len(before):]
 
 
 class DetokenizerRegistry:

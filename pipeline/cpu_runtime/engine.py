@@ -1,26 +1,33 @@
-"""``CpuEngine``: in-flight batching on a paged KV cache, on CPU, for the Triton ``tensorrt_llm`` model.
+"""``CpuEngine``: in-flight batching on a slot KV cache, on CPU, for the Triton ``tensorrt_llm`` model.
 
-The scheduler, the paged KV cache and the batched forward are transformers' continuous batching
-(``transformers.generation.continuous_batching``, 5.14: ``ContinuousBatchingManager``), not a
-hand-rolled loop: one background thread schedules every active request into each forward pass
-(prefill chunks and decode tokens of many requests packed into one ``[1, tokens]`` batch, up to
-``max_num_tokens``), requests added at any time join the running batch at the next step, and KV
-blocks of ``tokens_per_block`` tokens come from a fixed pool of ``kv_cache_blocks`` blocks.
+One scheduler thread owns the :class:`~pipeline.cpu_runtime.model.Decoder` and runs steps back to
+back while there is work. Each step (TensorRT-LLM's in-flight batching):
 
-This module adds what the TensorRT-LLM request interface needs on top:
+1. takes new requests and cancellations (requests join and leave between steps);
+2. admits waiting requests FIFO while a KV slot is free (every admitted request owns a slot of
+   ``max_seq_len`` tokens, so it can always finish: TensorRT-LLM's ``GUARANTEED_NO_EVICT``);
+3. packs one token for every decoding sequence plus prefill chunks of admitted prompts into one
+   batch of at most ``max_num_tokens`` tokens (a prompt longer than what is left is split across
+   steps when chunked prefill is on; with it off the whole prompt must fit one step);
+4. runs one forward pass and picks each sequence's next token greedily, with ``end_id`` masked out
+   while fewer than ``min_tokens`` tokens were generated;
+5. finishes sequences on ``end_id`` (not returned, as in TensorRT-LLM), ``max_new_tokens`` or a stop
+   word (returned), frees their slots, and hands every sequence's new tokens to the delivery thread,
+   which calls ``on_tokens`` while the next step already runs.
 
-- ``min_tokens`` / ``end_id`` per request (TensorRT-LLM semantics): ``end_id`` is masked out of
-  the logits while fewer than ``min_tokens`` tokens were generated (a per-request continuous-batching
-  logits processor, one int per request per step); ``end_id`` ``None``/negative never stops. The
-  end token itself is not returned (TensorRT-LLM excludes it from ``sequence_length``).
-- validation against the engine limits with :class:`ValueError` messages meant for the client;
-- a dispatcher thread that turns the library's per-step outputs into ``on_tokens`` callbacks.
+KV capacity (:func:`pipeline.cpu_runtime.kv.kv_slots`): ``kv_cache.max_tokens`` and
+``kv_cache.free_memory_fraction`` (engine_config.json, from the recipe's ``build.kv_cache_config``;
+the Triton model may override both) → tokens = min(max_tokens, fraction × host memory available
+after the weights, / fp32 K+V bytes per token); slots = min(max_batch_size, tokens // max_seq_len).
+That is how ``free_gpu_memory_fraction`` maps on CPU: a share of the RAM free at load time. Slots
+are reserved virtually; RAM becomes resident as tokens are written.
 
-Greedy decoding only (``do_sample=False``), as the engine stage builds it.
+Greedy decoding only (``do_sample=False``), float32.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import logging
@@ -34,74 +41,56 @@ from typing import Any
 
 import torch
 
+from pipeline.cpu_runtime.kv import kv_slots
+from pipeline.cpu_runtime.model import Decoder, Geometry, StepBatch
+
 log = logging.getLogger(__name__)
 
 ENGINE_CONFIG = "engine_config.json"
-#: How long shutdown waits for the scheduler thread (s); the thread only runs short forward passes.
+#: Name of this runtime in engine_config.json / manifests / stats.
+RUNTIME = "trtpipe-torch"
+#: How long shutdown waits for the engine threads (s); a step takes well under a second.
 _STOP_TIMEOUT_S = 30.0
-#: Poll period of the dispatcher thread on the output queue (s): bounds shutdown latency only.
-_POLL_S = 0.05
 
 TokensCallback = Callable[[list[int], bool], None]
 ErrorCallback = Callable[[str], None]
 
 
-def _eos_suppressor_cls():
-    """The per-request ``end_id``-below-``min_tokens`` logits processor (built lazily: transformers import)."""
-    from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
+class _Seq:
+    """One request's state (owned by the scheduler thread except ``done``/``lock``)."""
 
-    class MinTokensEndIdSuppressor(ContinuousBatchingLogitsProcessor):
-        """Sets the ``end_id`` logit to -inf for a request that has generated fewer than ``min_tokens`` tokens.
+    __slots__ = ("rid", "prompt", "max_new", "min_tokens", "end_id", "stop_words", "on_tokens", "on_error",
+                 "slot", "prefilled", "generated", "done", "lock", "arrival")
 
-        Per-request kwargs (``add_request(..., end_id=int, min_tokens=int)``); the tensor argument is one
-        int32 per scheduled request: the token id to mask, or -1.
-        """
-
-        supported_kwargs: dict[str, type] = {"end_id": int, "min_tokens": int}
-        ignored_kwargs: tuple[str, ...] = ()
-
-        def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
-            int32_tensor.fill_(-1)
-
-        def prepare_tensor_args(self, requests_with_new_token) -> torch.Tensor:
-            ids = []
-            for fr in requests_with_new_token:
-                st = fr.state
-                kw = st.logit_processor_kwargs
-                ids.append(kw["end_id"] if len(st.generated_tokens) < kw.get("min_tokens", 0) else -1)
-            return torch.tensor(ids, dtype=torch.int32)
-
-        def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
-            ids = tensor_arg[: scores.size(0)].long()
-            rows = (ids >= 0).nonzero().squeeze(1)
-            if rows.numel():
-                scores[rows, ids[rows]] = float("-inf")
-            return scores
-
-    return MinTokensEndIdSuppressor
-
-
-class _Request:
-    __slots__ = ("on_tokens", "on_error", "end_id", "sent", "done")
-
-    def __init__(self, on_tokens: TokensCallback, on_error: ErrorCallback | None, end_id: int):
-        self.on_tokens, self.on_error, self.end_id = on_tokens, on_error, end_id
-        self.sent = 0  # generated tokens already passed to on_tokens
-        self.done = False
+    def __init__(self, rid, prompt, max_new, min_tokens, end_id, stop_words, on_tokens, on_error):
+        self.rid, self.prompt, self.max_new = rid, prompt, max_new
+        self.min_tokens, self.end_id, self.stop_words = min_tokens, end_id, stop_words
+        self.on_tokens, self.on_error = on_tokens, on_error
+        self.slot: int | None = None
+        self.prefilled = 0  # prompt tokens whose K/V are in the cache
+        self.generated: list[int] = []
+        self.done = False  # no callback may run once set (under ``lock``)
+        self.lock = threading.Lock()
+        self.arrival = time.perf_counter()
 
 
 class CpuEngine:
     """A loaded CPU engine directory (``engine_config.json`` + plain HF weights) serving requests.
 
     ``engine_dir`` is the output of the ``build.engine: cpu`` stage (:mod:`pipeline.engine.cpu`).
-    Loading reads the weights with transformers (offline), sets ``torch.set_num_threads`` (process
-    wide: ``num_threads`` argument, else engine_config ``num_threads``, else the cores this process
-    may run on) and starts
-    the scheduler thread plus one dispatcher thread. Raises ``FileNotFoundError`` when
-    ``engine_config.json`` is missing and ``ValueError`` when its ``kind`` is not ``cpu``.
+    Loading maps the weights, packs them for oneDNN, sets ``torch.set_num_threads`` (process wide:
+    ``num_threads`` argument, else engine_config ``num_threads``, else the cores this process may
+    run on), sizes the KV cache (module docstring; ``kv_max_tokens`` / ``kv_free_memory_fraction``
+    override engine_config's ``kv_cache``, ``enable_chunked_prefill`` its ``enable_chunked_prefill``)
+    and starts the scheduler and delivery threads.
+
+    Raises ``FileNotFoundError`` when ``engine_config.json`` is missing, ``ValueError`` when its
+    ``kind`` is not ``cpu``, the runtime is another one, or the KV cache cannot hold one sequence,
+    and :class:`~pipeline.cpu_runtime.model.UnsupportedModelError` for an unsupported model.
     """
 
-    def __init__(self, engine_dir: Path, *, num_threads: int | None = None):
+    def __init__(self, engine_dir: Path, *, num_threads: int | None = None, kv_max_tokens: int | None = None,
+                 kv_free_memory_fraction: float | None = None, enable_chunked_prefill: bool | None = None):
         t0 = time.perf_counter()
         self.engine_dir = Path(engine_dir)
         path = self.engine_dir / ENGINE_CONFIG
@@ -110,49 +99,45 @@ class CpuEngine:
         cfg = json.loads(path.read_text())
         if cfg.get("kind") != "cpu":
             raise ValueError(f"{path}: kind is {cfg.get('kind')!r}, expected 'cpu'")
+        if cfg.get("runtime", RUNTIME) != RUNTIME:
+            raise ValueError(f"{path}: runtime {cfg.get('runtime')!r} is not {RUNTIME!r}: rebuild the engine stage")
+        self.threads = int(num_threads or cfg.get("num_threads") or len(os.sched_getaffinity(0)) or 1)
+        torch.set_num_threads(self.threads)
+        kv = cfg.get("kv_cache") or {}
+        max_tokens = kv_max_tokens if kv_max_tokens is not None else kv.get("max_tokens")
+        fraction = kv_free_memory_fraction if kv_free_memory_fraction is not None else kv.get("free_memory_fraction", 0.9)
+        model_cfg = json.loads((self.engine_dir / "config.json").read_text())
+        import psutil
+
+        geo = Geometry.from_config(model_cfg)
+        # the weights are about to take their size out of the available memory
+        weights = sum(f.stat().st_size for f in self.engine_dir.glob("*.safetensors"))
+        slots, self.kv_tokens = kv_slots(
+            max_batch_size=int(cfg["max_batch_size"]), max_seq_len=int(cfg["max_seq_len"]),
+            bytes_per_token=geo.kv_bytes_per_token, available_bytes=psutil.virtual_memory().available - weights,
+            max_tokens=max_tokens, free_memory_fraction=float(fraction))
+        self.model = Decoder(self.engine_dir, slots=slots, slot_len=int(cfg["max_seq_len"]))
         self._cfg = cfg
-        threads = num_threads or cfg.get("num_threads") or len(os.sched_getaffinity(0)) or 1
-        torch.set_num_threads(int(threads))
+        self.vocab_size = self.model.geo.vocab
+        self.chunked = bool(cfg.get("enable_chunked_prefill", False) if enable_chunked_prefill is None else enable_chunked_prefill)
 
-        from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig, LogitsProcessorList
-        from transformers.generation.continuous_batching.cb_logits_processors import (
-            ContinuousBatchingLogitsProcessorList,
-        )
-
-        dtype = getattr(torch, cfg.get("dtype", "float32"))
-        self.model = AutoModelForCausalLM.from_pretrained(
-            self.engine_dir, dtype=dtype, attn_implementation=cfg.get("attn_implementation", "sdpa"), local_files_only=True
-        ).eval()
-        self.vocab_size = int(self.model.config.vocab_size)
-        self.forward_passes = 0
-        self.model.register_forward_pre_hook(self._count_forward)
-
-        gen = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=int(cfg["max_seq_len"]))
-        cb = ContinuousBatchingConfig(
-            block_size=int(cfg["tokens_per_block"]),
-            num_blocks=int(cfg["kv_cache_blocks"]),
-            max_batch_tokens=int(cfg["max_num_tokens"]),
-            max_requests_per_batch=int(cfg["max_batch_size"]),
-            allow_block_sharing=bool(cfg.get("enable_block_reuse", False)),
-            max_blocks_per_request=0,  # the fast decode path needs flash-attn kernels (CUDA)
-            use_cuda_graph=False,
-            use_async_batching=False,
-            scheduler_type=cfg.get("scheduler", "fifo"),
-        )
-        self._mgr = self.model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
-        # Our processor replaces the (empty, greedy) list before start(): the batch processor and its
-        # argument buffers are created from mgr.logit_processor in the generation thread.
-        procs = ContinuousBatchingLogitsProcessorList(LogitsProcessorList([_eos_suppressor_cls()()]))
-        procs.tensors_required = 1
-        self._mgr.logit_processor = procs
-
-        self._lock = threading.RLock()
-        self._requests: dict[str, _Request] = {}
+        self._cv = threading.Condition()
+        self._inbox: collections.deque[_Seq] = collections.deque()
+        self._cancels: list[_Seq] = []
+        self._requests: dict[str, _Seq] = {}  # accepted, not finished/cancelled (under _cv)
         self._ids = itertools.count()
         self._closed = False
-        self._mgr.start()
-        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="cpu-engine-dispatch", daemon=True)
-        self._dispatcher.start()
+        self._fatal: str | None = None
+        # scheduler-thread state
+        self._waiting: collections.deque[_Seq] = collections.deque()
+        self._active: list[_Seq] = []  # index = KV slot (kept compact)
+        self._out: queue.SimpleQueue = queue.SimpleQueue()
+        self._counters = {"forward_passes": 0, "forward_s": 0.0, "step_s": 0.0, "tokens": 0}
+        self._batch_hist: collections.Counter = collections.Counter()
+        self._thread = threading.Thread(target=self._loop, name="cpu-engine", daemon=True)
+        self._delivery = threading.Thread(target=self._deliver_loop, name="cpu-engine-deliver", daemon=True)
+        self._thread.start()
+        self._delivery.start()
         self.load_time_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ public API
@@ -162,9 +147,18 @@ class CpuEngine:
         return dict(self._cfg)
 
     @property
+    def runtime(self) -> dict[str, Any]:
+        """What serves: runtime name, GEMM kernels, dtype, threads, KV slots × slot length, KV tokens."""
+        return {
+            "runtime": RUNTIME, "gemm": "onednn-packed" if self.model.packed else "torch-linear",
+            "dtype": "float32", "threads": self.threads, "kv_slots": self.model.cache.slots,
+            "kv_slot_len": self.model.cache.slot_len, "kv_tokens": self.kv_tokens,
+        }
+
+    @property
     def num_active(self) -> int:
-        """Requests accepted and not yet finished, failed or cancelled."""
-        with self._lock:
+        """Requests accepted and not yet finished, failed or cancelled (running or waiting for a slot)."""
+        with self._cv:
             return len(self._requests)
 
     def add_request(
@@ -174,25 +168,28 @@ class CpuEngine:
         max_new_tokens: int,
         min_tokens: int = 0,
         end_id: int | None = None,
+        stop_words: list[list[int]] | None = None,
         on_tokens: TokensCallback,
         on_error: ErrorCallback | None = None,
     ) -> str:
         """Queue one greedy generation; returns its request id.
 
-        ``on_tokens(new_token_ids, finished)`` is called from the engine's dispatcher thread after
-        every decode step with the tokens generated since the last call, ``finished=True`` exactly
-        once, on the last call (``end_id`` generated after ``min_tokens`` tokens, or
-        ``max_new_tokens`` reached). With ``min_tokens >= max_new_tokens`` exactly
-        ``max_new_tokens`` tokens are returned. The end token is not returned. If the request
-        fails inside the engine, ``on_error(message)`` is called instead (or, without
-        ``on_error``, ``on_tokens([], True)``). Callbacks must be quick: they run on the thread
-        that delivers every request's tokens.
+        ``on_tokens(new_token_ids, finished)`` is called from the engine's delivery thread after
+        every step that produced tokens for this request, ``finished=True`` exactly once, on the
+        last call (``end_id`` generated after ``min_tokens`` tokens, ``max_new_tokens`` reached, or
+        a ``stop_words`` sequence generated — the stop word is returned, the end token is not).
+        With ``min_tokens >= max_new_tokens`` exactly ``max_new_tokens`` tokens are returned.
+        ``end_id`` ``None``/negative never stops. If the engine fails or shuts down,
+        ``on_error(message)`` is called instead (or, without ``on_error``, ``on_tokens([], True)``).
+        Callbacks must be quick: one thread delivers every request's tokens.
+
+        A request beyond the free KV slots waits (FIFO) and joins the running batch when a slot frees.
 
         Raises ``ValueError`` (message meant for the client) when: ``input_ids`` is empty or holds
         ids outside ``[0, vocab_size)``; ``len(input_ids) > max_input_len``; ``len(input_ids) +
-        max_new_tokens > max_seq_len``; ``max_new_tokens < 1``; ``min_tokens < 0``; the sequence
-        needs more KV blocks than the pool holds; ``max_batch_size`` requests are already in flight.
-        Raises ``RuntimeError`` after :meth:`shutdown` or when the scheduler thread has died.
+        max_new_tokens > max_seq_len``; ``max_new_tokens < 1``; ``min_tokens < 0``; chunked prefill is
+        off and the prompt exceeds ``max_num_tokens``. ``RuntimeError`` after :meth:`shutdown` or when
+        the scheduler thread has died.
         """
         c = self._cfg
         n = len(input_ids)
@@ -209,72 +206,62 @@ class CpuEngine:
                 f"prompt {n} + request_output_len {max_new_tokens} = {n + max_new_tokens} tokens exceeds the "
                 f"engine's max_seq_len {c['max_seq_len']}"
             )
-        blocks = -(-(n + max_new_tokens) // c["tokens_per_block"])
-        if blocks > c["kv_cache_blocks"]:
+        if not self.chunked and n > c["max_num_tokens"]:
             raise ValueError(
-                f"the sequence needs {blocks} KV blocks but the engine's KV cache holds {c['kv_cache_blocks']}"
+                f"prompt has {n} tokens, more than max_num_tokens {c['max_num_tokens']} and chunked prefill is off"
             )
         ids = [int(t) for t in input_ids]
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             raise ValueError(f"input_ids hold token ids outside [0, {self.vocab_size})")
         eid = -1 if end_id is None or end_id < 0 else int(end_id)
-        with self._lock:
+        words = [list(map(int, w)) for w in (stop_words or []) if len(w)]
+        with self._cv:
             if self._closed:
                 raise RuntimeError("the CPU engine is shut down")
-            if self._mgr.fatal_error is not None or not self._mgr.is_running():
-                raise RuntimeError(f"the CPU engine's scheduler stopped: {self._mgr.fatal_error}")
-            if len(self._requests) >= c["max_batch_size"]:
-                raise ValueError(
-                    f"{len(self._requests)} requests already in flight: the engine's max_batch_size is {c['max_batch_size']}"
-                )
+            if self._fatal is not None:
+                raise RuntimeError(f"the CPU engine's scheduler stopped: {self._fatal}")
             rid = f"cpu-{next(self._ids)}"
-            self._requests[rid] = _Request(on_tokens, on_error, eid)
-        try:
-            accepted = self._mgr.add_request(
-                ids, request_id=rid, max_new_tokens=int(max_new_tokens), streaming=True, eos_token_id=eid,
-                end_id=eid, min_tokens=int(min_tokens) if eid >= 0 else 0,
-            )
-        except BaseException:
-            with self._lock:
-                self._requests.pop(rid, None)
-            raise
-        if accepted is None:  # the manager is stopping and dropped it
-            with self._lock:
-                self._requests.pop(rid, None)
-            raise RuntimeError("the CPU engine is shutting down")
+            seq = _Seq(rid, ids, int(max_new_tokens), int(min_tokens) if eid >= 0 else 0, eid, words, on_tokens, on_error)
+            self._requests[rid] = seq
+            self._inbox.append(seq)
+            self._cv.notify()
         return rid
 
     def cancel(self, request_id: str) -> None:
-        """Stop a request: frees its KV blocks at the next step; no callback runs for it after this
+        """Stop a request: its slot frees at the next step; no callback runs for it after this
         returns (none is made for the cancellation itself). Unknown/finished ids are ignored."""
-        with self._lock:
-            req = self._requests.pop(request_id, None)
-            if req is None:
+        with self._cv:
+            seq = self._requests.pop(request_id, None)
+            if seq is None:
                 return
-            req.done = True
-        self._mgr.cancel_request(request_id)
+            self._cancels.append(seq)
+            self._cv.notify()
+        with seq.lock:
+            seq.done = True
 
     def shutdown(self) -> None:
-        """Stop the scheduler and dispatcher threads (idempotent). Requests still in flight get
+        """Stop the scheduler and delivery threads (idempotent). Requests still in flight get
         ``on_error("engine shut down")`` (or ``on_tokens([], True)``)."""
-        with self._lock:
+        with self._cv:
             if self._closed:
                 return
             self._closed = True
-        try:
-            self._mgr.stop(block=True, timeout=_STOP_TIMEOUT_S, hard_stop=True)
-            self._mgr.destroy()
-        finally:
-            self._dispatcher.join(timeout=_STOP_TIMEOUT_S)
-            with self._lock:
-                left = list(self._requests.values())
-                self._requests.clear()
-            for req in left:
-                self._fail(req, "engine shut down")
+            self._cv.notify_all()
+        self._thread.join(timeout=_STOP_TIMEOUT_S)
+        with self._cv:
+            left = list(self._requests.values())
+            self._requests.clear()
+        for seq in left:
+            self._out.put(("error", seq, "engine shut down"))
+        self._out.put(None)
+        self._delivery.join(timeout=_STOP_TIMEOUT_S)
 
     def stats(self) -> dict[str, Any]:
-        """Counters: ``forward_passes`` (batched forwards run so far), ``active`` requests, ``load_time_s``."""
-        return {"forward_passes": self.forward_passes, "active": self.num_active, "load_time_s": self.load_time_s}
+        """Counters: ``forward_passes``, ``forward_s`` (time in the decoder), ``step_s`` (whole steps:
+        scheduling + forward + sampling), ``tokens`` generated, ``batch_sizes`` ({tokens in a step:
+        steps}), ``active`` requests, ``load_time_s``."""
+        return {**self._counters, "batch_sizes": dict(self._batch_hist), "active": self.num_active,
+                "load_time_s": self.load_time_s}
 
     def __enter__(self) -> "CpuEngine":
         return self
@@ -282,60 +269,178 @@ class CpuEngine:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    # ------------------------------------------------------------------ internals
-    def _count_forward(self, module, args) -> None:
-        self.forward_passes += 1
-
-    @staticmethod
-    def _fail(req: _Request, message: str) -> None:
+    # ------------------------------------------------------------------ scheduler thread
+    def _loop(self) -> None:
         try:
-            if req.on_error is not None:
-                req.on_error(message)
-            else:
-                req.on_tokens([], True)
-        except Exception:  # a client callback must not kill the engine
-            log.exception("on_error callback failed")
+            with torch.inference_mode():
+                self._run()
+        except BaseException as e:  # a bug, or out of memory: fail everything, refuse new requests
+            log.exception("CPU engine scheduler failed")
+            with self._cv:
+                self._fatal = f"{type(e).__name__}: {e}"
+                left = list(self._requests.values())
+                self._requests.clear()
+            for seq in left:
+                self._out.put(("error", seq, f"request failed in the CPU engine: {self._fatal}"))
 
-    def _dispatch_loop(self) -> None:
-        """Route the library's streaming outputs (cumulative token lists) to per-request callbacks."""
-        out_q = self._mgr.output_router.output_queue
+    def _run(self) -> None:
         while True:
-            try:
-                out = out_q.get(timeout=_POLL_S)
-            except queue.Empty:
-                if self._closed and not self._mgr.is_running():
+            with self._cv:
+                while not (self._inbox or self._cancels or self._active or self._waiting or self._closed):
+                    self._cv.wait()
+                if self._closed:
                     return
+                self._waiting.extend(self._inbox)
+                self._inbox.clear()
+                cancels, self._cancels = self._cancels, []
+            for seq in cancels:
+                self._release(seq)
+            self._admit()
+            if self._active:
+                self._step()
+
+    def _admit(self) -> None:
+        slots = self.model.cache.slots
+        while self._waiting and len(self._active) < slots:
+            seq = self._waiting.popleft()
+            if seq.done:
                 continue
-            self._deliver(out)
+            seq.slot = len(self._active)
+            self._active.append(seq)
 
-    def _deliver(self, out) -> None:
-        from transformers.generation.continuous_batching import RequestStatus
+    def _release(self, seq: _Seq) -> None:
+        """Free ``seq``'s slot (moving the last slot's sequence into it) or drop it from the queue."""
+        if seq.slot is None:
+            try:
+                self._waiting.remove(seq)
+            except ValueError:
+                pass
+            return
+        hole, last = seq.slot, len(self._active) - 1
+        seq.slot = None
+        if hole != last:
+            moved = self._active[last]
+            self.model.cache.move(last, hole, moved.prefilled + len(moved.generated))
+            moved.slot = hole
+            self._active[hole] = moved
+        self._active.pop()
 
-        with self._lock:
-            req = self._requests.get(out.request_id)
-            if req is None or req.done:
+    def _build(self) -> tuple[StepBatch, list[_Seq]]:
+        budget = int(self._cfg["max_num_tokens"])
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        decode: list[_Seq] = []
+        ctx: list[int] = []
+        for seq in self._active:  # slot order
+            if seq.prefilled == len(seq.prompt) and seq.generated:
+                pos = len(seq.prompt) + len(seq.generated) - 1
+                tokens.append(seq.generated[-1])
+                positions.append(pos)
+                slots.append(seq.slot)
+                ctx.append(pos + 1)
+                decode.append(seq)
+        budget -= len(decode)
+        chunks = []
+        rows = list(range(len(decode)))
+        logit_seqs = list(decode)
+        for seq in self._active:
+            left = len(seq.prompt) - seq.prefilled
+            if left == 0 or budget <= 0:
+                continue
+            n = min(left, budget)
+            if n < left and not self.chunked:
+                continue
+            off = len(tokens)
+            tokens.extend(seq.prompt[seq.prefilled:seq.prefilled + n])
+            positions.extend(range(seq.prefilled, seq.prefilled + n))
+            slots.extend([seq.slot] * n)
+            chunks.append((off, n, seq.slot, seq.prefilled))
+            seq.prefilled += n
+            budget -= n
+            if seq.prefilled == len(seq.prompt):
+                rows.append(off + n - 1)
+                logit_seqs.append(seq)
+        i64 = torch.int64
+        batch = StepBatch(
+            tokens=torch.tensor(tokens, dtype=i64), positions=torch.tensor(positions, dtype=i64),
+            slots=torch.tensor(slots, dtype=i64), n_decode=len(decode), decode_slots=[s.slot for s in decode],
+            decode_ctx=torch.tensor(ctx, dtype=i64), chunks=chunks, logit_rows=torch.tensor(rows, dtype=i64),
+        )
+        return batch, logit_seqs
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        batch, seqs = self._build()
+        if batch.tokens.numel() == 0:
+            return
+        t1 = time.perf_counter()
+        logits = self.model.forward(batch)
+        t2 = time.perf_counter()
+        ban = [(r, s.end_id) for r, s in enumerate(seqs) if len(s.generated) < s.min_tokens]
+        if ban:
+            r, e = zip(*ban)
+            logits[list(r), list(e)] = float("-inf")
+        next_ids = logits.argmax(-1).tolist() if seqs else []
+        out = []
+        finished = []
+        for seq, tok in zip(seqs, next_ids):
+            seq.generated.append(tok)
+            if tok == seq.end_id:
+                out.append(("tokens", seq, [], True))
+                finished.append(seq)
+                continue
+            end = len(seq.generated) >= seq.max_new or any(
+                len(w) <= len(seq.generated) and seq.generated[-len(w):] == w for w in seq.stop_words
+            )
+            out.append(("tokens", seq, [tok], end))
+            if end:
+                finished.append(seq)
+        if finished:
+            with self._cv:
+                for seq in finished:
+                    self._requests.pop(seq.rid, None)
+            for seq in finished:
+                self._release(seq)
+        for item in out:
+            self._out.put(item)
+        c = self._counters
+        c["forward_passes"] += 1
+        c["forward_s"] += t2 - t1
+        c["step_s"] += time.perf_counter() - t0
+        c["tokens"] += len(seqs)
+        self._batch_hist[int(batch.tokens.numel())] += 1
+
+    # ------------------------------------------------------------------ delivery thread
+    def _deliver_loop(self) -> None:
+        while True:
+            item = self._out.get()
+            if item is None:
                 return
-            if out.status == RequestStatus.FAILED or out.error:
-                self._requests.pop(out.request_id, None)
-                req.done = True
-                self._fail(req, f"request failed in the CPU engine: {out.error}")
+            self._deliver(item)
+
+    def _deliver(self, item) -> None:
+        kind, seq = item[0], item[1]
+        with seq.lock:
+            if seq.done:
                 return
-            finished = out.status == RequestStatus.FINISHED
-            toks = out.generated_tokens
-            end = len(toks)
-            if finished and end and toks[-1] == req.end_id:
-                end -= 1  # TensorRT-LLM does not count/return the end token
-            new = toks[req.sent : end]
-            req.sent = max(req.sent, end)
-            if finished:
-                self._requests.pop(out.request_id, None)
-                req.done = True
-            if new or finished:
-                try:
-                    req.on_tokens(new, finished)
-                except Exception:
-                    log.exception("on_tokens callback failed for %s; cancelling it", out.request_id)
-                    if not finished:
-                        self._requests.pop(out.request_id, None)
-                        req.done = True
-                        self._mgr.cancel_request(out.request_id)
+            try:
+                if kind == "error":
+                    seq.done = True
+                    if seq.on_error is not None:
+                        seq.on_error(item[2])
+                    else:
+                        seq.on_tokens([], True)
+                    return
+                toks, fin = item[2], item[3]
+                if fin:
+                    seq.done = True
+                seq.on_tokens(toks, fin)
+            except Exception:  # a client callback must not kill the engine
+                log.exception("callback failed for %s; cancelling it", seq.rid)
+                if not seq.done:
+                    seq.done = True
+                    with self._cv:
+                        if self._requests.pop(seq.rid, None) is not None:
+                            self._cancels.append(seq)
+                            self._cv.notify()

@@ -6,18 +6,31 @@ Output (``<build>/engine/``, written atomically)::
                          error of the exported format; see pipeline/cpu_runtime/dequant.py)
     config.json          plain transformers config (no quantization_config)
     tokenizer files      copied from <build>/quantize/hf_ckpt/ (tokenizer.json, chat template, …)
-    engine_config.json   what pipeline.cpu_runtime.CpuEngine needs: limits, paged-KV pool, dtype
+    engine_config.json   what pipeline.cpu_runtime.CpuEngine needs: runtime, limits, KV-cache rule, precision
     manifest.json        stage, cache_key, versions, per-file sha256, timings, peak RSS
 
 The engine limits keep their TensorRT-LLM names (max_batch_size, max_num_tokens, max_seq_len,
-max_input_len, tokens_per_block, kv_cache_config.max_tokens) so the Triton layer and the
-benchmark read one vocabulary for every engine kind.
+max_input_len) so the Triton layer and the benchmark read one vocabulary for every engine kind.
+
+What the CPU engine honours from the recipe, and what it refuses (one line, at build time):
+
+- ``build.kv_cache_config.max_tokens`` and ``free_gpu_memory_fraction``: on CPU the fraction is a
+  share of the host RAM available when the engine loads (after its weights); the KV cache holds
+  min(max_tokens, fraction × available / fp32 K+V bytes per token) tokens, in slots of
+  ``max_seq_len`` tokens, at most ``max_batch_size`` slots (:func:`pipeline.cpu_runtime.kv.kv_slots`).
+  ``max_tokens`` below ``max_seq_len`` is refused.
+- ``build.enable_chunked_prefill``: prompts longer than the step budget (``max_num_tokens``) are split
+  across steps when true, admitted whole otherwise.
+- refused: ``enable_block_reuse: true`` (no prefix reuse), ``max_attention_window``,
+  ``host_cache_size``, ``kv_cache_type`` other than paged, ``max_beam_width`` > 1, the
+  ``MAX_UTILIZATION`` scheduler (the slot cache guarantees every admitted request its KV:
+  ``GUARANTEED_NO_EVICT``), and models the decoder does not implement
+  (:func:`pipeline.cpu_runtime.model.check_supported`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from pathlib import Path
@@ -43,10 +56,13 @@ from pipeline.stages.results import EngineResult, QuantizeResult
 STAGE = EngineResult.STAGE
 ENGINE_CONFIG = "engine_config.json"
 #: Bump when the engine directory layout or engine_config.json fields change.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 #: Files of hf_ckpt/ that are not copied: weights and quantization metadata are rewritten here.
 _SKIP = ("hf_quant_config.json", "config.json", "model.safetensors.index.json")
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+#: The runtime that serves the engine directory (pipeline/cpu_runtime/engine.py RUNTIME).
+RUNTIME = "trtpipe-torch"
+#: The CPU engine computes and keeps its KV cache in float32 (build.cpu.dtype only rounds the stored weights).
+COMPUTE_DTYPE = "float32"
 
 
 def _model_config(hf_ckpt: Path, recipe: Recipe, dry_run: bool) -> dict[str, Any]:
@@ -68,48 +84,60 @@ def _model_config(hf_ckpt: Path, recipe: Recipe, dry_run: bool) -> dict[str, Any
 def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
     """The ``engine_config.json`` dict for ``recipe`` and the checkpoint's ``config.json``.
 
-    KV pool: :func:`pipeline.recipe.derived.cpu_kv_pool_tokens` (``kv_cache_config.max_tokens``, else
-    ``free_gpu_memory_fraction`` of physical RAM, at most ``max_batch_size × max_seq_len``), in whole blocks of
-    ``tokens_per_block``. Raises :class:`UserError` when the pool cannot hold one ``max_seq_len``
-    sequence or ``max_seq_len`` exceeds the model's ``max_position_embeddings``.
+    The KV cache is sized when the engine loads, by :func:`pipeline.cpu_runtime.kv.kv_slots` (it depends
+    on the host RAM available then, as TensorRT-LLM's ``free_gpu_memory_fraction`` depends on free GPU memory);
+    this records the rule's inputs (``kv_cache.max_tokens``, ``kv_cache.free_memory_fraction``) and the fp32 K+V
+    bytes per token. Settings the engine cannot honour are refused when the recipe loads
+    (:func:`pipeline.recipe.derived.cpu_engine_problems`). Raises :class:`UserError` (one line naming the field)
+    for an unsupported model, ``kv_cache_config.max_tokens`` below ``max_seq_len``, or ``max_seq_len`` above the
+    model's ``max_position_embeddings``.
     """
-    b = recipe.build
-    max_seq_len = derived.require_max_seq_len(b, model_cfg.get("max_position_embeddings"))
-    dtype = b.cpu.dtype
-    per_tok = geometry_from_dict(model_cfg).kv_bytes_per_token(_DTYPE_BYTES[dtype])
-    import psutil
+    from pipeline.cpu_runtime.model import UnsupportedModelError, check_supported
 
-    tokens, _ = derived.cpu_kv_pool_tokens(recipe, kv_bytes_per_token=per_tok, ram_bytes=psutil.virtual_memory().total,
-                                           max_seq_len=max_seq_len)
-    blocks = math.ceil(tokens / b.tokens_per_block)
-    if blocks * b.tokens_per_block < max_seq_len:
+    b = recipe.build
+    try:
+        check_supported(model_cfg)
+    except UnsupportedModelError as e:
+        raise UserError(f"model.source: {e}") from None
+    max_seq_len = derived.require_max_seq_len(b, model_cfg.get("max_position_embeddings"))
+    kv = b.kv_cache_config
+    if kv.max_tokens is not None and kv.max_tokens < max_seq_len:
         raise UserError(
-            f"build.kv_cache_config.max_tokens {tokens} is smaller than max_seq_len {max_seq_len}: "
+            f"build.kv_cache_config.max_tokens {kv.max_tokens} is smaller than max_seq_len {max_seq_len}: "
             "a full-length request would not fit the KV cache"
         )
     q = recipe.quantization
     return {
         "kind": "cpu",
+        "runtime": RUNTIME,
         "builder_version": BUILDER_VERSION,
         "architecture": (model_cfg.get("architectures") or ["unknown"])[0],
-        "dtype": dtype,
+        "dtype": b.cpu.dtype,
+        "compute_dtype": COMPUTE_DTYPE,
         "num_threads": b.cpu.num_threads,
-        "attn_implementation": "sdpa",
-        "scheduler": "fifo",
         "max_batch_size": b.max_batch_size,
         "max_num_tokens": b.max_num_tokens,
         "max_seq_len": max_seq_len,
         "max_input_len": b.max_input_len,
         "max_beam_width": 1,
-        "tokens_per_block": b.tokens_per_block,
-        "kv_cache_blocks": blocks,
-        "kv_cache_tokens": blocks * b.tokens_per_block,
-        "kv_cache_bytes": blocks * b.tokens_per_block * per_tok,
-        "enable_block_reuse": b.kv_cache_config.enable_block_reuse,
-        "enable_chunked_prefill": True,  # transformers' scheduler always splits prefills > max_num_tokens
+        "kv_cache": {
+            "layout": "slots",
+            "max_tokens": kv.max_tokens,
+            "free_memory_fraction": kv.free_gpu_memory_fraction,
+            "dtype": COMPUTE_DTYPE,
+            "bytes_per_token": geometry_from_dict(model_cfg).kv_bytes_per_token(4),  # float32 K and V
+        },
+        "enable_chunked_prefill": b.enable_chunked_prefill,
+        "scheduler": "GUARANTEED_NO_EVICT",
         "qformat": q.qformat,
         "quant_algo": q.quant_algo,
         "kv_cache_dtype": q.kv_cache_dtype,
+        "precision": {
+            "weights": "float32" if q.qformat == "full_prec" and b.cpu.dtype == "float32" else
+            (f"{q.qformat} dequantized to {b.cpu.dtype}" if q.qformat != "full_prec" else b.cpu.dtype),
+            "activations": COMPUTE_DTYPE,
+            "kv_cache": COMPUTE_DTYPE,
+        },
         "emulated": {"weights": q.qformat != "full_prec", "activations": False, "kv_cache": False},
         "vocab_size": model_cfg["vocab_size"],
     }
@@ -181,6 +209,8 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
             STAGE,
             key,
             engine_kind="cpu",
+            runtime=RUNTIME,
+            precision=ecfg["precision"],
             status="dry_run" if dry_run else "built",
             consumed=consumed(recipe, "engine", "engine_cpu", "runtime"),
             world_size=1,

@@ -29,6 +29,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pipeline import gpus
+from pipeline.cpu_runtime.kv import kv_slots
 from pipeline.errors import UserError
 from pipeline.models import ModelGeometry, geometry_for_source
 from pipeline.plan import memory as mem
@@ -233,18 +234,23 @@ def plan_recipe(
             f"cpu target: assumed the CPU engine holds weights and KV in build.cpu.dtype {b.cpu.dtype} (the {q.qformat} "
             f"checkpoint itself is {_gib(ckpt.total_bytes)}); no roofline bound on CPU"
         )
-        kv_tok = mem.kv_bytes_per_token(geo, dtype_b)
+        kv_tok = mem.kv_bytes_per_token(geo, 4)  # the CPU engine keeps K and V in float32
         act = mem.activation_bytes(geo, max_num_tokens=b.max_num_tokens, max_batch_size=b.max_batch_size,
                                    max_beam_width=b.max_beam_width, act_dtype_bytes=dtype_b)
         overhead = CPU_RUNTIME_BYTES
         free = total - weights.per_gpu_bytes - act - overhead
-        kv_tokens, limited_by = derived.cpu_kv_pool_tokens(recipe, kv_bytes_per_token=kv_tok, ram_bytes=total,
-                                                           max_seq_len=max_seq_len)
-        if limited_by != "max_tokens":
-            limited_by = "fraction" if limited_by == "memory_fraction" else limited_by
-            notes.append(f"kv_cache_config.max_tokens unset: the CPU engine sizes its KV pool as min(max_batch_size × "
-                         f"max_seq_len, free_gpu_memory_fraction {b.kv_cache_config.free_gpu_memory_fraction:g} × host "
-                         "RAM / KV bytes per token)")
+        kvc = b.kv_cache_config  # the CPU engine's own rule (pipeline.cpu_runtime.kv.kv_slots)
+        try:
+            slots, kv_tokens = kv_slots(max_batch_size=b.max_batch_size, max_seq_len=max_seq_len, bytes_per_token=kv_tok,
+                                                    available_bytes=int(vm.available) - weights.per_gpu_bytes,
+                                                    max_tokens=kvc.max_tokens, free_memory_fraction=kvc.free_gpu_memory_fraction)
+        except ValueError as e:
+            errors.append(str(e))
+            slots, kv_tokens = 0, 0
+        limited_by = ("max_batch_size" if slots == b.max_batch_size else
+                      "max_tokens" if kvc.max_tokens is not None and kv_tokens + max_seq_len > kvc.max_tokens else "fraction")
+        notes.append(f"the CPU engine's KV cache: {slots} slots × max_seq_len {max_seq_len} (min of max_tokens and "
+                     f"free_gpu_memory_fraction × host memory available after the weights)")
         kv_pool = kv_tokens * kv_tok
         by_fraction = None
         if weights.per_gpu_bytes + act + overhead + kv_pool > total:

@@ -92,36 +92,13 @@ def format_problems(quant: QuantSpec, gpu: GpuSpec) -> list[tuple[str, str]]:
     return out
 
 
-def cpu_kv_pool_tokens(recipe: Recipe, *, kv_bytes_per_token: int, ram_bytes: int, max_seq_len: int) -> tuple[int, str]:
-    """Tokens of the CPU engine's paged KV pool, rounded up to whole blocks, and what limited it.
-
-    The recipe's KV settings mean on the CPU what they mean on a GPU, with host RAM as the memory:
-    ``kv_cache_config.max_tokens`` when set (``"max_tokens"``), else ``free_gpu_memory_fraction`` × physical
-    RAM / ``kv_bytes_per_token`` (``"memory_fraction"``), never more than ``max_batch_size × max_seq_len``
-    (``"max_batch_size"``: more could never be used).
-
-    Args:
-        recipe: the recipe (``build`` section).
-        kv_bytes_per_token: K+V bytes of one token over all layers, in the engine's dtype.
-        ram_bytes: physical RAM of the machine that serves, in bytes.
-        max_seq_len: the resolved :func:`max_seq_len`, in tokens.
-    """
-    b = recipe.build
-    block = b.tokens_per_block
-    if b.kv_cache_config.max_tokens is not None:
-        tokens, limited_by = b.kv_cache_config.max_tokens, "max_tokens"
-    else:
-        by_ram = int(ram_bytes * b.kv_cache_config.free_gpu_memory_fraction) // kv_bytes_per_token
-        full = b.max_batch_size * max_seq_len
-        tokens, limited_by = (by_ram, "memory_fraction") if by_ram < full else (full, "max_batch_size")
-    return -(-tokens // block) * block, limited_by
-
-
-def cpu_kv_problems(recipe: Recipe) -> list[tuple[str, str]]:
-    """KV-cache knobs the CPU engine cannot honour (``[(field, message)]``): it keeps no KV blocks for reuse
-    across requests, has no host offload tier and no sliding window. ``enable_block_reuse`` defaults to true
+def cpu_engine_problems(recipe: Recipe) -> list[tuple[str, str]]:
+    """Build knobs the CPU engine cannot honour (``[(field, message)]``): it keeps no KV blocks for reuse
+    across requests, has no host offload tier and no sliding window, decodes greedily, and reserves each
+    request's KV slot at admission (GUARANTEED_NO_EVICT). ``enable_block_reuse`` defaults to true
     (TensorRT-LLM's default): only a recipe that asks for it explicitly is refused."""
-    kv = recipe.build.kv_cache_config
+    b = recipe.build
+    kv = b.kv_cache_config
     out = []
     if kv.enable_block_reuse and "enable_block_reuse" in kv.model_fields_set:
         out.append(("build.kv_cache_config.enable_block_reuse", "true is not supported by the CPU engine (no prefix "
@@ -130,4 +107,12 @@ def cpu_kv_problems(recipe: Recipe) -> list[tuple[str, str]]:
         out.append(("build.kv_cache_config.host_cache_size", "the CPU engine has no host offload tier: unset it"))
     if kv.max_attention_window is not None:
         out.append(("build.kv_cache_config.max_attention_window", "the CPU engine attends over the whole sequence: unset it"))
+    if b.kv_cache_type != "paged":
+        out.append(("build.kv_cache_type", f"{b.kv_cache_type!r}: in-flight batching on the CPU engine needs its slot "
+                                           "KV cache: use paged"))
+    if b.max_beam_width != 1:
+        out.append(("build.max_beam_width", "the CPU engine decodes greedily: use 1"))
+    if b.scheduler_config.capacity_scheduler_policy != "GUARANTEED_NO_EVICT":
+        out.append(("build.scheduler_config.capacity_scheduler_policy",
+                    "the CPU engine reserves each request's KV at admission: use GUARANTEED_NO_EVICT"))
     return out

@@ -96,7 +96,7 @@ class Recipe(StrictModel):
     def _check_formats(self) -> None:
         q = self.quantization
         if self.target.gpu == gpus.CPU_TARGET:
-            problems = derived.cpu_kv_problems(self)
+            problems = derived.cpu_engine_problems(self)
             if problems:
                 raise RecipeCheckError(*problems[0])
             if q.qformat == "nvfp4":

@@ -2,7 +2,7 @@
 
 Parameters are parsed once, strictly: a malformed value raises :class:`ParameterError` naming the
 parameter, and the model fails to load (no silent fallback to a default). Only numpy and the standard
-library are imported at module level; transformers is imported inside :func:`load_tokenizer`.
+library are imported at module level; tokenizers is imported inside :func:`load_tokenizer`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,20 @@ import numpy as np
 
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
+
+
+def apply_pythonpath() -> None:
+    """Put ``$PYTHONPATH``'s entries first on ``sys.path``, as a normal interpreter does.
+
+    The python backend stub (Triton 2.51) starts its embedded interpreter without applying
+    PYTHONPATH (measured: the variable is set, ``sys.path`` lacks it), so a model importing trtpipe
+    would get the installed copy instead of the source checkout that built the repository.
+    """
+    import sys
+
+    for entry in reversed([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
 
 
 class ParameterError(ValueError):
@@ -68,10 +82,10 @@ def resolve_dir(model_dir: str, value: str) -> str:
 
 
 def load_tokenizer(tokenizer_dir: str):
-    """transformers ``AutoTokenizer`` from a local directory (offline)."""
-    from transformers import AutoTokenizer
+    """The directory's tokenizer (``tokenizers``, no transformers: see tokenizer.py), offline."""
+    from tokenizer import load_tokenizer as load
 
-    return AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    return load(tokenizer_dir)
 
 
 def default_end_pad_ids(tokenizer: Any, tokenizer_dir: str) -> tuple[int, int]:

@@ -9,16 +9,19 @@ last_token_time_ns. Decoding is greedy (sampling inputs are accepted and ignored
 num_return_sequences must be 1; bad_words_list and embedding_bias are rejected.
 
 Decoupled: ``execute`` only submits requests to :class:`pipeline.cpu_runtime.engine.CpuEngine`; the
-engine's dispatcher thread calls back with new tokens and this model sends one response per engine
+engine's delivery thread calls back with new tokens and this model sends one response per engine
 step when streaming (the last one carries TRITONSERVER_RESPONSE_COMPLETE_FINAL), or one response with
-every token otherwise. end_id absent or -1 never stops on EOS. A request with ``stop=true`` cancels the
-running request with the same request id. A watcher thread cancels requests whose client went away
-(``request.is_cancelled()``) every ``cancellation_check_period_ms``. Every error becomes a
-``TritonError`` response with the final flag: a client is never left waiting.
+every token otherwise. end_id absent or -1 never stops on EOS; stop words end the request with the
+word included. A request with ``stop=true`` cancels the running request with the same request id. A
+watcher thread cancels requests whose client went away (``request.is_cancelled()``) every
+``cancellation_check_period_ms``. Every error becomes a ``TritonError`` response with the final
+flag: a client is never left waiting.
 
-Parameters (strict): gpt_model_path (engine dir), exclude_input_in_output, max_beam_width (must be
-1), cancellation_check_period_ms, cpu_num_threads (optional). GPU-only parameters are accepted and
-not used.
+Parameters (strict: every one listed here is read, and any other key fails the load, so the
+generated config.pbtxt carries only what this model honours): gpt_model_path (engine dir),
+max_beam_width (must be 1), exclude_input_in_output, cancellation_check_period_ms, cpu_num_threads
+(optional). The KV cache, scheduler and chunked-prefill settings are the engine directory's
+``engine_config.json`` (pipeline/engine/cpu.py), sized at load by pipeline.cpu_runtime.kv.kv_slots.
 """
 
 from __future__ import annotations
@@ -31,9 +34,14 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from _common import ParameterError, array, get_param, parse_bool, parse_int, parse_word_list, raw_parameters, scalar
+from _common import (ParameterError, apply_pythonpath, array, get_param, parse_bool, parse_int, parse_word_list,
+                     raw_parameters, scalar)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+#: Every parameter this model reads (anything else in config.pbtxt is refused).
+PARAMETERS = (
+    "gpt_model_path", "max_beam_width", "exclude_input_in_output", "cancellation_check_period_ms", "cpu_num_threads",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +52,24 @@ class Params:
     exclude_input_in_output: bool
     cancellation_check_period_ms: int
     num_threads: int | None
+
+    @classmethod
+    def parse(cls, raw: dict[str, str]) -> "Params":
+        """Raises :class:`ParameterError` for an unknown key, a malformed value or a setting the engine cannot honour."""
+        unknown = sorted(set(raw) - set(PARAMETERS))
+        if unknown:
+            raise ParameterError(f"parameter {unknown[0]} is not read by the CPU tensorrt_llm model (it reads: {', '.join(PARAMETERS)})")
+        beam = get_param(raw, "max_beam_width", lambda n, v: parse_int(n, v, minimum=1), 1)
+        if beam != 1:
+            raise ParameterError(f"parameter max_beam_width={beam}: the CPU engine decodes greedily (1 beam)")
+        return cls(
+            engine_dir=get_param(raw, "gpt_model_path", lambda n, v: v),
+            exclude_input_in_output=get_param(raw, "exclude_input_in_output", parse_bool, False),
+            cancellation_check_period_ms=get_param(
+                raw, "cancellation_check_period_ms", lambda n, v: parse_int(n, v, minimum=1), 100
+            ),
+            num_threads=get_param(raw, "cpu_num_threads", lambda n, v: parse_int(n, v, minimum=1), None),
+        )
 
 
 @dataclasses.dataclass
@@ -59,7 +85,6 @@ class Job:
     want_in: bool
     want_out: bool
     want_perf: bool
-    stop_words: list[list[int]]
     arrival_ns: int
     engine_id: str | None = None
     generated: list[int] = dataclasses.field(default_factory=list)
@@ -77,23 +102,19 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        raw = raw_parameters(config)
-        self.params = Params(
-            engine_dir=get_param(raw, "gpt_model_path", lambda n, v: v),
-            exclude_input_in_output=get_param(raw, "exclude_input_in_output", parse_bool, False),
-            cancellation_check_period_ms=get_param(
-                raw, "cancellation_check_period_ms", lambda n, v: parse_int(n, v, minimum=1), 100
-            ),
-            num_threads=get_param(raw, "cpu_num_threads", lambda n, v: parse_int(n, v, minimum=1), None),
-        )
-        beam = get_param(raw, "max_beam_width", lambda n, v: parse_int(n, v, minimum=1), 1)
-        if beam != 1:
-            raise ParameterError(f"parameter max_beam_width={beam}: the CPU engine decodes greedily (1 beam)")
+        self.params = Params.parse(raw_parameters(config))
         if not pb_utils.using_decoupled_model_transaction_policy(config):
             raise ParameterError("the CPU tensorrt_llm model needs model_transaction_policy { decoupled: true }")
+        apply_pythonpath()
         from pipeline.cpu_runtime.engine import CpuEngine
 
-        self.engine = CpuEngine(self.params.engine_dir, num_threads=self.params.num_threads)
+        p = self.params
+        self.engine = CpuEngine(p.engine_dir, num_threads=p.num_threads)
+        rt = self.engine.runtime
+        pb_utils.Logger.log_info(
+            f"tensorrt_llm (CPU): {rt['runtime']} {rt['gemm']} {rt['dtype']}, {rt['threads']} threads, KV "
+            f"{rt['kv_slots']} slots × {rt['kv_slot_len']} tokens, loaded in {self.engine.load_time_s:.1f} s"
+        )
         self.lock = threading.Lock()
         self.jobs: dict[int, Job] = {}  # keyed by id(job)
         self.closing = threading.Event()
@@ -127,7 +148,6 @@ class TritonPythonModel:
         ids = new
         if not job.exclude_input and not job.sent_any:
             ids = job.input_ids + new
-        now = time.time_ns()
         out = [
             pb_utils.Tensor("output_ids", np.array([[ids]], dtype=np.int32)),
             pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)),
@@ -137,6 +157,7 @@ class TritonPythonModel:
         if job.want_in:
             out.append(pb_utils.Tensor("num_input_tokens", np.array([[len(job.input_ids)]], dtype=np.int32)))
         if job.want_perf:
+            now = time.time_ns()
             for name, value in (("arrival_time_ns", job.arrival_ns), ("first_scheduled_time_ns", job.arrival_ns),
                                 ("first_token_time_ns", job.first_token_ns or now), ("last_token_time_ns", now)):
                 out.append(pb_utils.Tensor(name, np.array([[value]], dtype=np.int64)))
@@ -144,20 +165,11 @@ class TritonPythonModel:
         return out
 
     def _on_tokens(self, job: Job, new: list[int], finished: bool) -> None:
-        """Engine callback (dispatcher thread): stream or accumulate, then finish."""
+        """Engine callback (its delivery thread): stream or accumulate, then finish."""
         if job.done:
             return
-        if new and not job.first_token_ns:
+        if new and not job.first_token_ns and job.want_perf:
             job.first_token_ns = time.time_ns()
-        start = len(job.generated)
-        job.generated.extend(new)
-        cut = self._stop_word_end(job.generated, job.stop_words, start)
-        if cut is not None:
-            new = new[: max(cut - start, 0)]
-            job.generated = job.generated[:cut]
-            finished = True
-            if job.engine_id is not None:
-                self.engine.cancel(job.engine_id)
         if job.streaming:
             if finished:
                 self._finish(job, self._tensors(job, new) if new else None)
@@ -166,19 +178,10 @@ class TritonPythonModel:
                     job.sender.send(pb_utils.InferenceResponse(output_tensors=self._tensors(job, new)))
                 except Exception as e:
                     self._cancel(job, f"send failed: {e}")
-        elif finished:
-            self._finish(job, self._tensors(job, job.generated))
-
-    @staticmethod
-    def _stop_word_end(generated: list[int], words: list[list[int]], start: int) -> int | None:
-        """End index of the first stop word that ends at or after ``start`` (output keeps the word)."""
-        best = None
-        for word in words:
-            for i in range(max(0, start - len(word) + 1), len(generated) - len(word) + 1):
-                if generated[i:i + len(word)] == word:
-                    best = i + len(word) if best is None else min(best, i + len(word))
-                    break
-        return best
+        else:
+            job.generated.extend(new)
+            if finished:
+                self._finish(job, self._tensors(job, job.generated))
 
     def _cancel(self, job: Job, why: str | None = None) -> None:
         if job.engine_id is not None:
@@ -209,7 +212,7 @@ class TritonPythonModel:
             if ids is None:
                 raise ValueError("input_ids is required")
             n = int(scalar(request, "input_lengths", ids.size))
-            input_ids = [int(t) for t in ids.reshape(-1)[:n]]
+            input_ids = ids.reshape(-1)[:n].tolist()
             end_id = scalar(request, "end_id", None)
             job = Job(
                 request=request, sender=sender, triton_id=request.request_id(), input_ids=input_ids,
@@ -218,7 +221,6 @@ class TritonPythonModel:
                 want_in=bool(scalar(request, "return_num_input_tokens", False)),
                 want_out=bool(scalar(request, "return_num_output_tokens", False)),
                 want_perf=bool(scalar(request, "return_perf_metrics", False)),
-                stop_words=parse_word_list(array(request, "stop_words_list")),
                 arrival_ns=time.time_ns(),
             )
             with self.lock:
@@ -228,10 +230,11 @@ class TritonPythonModel:
                 max_new_tokens=int(scalar(request, "request_output_len")),
                 min_tokens=int(scalar(request, "min_tokens", 0)),
                 end_id=None if end_id is None or int(end_id) < 0 else int(end_id),
-                on_tokens=lambda new, fin, j=job: self._on_tokens(j, list(new), fin),
+                stop_words=parse_word_list(array(request, "stop_words_list")),
+                on_tokens=lambda new, fin, j=job: self._on_tokens(j, new, fin),
                 on_error=lambda msg, j=job: self._finish(j, error=msg),
             )
-            if job.done:  # finished (stop word, client gone) before the engine's id was known here
+            if job.done:  # finished (client gone) before the engine's id was known here
                 self.engine.cancel(job.engine_id)
         except Exception as e:
             if job is not None:

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Raw CPU engine vs the Triton-served CPU deployment, at ISL/OSL 100/200, concurrency 1/4/16.
+
+Prints in one run, per concurrency: the raw engine's output tokens/s, TTFT and ITL
+(:class:`pipeline.cpu_runtime.engine.CpuEngine` in this process, closed loop, every request exactly
+OSL tokens via ``min_tokens``), the same load through Triton (``trtpipe serve --detach`` then
+``trtpipe bench`` on the build's ``ensemble``), their ratio, and the roofline: output tokens/s if
+every step only streamed the fp32 weights plus the batch's K/V from memory at the machine's
+measured read bandwidth (prefill not counted). Also: serve-ready time and the deployment's RSS
+(server + every stub) at ready and at peak.
+
+    .venv/bin/python scripts/bench_cpu.py [BUILD_DIR] [--concurrency 1,4,16] [--waves 2] [--skip-triton]
+
+BUILD_DIR defaults to artifacts/smollm2_135m_cpu_fp8 (``trtpipe build recipes/smollm2_135m_cpu_fp8.yaml``).
+Run it on a quiet machine: both measurements use every core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+ISL, OSL = 100, 200
+END_ID = 2  # masked by min_tokens = OSL, as the bench client does
+
+
+def read_bandwidth_gbs() -> float:
+    """Memory read bandwidth (GB/s): best of 3 sums over a 256 MiB float32 tensor, all threads."""
+    import torch
+
+    a = torch.ones(64 * 2**20)
+    best = 0.0
+    for _ in range(3):
+        t = time.perf_counter()
+        a.sum()
+        best = max(best, a.numel() * 4 / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def roofline(engine_dir: Path, conc: int, bw_gbs: float) -> float:
+    """Output tok/s bound at ``conc`` sequences: one decode step reads the fp32 weights + the K/V of
+    ``conc`` sequences at mean context ISL + OSL/2."""
+    cfg = json.loads((engine_dir / "config.json").read_text())
+    weights = sum(f.stat().st_size for f in engine_dir.glob("*.safetensors"))
+    heads = cfg["num_attention_heads"]
+    kv_tok = 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * cfg.get("head_dim", cfg["hidden_size"] // heads) * 4
+    step_bytes = weights + conc * (ISL + OSL / 2) * kv_tok
+    return conc / (step_bytes / (bw_gbs * 1e9))
+
+
+def raw_engine(engine_dir: Path, concurrency: list[int], waves: int) -> dict[int, dict]:
+    """Closed-loop load on the engine in this process; {conc: {tok_s, ttft_ms, itl_ms}}."""
+    from pipeline.cpu_runtime.engine import CpuEngine
+
+    out = {}
+    with CpuEngine(engine_dir) as eng:
+        print(f"raw engine: {eng.runtime}, loaded in {eng.load_time_s:.1f} s", flush=True)
+        prompt = [1000 + i for i in range(ISL)]
+
+        def run(conc: int, total: int, osl: int) -> dict:
+            lock, done = threading.Lock(), threading.Event()
+            st = {"sub": 0, "fin": 0, "ttft": [], "itl": []}
+
+            def submit() -> None:
+                i = st["sub"]
+                st["sub"] += 1
+                t0, last = time.perf_counter(), [None]
+
+                def cb(toks, fin):
+                    now = time.perf_counter()
+                    (st["ttft"] if last[0] is None else st["itl"]).append(now - (t0 if last[0] is None else last[0]))
+                    last[0] = now
+                    if fin:
+                        with lock:
+                            st["fin"] += 1
+                            if st["sub"] < total:
+                                submit()
+                            if st["fin"] == total:
+                                done.set()
+
+                eng.add_request([prompt[0] + i % 97] + prompt[1:], max_new_tokens=osl, min_tokens=osl, end_id=END_ID, on_tokens=cb)
+
+            t = time.perf_counter()
+            with lock:
+                for _ in range(conc):
+                    submit()
+            if not done.wait(1800):
+                raise RuntimeError("raw engine run did not finish in 30 min")
+            wall = time.perf_counter() - t
+            return {"tok_s": total * osl / wall, "ttft_ms": 1e3 * statistics.mean(st["ttft"]),
+                    "itl_ms": 1e3 * statistics.mean(st["itl"]) if st["itl"] else float("nan")}
+
+        run(1, 1, 8)  # warm-up
+        for c in concurrency:
+            out[c] = run(c, c * waves, OSL)
+            print(f"  raw c={c}: {out[c]['tok_s']:.1f} tok/s", flush=True)
+    return out
+
+
+def _tree_rss(pid: int) -> int:
+    import psutil
+
+    p = psutil.Process(pid)
+    return sum(q.memory_info().rss for q in [p, *p.children(recursive=True)])
+
+
+def served(build: Path, concurrency: list[int], waves: int) -> tuple[dict[int, dict], dict]:
+    """``trtpipe serve --detach`` + ``trtpipe bench`` on the build; ({conc: metrics}, deployment facts)."""
+    from pipeline.triton.process import pick_free_port as free_port
+
+    trtpipe = str(Path(sys.executable).parent / "trtpipe")
+    work = build.parent.parent  # holds artifacts/
+    ports = [str(free_port()) for _ in range(3)]
+    env = {**os.environ, "COLUMNS": "200"}
+    t = time.perf_counter()
+    up = subprocess.run([trtpipe, "serve", str(build), "--detach", "--http-port", ports[0], "--grpc-port", ports[1],
+                         "--metrics-port", ports[2]], cwd=work, capture_output=True, text=True, env=env)
+    if up.returncode != 0:
+        raise RuntimeError(f"trtpipe serve failed: {up.stdout[-2000:]}{up.stderr[-2000:]}")
+    facts = {"ready_s": time.perf_counter() - t}
+    pid = json.loads((work / "artifacts" / "serve.json").read_text())["pid"]
+    facts["rss_ready_mib"] = _tree_rss(pid) / 2**20
+    peak = [facts["rss_ready_mib"]]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.5):
+            try:
+                peak.append(_tree_rss(pid) / 2**20)
+            except Exception:
+                pass
+
+    threading.Thread(target=sample, daemon=True).start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            res = subprocess.run(
+                [trtpipe, "bench", "--url", f"127.0.0.1:{ports[1]}", "--isl", str(ISL), "--osl", str(OSL),
+                 "--concurrency", ",".join(map(str, concurrency)), "--out", f"{tmp}/run"],
+                cwd=work, capture_output=True, text=True, env=env)
+            if res.returncode != 0:
+                raise RuntimeError(f"trtpipe bench failed: {res.stdout[-3000:]}{res.stderr[-2000:]}")
+            doc = json.loads(Path(f"{tmp}/run/bench.json").read_text())
+    finally:
+        stop.set()
+        subprocess.run([trtpipe, "serve", "--stop"], cwd=work, capture_output=True, env=env)
+    facts["rss_peak_mib"] = max(peak)
+    out = {}
+    for p in doc["load_points"]:
+        m = p["summary"]["metrics"]
+        recs = [r for r in doc["requests"] if r["load"] == p["load"] and not r["warmup"]]
+        out[int(p["concurrency"])] = {
+            "tok_s": m["output_token_throughput"],
+            "ttft_ms": m["time_to_first_token"]["avg"], "itl_ms": m["inter_token_latency"]["avg"],
+            "exact_osl": all(r["output_tokens"] == OSL for r in recs),
+        }
+    return out, facts
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("build", nargs="?", default=str(REPO / "artifacts" / "smollm2_135m_cpu_fp8"))
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--waves", type=int, default=2, help="requests per load point = waves × concurrency (default 2)")
+    ap.add_argument("--skip-triton", action="store_true", help="raw engine and roofline only")
+    args = ap.parse_args(argv)
+    build = Path(args.build).resolve()
+    conc = [int(c) for c in args.concurrency.split(",")]
+    engine_dir = build / "engine"
+    bw = read_bandwidth_gbs()
+    raw = raw_engine(engine_dir, conc, args.waves)
+    srv, facts = ({}, {}) if args.skip_triton else served(build, conc, args.waves)
+    print(f"\nISL/OSL {ISL}/{OSL}, every request exactly {OSL} tokens; memory read bandwidth {bw:.0f} GB/s")
+    print(f"{'conc':>4} | {'raw tok/s':>9} {'TTFT ms':>8} {'ITL ms':>7} | {'Triton tok/s':>12} {'TTFT ms':>8} {'ITL ms':>7} "
+          f"{'exact':>5} | {'Triton/raw':>10} | {'roofline tok/s':>14}")
+    for c in conc:
+        r, s = raw[c], srv.get(c)
+        line = f"{c:>4} | {r['tok_s']:>9.1f} {r['ttft_ms']:>8.0f} {r['itl_ms']:>7.1f} | "
+        if s:
+            line += f"{s['tok_s']:>12.1f} {s['ttft_ms']:>8.0f} {s['itl_ms']:>7.1f} {str(s['exact_osl']):>5} | {s['tok_s'] / r['tok_s']:>10.2f} | "
+        else:
+            line += f"{'-':>12} {'-':>8} {'-':>7} {'-':>5} | {'-':>10} | "
+        print(line + f"{roofline(engine_dir, c, bw):>14.0f}")
+    if facts:
+        print(f"serve ready in {facts['ready_s']:.1f} s; deployment RSS {facts['rss_ready_mib']:.0f} MiB at ready, "
+              f"{facts['rss_peak_mib']:.0f} MiB peak under load")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
