@@ -155,19 +155,19 @@ def _small_tune(tmp_path: Path, knobs: list[dict], extra: dict | None = None) ->
 @pytest.mark.triton
 def test_real_sweep_skips_reuses_resumes_and_tracks(tmp_path):
     f = _small_tune(tmp_path, [{"field": "build.max_batch_size", "values": [8]},
-                               {"field": "build.kv_cache_config.max_tokens", "values": [100_000_000]}])
+                               {"field": "build.kv_cache_config.max_tokens", "values": [512]}])  # < one max_seq_len
     out = tmp_path / "run"
     res = cli("tune", str(f), "--out", str(out), cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     points = {d["label"]: d for d in (json.loads(p.read_text()) for p in out.glob("points/*/point.json"))}
     # stacked adds "max_batch_size=8 + max_tokens" only when it kept max_batch_size=8 (measured noise decides)
-    assert {"base", "build.max_batch_size=8", "build.kv_cache_config.max_tokens=100000000"} <= set(points)
+    assert {"base", "build.max_batch_size=8", "build.kv_cache_config.max_tokens=512"} <= set(points)
     assert len(points) in (3, 4)
     base, mbs = points["base"], points["build.max_batch_size=8"]
     assert base["status"] == mbs["status"] == "DONE"
-    # the planner refused the KV pool, before any build: no build directory, the planner's numbers in the reason
-    skipped = points["build.kv_cache_config.max_tokens=100000000"]
-    assert skipped["status"] == "SKIPPED" and "exceed host memory" in skipped["reason"]
+    # the planner refused a KV pool smaller than one sequence, before any build: no build dir, its reason kept
+    skipped = points["build.kv_cache_config.max_tokens=512"]
+    assert skipped["status"] == "SKIPPED" and "less than one max_seq_len 1024 sequence" in skipped["reason"]
     assert not (out / "points" / skipped["id"] / "build").exists()
     assert not (tmp_path / "artifacts" / ".last_build").exists()  # point builds do not become `trtpipe serve`'s default
     # an engine knob reuses the quantized checkpoint (content keys), rebuilds the engine and the repository
@@ -212,7 +212,7 @@ def test_real_sweep_skips_reuses_resumes_and_tracks(tmp_path):
         assert m in child.data.metrics, m
     hist = client.get_metric_history(child.info.run_id, "output_token_throughput")
     assert sorted(h.step for h in hist) == [1, 2]  # one value per concurrency
-    assert by_name["build.kv_cache_config.max_tokens=100000000"].data.tags["trtpipe.status"] == "SKIPPED"
+    assert by_name["build.kv_cache_config.max_tokens=512"].data.tags["trtpipe.status"] == "SKIPPED"
     assert {a.path for a in client.list_artifacts(child.info.run_id)} >= {"recipe.yaml", "point.json", "bench-1"}
 
 
