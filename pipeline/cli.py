@@ -1,6 +1,6 @@
 """``trtpipe`` console script: a thin typer shell over the stage functions.
 
-Commands: ``build``, ``serve``, ``bench`` (+ ``bench compare``), ``eval``, ``plan``, ``recipe``
+Commands: ``build``, ``serve``, ``bench`` (+ ``bench compare``), ``eval``, ``tune``, ``plan``, ``recipe``
 (``validate``/``schema``/``show``). Each lives in :mod:`pipeline.commands`; errors map to exit
 codes in :func:`pipeline.commands.common.handle_errors` (user mistakes: 2, no traceback).
 """
@@ -18,6 +18,7 @@ from pipeline.commands import plan as plan_cmd
 from pipeline.commands import recipe as recipe_cmd
 from pipeline.commands import release as release_cmd
 from pipeline.commands import serve as serve_cmd
+from pipeline.commands import tune as tune_cmd
 
 app = typer.Typer(
     name="trtpipe",
@@ -49,6 +50,7 @@ app.add_typer(recipe_cmd.app, name="recipe")
 app.command("release")(release_cmd.release)
 app.add_typer(deploy_cmd.app, name="deploy")
 app.command("eval")(eval_cmd.eval_cmd)
+app.command("tune")(tune_cmd.tune)
 
 
 def main() -> None:

@@ -7,7 +7,8 @@
 # Idempotent: a second run only checks. Settings (environment):
 #   PYTHON=python3.12        the interpreter
 #   TRTPIPE_VENV=.venv       where the venv goes
-#   TRTPIPE_EXTRAS=cpu,test  extras of trtpipe to install (the quickstart installs only `cpu`)
+#   TRTPIPE_EXTRAS=cpu,test  extras of trtpipe to install (the quickstart installs only `cpu`; `test` pulls in
+#                            `deploy` and `tune` (MLflow) so the whole suite runs)
 #   TRTPIPE_PINS="…"         extra requirements, e.g. "nvidia-modelopt==0.37.0 transformers==4.57.3" (scripts/parity.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -29,6 +29,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports free on ``host`` right now (all held open together while the OS picks them)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def smollm2_hf_dir() -> Path:
     """SmolLM2-135M-Instruct as a plain fp32 HF checkpoint (the source stage's embedded conversion)."""
     from pipeline.sources import embedded_smollm2_dir

@@ -25,7 +25,7 @@ from pipeline.stages import bench
 from pipeline.stages.bench import BenchTarget
 from pipeline.errors import StageError
 from pipeline.triton.server import TritonServer
-from support import free_port
+from support import free_port, free_ports
 
 pytestmark = pytest.mark.triton
 
@@ -41,8 +41,8 @@ def _cli_env() -> dict[str, str]:
 
 
 def _server(log: Path) -> TritonServer:
-    return TritonServer(TIMED_REPO, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                        log_file=log, ready_timeout_s=90)
+    http, grpc, metrics = free_ports(3)  # three separate free_port() calls can return the same port
+    return TritonServer(TIMED_REPO, http_port=http, grpc_port=grpc, metrics_port=metrics, log_file=log, ready_timeout_s=90)
 
 
 @pytest.fixture(scope="module")

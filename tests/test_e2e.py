@@ -25,7 +25,7 @@ import pytest
 from pipeline.bench.run import check_outcome
 from pipeline.layout import BuildLayout
 from pipeline.stages import bench, serve
-from support import free_port
+from support import free_ports
 
 TRTPIPE = str(Path(sys.executable).parent / "trtpipe")
 ISL, OSL = 100, 48
@@ -88,7 +88,7 @@ def test_cli_serve_detach_bench_stop_on_the_cpu_default(cpu_build: Path, tmp_pat
     """The same job as a user types it, from the build's working directory: the defaults
     (``artifacts/.last_build``, the build's tokenizer and bench model) are the ones a user gets."""
     work = cpu_build.parent.parent  # the directory the build ran in (holds artifacts/)
-    http, grpc, metrics = free_port(), free_port(), free_port()
+    http, grpc, metrics = free_ports(3)
     up = trtpipe("serve", "--detach", "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
                  cwd=work)
     assert up.returncode == 0, up.stdout + up.stderr

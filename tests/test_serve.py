@@ -29,7 +29,7 @@ from pipeline.layout import BuildLayout
 from pipeline.stages import serve as srv
 from pipeline.errors import IncompatibleArtifactError, StageError, UserError
 from pipeline.triton.server import TritonServer
-from support import free_port
+from support import free_port, free_ports
 from pipeline.triton.process import shm_regions
 from pipeline.triton.server import TritonInstall, cpu_triton, triton_command
 
@@ -39,7 +39,8 @@ TRTPIPE = str(Path(sys.executable).parent / "trtpipe")
 
 
 def _ports() -> dict[str, int]:
-    return {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    http, grpc, metrics = free_ports(3)
+    return {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
 
 
 def _assert_gone(pids: list[int], shm_prefix: str, within_s: float = 10) -> None:

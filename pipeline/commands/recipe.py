@@ -52,11 +52,17 @@ def validate(
 @handle_errors
 def schema(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")] = None,
+    tune: Annotated[bool, typer.Option("--tune", help="The TUNE.yaml schema of `trtpipe tune` instead (tune.schema.json).")] = False,
 ) -> None:
-    """Print the recipe JSON Schema (for editor autocompletion via yaml-language-server)."""
+    """Print the recipe JSON Schema (for editor autocompletion via yaml-language-server); --tune: TUNE.yaml's."""
     from pipeline.recipe import recipe_json_schema
 
-    text = json.dumps(recipe_json_schema(), indent=2) + "\n"
+    if tune:
+        from pipeline.tune.spec import tune_json_schema
+
+        text = json.dumps(tune_json_schema(), indent=2) + "\n"
+    else:
+        text = json.dumps(recipe_json_schema(), indent=2) + "\n"
     if output:
         output.write_text(text)
         console.print(f"wrote {output}")
