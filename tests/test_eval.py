@@ -12,7 +12,6 @@ n 512 (tests/integration/defs/accuracy/accuracy_core.py @ 3e906a0ed7c66ed4df90aa
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 from pathlib import Path

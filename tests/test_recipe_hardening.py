@@ -19,7 +19,7 @@ CPU = REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"
 GPU = REPO / "recipes" / "llama31_8b_h200_fp8.yaml"
 
 LAUGHS = "\n".join(
-    [f'a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     + [f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
 ) + "\n"
 
