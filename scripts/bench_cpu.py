@@ -108,16 +108,10 @@ def raw_engine(engine_dir: Path, concurrency: list[int], waves: int) -> dict[int
     return out
 
 
-def _tree_rss(pid: int) -> int:
-    import psutil
-
-    p = psutil.Process(pid)
-    return sum(q.memory_info().rss for q in [p, *p.children(recursive=True)])
-
-
 def served(build: Path, concurrency: list[int], waves: int) -> tuple[dict[int, dict], dict]:
     """``trtpipe serve --detach`` + ``trtpipe bench`` on the build; ({conc: metrics}, deployment facts)."""
     from pipeline.triton.process import pick_free_port as free_port
+    from pipeline.triton.process import tree_rss
 
     trtpipe = str(Path(sys.executable).parent / "trtpipe")
     work = build.parent.parent  # holds artifacts/
@@ -130,14 +124,14 @@ def served(build: Path, concurrency: list[int], waves: int) -> tuple[dict[int, d
         raise RuntimeError(f"trtpipe serve failed: {up.stdout[-2000:]}{up.stderr[-2000:]}")
     facts = {"ready_s": time.perf_counter() - t}
     pid = json.loads((work / "artifacts" / "serve.json").read_text())["pid"]
-    facts["rss_ready_mib"] = _tree_rss(pid) / 2**20
+    facts["rss_ready_mib"] = tree_rss(pid) / 2**20
     peak = [facts["rss_ready_mib"]]
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.wait(0.5):
             try:
-                peak.append(_tree_rss(pid) / 2**20)
+                peak.append(tree_rss(pid) / 2**20)
             except Exception:
                 pass
 

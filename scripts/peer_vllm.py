@@ -50,17 +50,9 @@ def vllm_venv() -> Path:
 
 def tree_rss_mib(pid: int) -> float:
     """RSS of ``pid`` and all its descendants, MiB."""
-    import psutil
+    from pipeline.triton.process import tree_rss
 
-    p = psutil.Process(pid)
-    procs = [p, *p.children(recursive=True)]
-    total = 0
-    for q in procs:
-        try:
-            total += q.memory_info().rss
-        except psutil.Error:
-            pass
-    return total / 2**20
+    return tree_rss(pid) / 2**20
 
 
 def bench(args: list[str], out: Path) -> dict:

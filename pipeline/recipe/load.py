@@ -111,6 +111,31 @@ def parse_overrides(overrides: list[str] | None) -> list[tuple[str, str]]:
     return out
 
 
+def read_yaml_file(path: Path, what: str) -> tuple[str, Any]:
+    """(text, parsed data) of a recipe-like YAML file, parsed by the bounded loader (no anchors/aliases, no
+    duplicate keys, limited depth and size: :mod:`pipeline.recipe.yaml_bounded`).
+
+    Raises :class:`RecipeError` with one line ``FILE[:LINE]: what is wrong`` when the file is missing,
+    unreadable or not valid YAML (``what`` names the kind of file in the message, e.g. ``recipe``, ``tune``).
+    """
+    shown = str(path)
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise RecipeError(f"{shown}: no such {what} file") from None
+    except OSError as e:
+        raise RecipeError(f"{shown}: cannot read {what} ({e.strerror})") from None
+    try:
+        return text, load_bounded(text)
+    except BoundedYAMLError as e:
+        raise RecipeError(f"{shown}{f':{e.line}' if e.line else ''}: {e.message}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecipeError(f"{shown}{where}: not valid YAML ({problem})") from None
+
+
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Read, override and validate a recipe file.
 
@@ -127,21 +152,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """
     path = Path(path)
     shown = str(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise RecipeError(f"{shown}: no such recipe file") from None
-    except OSError as e:
-        raise RecipeError(f"{shown}: cannot read recipe ({e.strerror})") from None
-    try:
-        data = load_bounded(text)
-    except BoundedYAMLError as e:
-        raise RecipeError(f"{shown}{f':{e.line}' if e.line else ''}: {e.message}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise RecipeError(f"{shown}{where}: not valid YAML ({problem})") from None
+    text, data = read_yaml_file(path, "recipe")
     if data is None:
         data = {}
     if not isinstance(data, dict):

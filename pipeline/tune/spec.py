@@ -25,7 +25,6 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipeline.errors import RecipeError, UserError
@@ -34,8 +33,9 @@ from pipeline.recipe.load import (  # the recipe loader's own error helpers
     _describe,
     _line_for,
     _line_index,
+    read_yaml_file,
 )
-from pipeline.recipe.yaml_bounded import BoundedYAMLError, load_bounded
+from pipeline.recipe.yaml_bounded import load_bounded
 
 Mode = Literal["isolation", "stacked", "cumulative", "grid"]
 #: recipe-field stages a knob may not touch (they describe the measurement, not the deployment)
@@ -201,19 +201,7 @@ def load_tune(path: str | Path) -> Tune:
 
     path = Path(path)
     shown = str(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise RecipeError(f"{shown}: no such tune file") from None
-    except OSError as e:
-        raise RecipeError(f"{shown}: cannot read ({e.strerror})") from None
-    try:
-        data = load_bounded(text)
-    except BoundedYAMLError as e:
-        raise RecipeError(f"{shown}{f':{e.line}' if e.line else ''}: {e.message}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise RecipeError(f"{shown}{f':{mark.line + 1}' if mark else ''}: not valid YAML") from None
+    text, data = read_yaml_file(path, "tune")
     if not isinstance(data, dict):
         raise RecipeError(f"{shown}:1: a tune file is a mapping (recipe, knobs, mode, bench, objective, gate, repeats)")
     index = _line_index(text)
