@@ -141,8 +141,15 @@ def test_interrupted_run_leaves_nothing(tmp_path: Path, smollm2_dir) -> None:
             assert time.monotonic() < deadline, "the run never started writing"
             time.sleep(0.2)
         time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
+        # Ctrl-C until it stops, as a user would: one SIGINT can land inside a library's `except BaseException`
+        # (seen once in the parity tier, ModelOpt 0.37: the run swallowed it and finished with exit 0)
+        stop_by = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < stop_by:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
     finally:
         if proc.poll() is None:
             proc.kill()
