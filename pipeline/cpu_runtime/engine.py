@@ -121,7 +121,6 @@ class CpuEngine:
         # at 16), so the thread that loads is the thread that computes.
         self._built = threading.Event()
         self._build_error: BaseException | None = None
-        self._decoder_args = (self.engine_dir, slots, int(cfg["max_seq_len"]))
         self._cfg = cfg
         self.chunked = bool(cfg.get("enable_chunked_prefill", False) if enable_chunked_prefill is None else enable_chunked_prefill)
 
@@ -138,7 +137,8 @@ class CpuEngine:
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._counters = {"forward_passes": 0, "forward_s": 0.0, "step_s": 0.0, "tokens": 0}
         self._batch_hist: collections.Counter = collections.Counter()
-        self._thread = threading.Thread(target=self._loop, name="cpu-engine", daemon=True)
+        self._thread = threading.Thread(target=self._loop, args=(slots, int(cfg["max_seq_len"])), name="cpu-engine",
+                                        daemon=True)
         self._delivery = threading.Thread(target=self._deliver_loop, name="cpu-engine-deliver", daemon=True)
         self._thread.start()
         self._built.wait()
@@ -279,11 +279,10 @@ class CpuEngine:
         self.shutdown()
 
     # ------------------------------------------------------------------ scheduler thread
-    def _loop(self) -> None:
+    def _loop(self, slots: int, slot_len: int) -> None:
         try:
             torch.set_num_threads(self.threads)  # OpenMP's thread count is per thread
-            engine_dir, slots, slot_len = self._decoder_args
-            self.model = Decoder(engine_dir, slots=slots, slot_len=slot_len)
+            self.model = Decoder(self.engine_dir, slots=slots, slot_len=slot_len)
         except BaseException as e:  # reported by __init__ in the caller's thread
             self._build_error = e
             return
