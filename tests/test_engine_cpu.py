@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from pipeline.artifacts import sha256_file
+from pipeline.artifacts import file_hashes, sha256_file
 from pipeline.layout import BuildLayout
 from pipeline.stages.results import EngineResult, QuantizeResult
 from pipeline.cpu_runtime import dequant
@@ -185,6 +186,33 @@ def test_stage_reuses_and_rebuilds(fp8_engine: EngineResult, fp8_export: Quantiz
     b = cpu_stage.run(_recipe("build.max_batch_size=4"), BuildLayout(out.parent), quantized=fp8_export, dry_run=True)
     assert not b.cached and b.manifest["cache_key"] != a.manifest["cache_key"]
     assert not cpu_stage.run(_recipe("build.max_batch_size=4"), BuildLayout(out.parent), quantized=fp8_export, dry_run=True, force=True).cached
+
+
+def test_a_limits_only_rebuild_links_the_weights(fp8_engine: EngineResult, fp8_export: QuantizeResult, tmp_path: Path) -> None:
+    """A new max_batch_size rewrites engine_config.json and hard-links the weights; a file that lost its recorded
+    sha256, or --force, makes the builder dequantize again."""
+    layout = BuildLayout(tmp_path)
+    shutil.copytree(fp8_engine.path, layout.engine, copy_function=os.link)
+    weights = fp8_engine.path / "model.safetensors"
+    r = cpu_stage.run(_recipe("build.max_batch_size=8"), layout, quantized=fp8_export)
+    assert not r.cached and "link_weights" in r.manifest["timings_s"] and "dequantize" not in r.manifest["timings_s"]
+    assert (layout.engine / "model.safetensors").stat().st_ino == weights.stat().st_ino
+    assert json.loads((layout.engine / "engine_config.json").read_text())["max_batch_size"] == 8
+    assert r.manifest["files"] == file_hashes(layout.engine)
+    assert r.manifest["files"]["model.safetensors"] == fp8_engine.manifest["files"]["model.safetensors"]
+
+    tok = layout.engine / "tokenizer.json"
+    text = tok.read_text()
+    tok.unlink()  # a new inode: the fixture's file stays intact
+    tok.write_text(text + " ")
+    r2 = cpu_stage.run(_recipe("build.max_batch_size=4"), layout, quantized=fp8_export)
+    assert "dequantize" in r2.manifest["timings_s"] and "link_weights" not in r2.manifest["timings_s"]
+    assert (layout.engine / "model.safetensors").stat().st_ino != weights.stat().st_ino
+    assert r2.manifest["files"] == fp8_engine.manifest["files"] | {"engine_config.json": sha256_file(layout.engine / "engine_config.json")}
+
+    before = (layout.engine / "model.safetensors").stat().st_ino
+    r3 = cpu_stage.run(_recipe("build.max_batch_size=2"), layout, quantized=fp8_export, force=True)
+    assert "dequantize" in r3.manifest["timings_s"] and (layout.engine / "model.safetensors").stat().st_ino != before
 
 
 def test_stage_rejects_kv_pool_smaller_than_a_sequence(fp8_export: QuantizeResult, tmp_path: Path) -> None:

@@ -173,6 +173,9 @@ def test_real_sweep_skips_reuses_resumes_and_tracks(tmp_path):
     # an engine knob reuses the quantized checkpoint (content keys), rebuilds the engine and the repository
     assert base["stages"] == {"quantize": "built", "engine": "built", "triton_repo": "built"}
     assert mbs["stages"] == {"quantize": "reused", "engine": "built", "triton_repo": "built"}
+    # ... and that CPU engine keeps the base's weight file (one inode): a runtime knob costs no new 0.5 GiB copy
+    ino = {d["label"]: (out / "points" / d["id"] / "build" / "engine" / "model.safetensors").stat().st_ino for d in (base, mbs)}
+    assert ino["base"] == ino["build.max_batch_size=8"]
     for d in (base, mbs):
         assert len(d["repeats"]) == 2 and d["gate"]["verdict"].startswith("not needed")
         lp = d["repeats"][0]["load_points"]

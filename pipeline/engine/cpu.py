@@ -31,17 +31,21 @@ What the CPU engine honours from the recipe, and what it refuses (one line, at b
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import (
+    MANIFEST,
     atomic_dir,
     base_manifest,
     file_hashes,
     library_versions,
     peak_rss_bytes,
+    read_manifest,
+    sha256_file,
     sha256_tree,
     stable_hash,
     write_manifest,
@@ -56,7 +60,7 @@ from pipeline.stages.results import EngineResult, QuantizeResult
 STAGE = EngineResult.STAGE
 ENGINE_CONFIG = "engine_config.json"
 #: Bump when the engine directory layout or engine_config.json fields change.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 #: Files of hf_ckpt/ that are not copied: weights and quantization metadata are rewritten here.
 _SKIP = ("hf_quant_config.json", "config.json", "model.safetensors.index.json")
 #: The runtime that serves the engine directory (pipeline/cpu_runtime/engine.py RUNTIME).
@@ -157,12 +161,53 @@ def _cache_key(recipe: Recipe, quantized: QuantizeResult, dry_run: bool) -> str:
     )
 
 
+def _weights_key(quantized: QuantizeResult, dtype: str) -> str:
+    """What ``model.safetensors``, ``config.json`` and the tokenizer files depend on: the quantized checkpoint
+    (by its cache key), the weight dtype, this builder and the libraries that write them. The limits in
+    ``engine_config.json`` are not part of it."""
+    return stable_hash(
+        {
+            "builder_version": BUILDER_VERSION,
+            "quantize_cache_key": quantized.cache_key,
+            "dtype": dtype,
+            "versions": library_versions("torch", "transformers", "safetensors"),
+        }
+    )
+
+
+def _link_weights(old: Path, weights_key: str, tmp: Path) -> dict[str, str]:
+    """Hard-link the weight and tokenizer files of the engine already in ``old`` into ``tmp`` when it was built
+    (not a dry run) from the same weights (:func:`_weights_key`) and every file still has the sha256 its
+    manifest recorded. Returns ``{file name: sha256}`` of the linked files, ``{}`` when nothing was reusable
+    (then ``tmp`` is left as it was). Falls back to a copy across filesystems."""
+    m = read_manifest(old)
+    if not m or m.get("status") != "built" or (m.get("inputs") or {}).get("weights_key") != weights_key:
+        return {}
+    want = {name: sha for name, sha in (m.get("files") or {}).items() if name != ENGINE_CONFIG}
+    if "model.safetensors" not in want or any("/" in n for n in want):
+        return {}
+    for name, sha in want.items():
+        src = old / name
+        if not src.is_file() or sha256_file(src) != sha:
+            for n in want:
+                (tmp / n).unlink(missing_ok=True)
+            return {}
+        try:
+            os.link(src, tmp / name)
+        except OSError:
+            shutil.copy2(src, tmp / name)
+    return want
+
+
 def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force: bool = False, dry_run: bool = False) -> EngineResult:
     """Build the CPU engine directory ``layout.engine`` from ``quantized.hf_ckpt``.
 
     Reuses ``out_dir`` when its manifest's cache key (recipe ``build`` section, quantization
     format, the quantize manifest's cache key, torch/transformers versions) matches, unless
-    ``force``. ``dry_run`` writes ``engine_config.json`` and the manifest only (no weights).
+    ``force``. ``dry_run`` writes ``engine_config.json`` and the manifest only (no weights). When only
+    the limits changed (the engine already in ``out_dir`` was built from the same quantized checkpoint,
+    dtype and libraries) and ``force`` is not set, its weight and tokenizer files are hard-linked instead of
+    rewritten (a rebuild for a new max_batch_size takes about a second and no new disk).
 
     Raises:
         UserError: the recipe's limits do not fit the model (see :func:`engine_config`).
@@ -186,7 +231,14 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
     with atomic_dir(out_dir) as tmp:
         (tmp / ENGINE_CONFIG).write_text(json.dumps(ecfg, indent=2, sort_keys=True) + "\n")
         inputs: dict[str, Any] = {"quantize_cache_key": quantized.cache_key}
+        linked: dict[str, str] = {}
         if not dry_run:
+            inputs["weights_key"] = _weights_key(quantized, ecfg["dtype"])
+            t = time.perf_counter()
+            linked = {} if force else _link_weights(out_dir, inputs["weights_key"], tmp)  # only the limits changed
+            if linked:
+                timings["link_weights"] = time.perf_counter() - t
+        if not dry_run and not linked:
             from safetensors.torch import save_file
 
             t = time.perf_counter()
@@ -203,6 +255,7 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
                 if f.is_file() and f.suffix != ".safetensors" and f.name not in _SKIP:
                     shutil.copy2(f, tmp / f.name)
             timings["write"] = time.perf_counter() - t
+        if not dry_run:
             inputs["hf_ckpt_sha256"] = sha256_tree(hf_ckpt)
         timings["total"] = time.perf_counter() - t0
         manifest = base_manifest(
@@ -216,7 +269,7 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
             world_size=1,
             max_seq_len=ecfg["max_seq_len"],
             versions=library_versions("torch", "transformers", "safetensors", "nvidia-modelopt"),
-            files=file_hashes(tmp),
+            files={**file_hashes(tmp, exclude=(MANIFEST, *linked)), **linked},
             inputs=inputs,
             engine_config=ecfg,
             timings_s=timings,

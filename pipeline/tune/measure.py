@@ -67,9 +67,7 @@ def seed_build(build_dir: Path, recipe: Any, donors: list[Path]) -> list[str]:
     inputs into ``build_dir`` (when it lacks them). ``build.run`` then reuses them only if their content keys
     match (library versions included), so a wrong guess costs a rebuild, never a stale stage. Returns the
     seeded stages."""
-    import yaml
 
-    from pipeline.recipe import Recipe
 
     seeded = []
     for stage in STAGES[:2]:
@@ -81,11 +79,8 @@ def seed_build(build_dir: Path, recipe: Any, donors: list[Path]) -> list[str]:
             src = d / stage
             if d.resolve() == build_dir.resolve() or not (src / artifacts.MANIFEST).is_file() or not (d / "recipe.yaml").is_file():
                 continue
-            try:
-                other = Recipe.model_validate(yaml.safe_load((d / "recipe.yaml").read_text()))
-            except Exception:  # noqa: BLE001, S112 - an unreadable donor is simply not used
-                continue
-            if stage_inputs(other, stage) == mine:
+            other = _donor_recipe(d)
+            if other is not None and stage_inputs(other, stage) == mine:
                 tmp = build_dir / f".{stage}.seed-{os.getpid()}"
                 shutil.rmtree(tmp, ignore_errors=True)
                 build_dir.mkdir(parents=True, exist_ok=True)
@@ -94,8 +89,41 @@ def seed_build(build_dir: Path, recipe: Any, donors: list[Path]) -> list[str]:
                 seeded.append(stage)
                 break
         else:
+            if stage == STAGES[1] and STAGES[0] in seeded:
+                _seed_weights_donor(build_dir, recipe, donors)
             break  # a later stage cannot be reused without its upstream
     return seeded
+
+
+def _seed_weights_donor(build_dir: Path, recipe: Any, donors: list[Path]) -> None:
+    """The engine's inputs differ from every donor's but the quantized checkpoint was seeded: hard-link the engine
+    of a donor with the same quantize inputs into place anyway. Its content key will not match, so the engine
+    stage rebuilds; the CPU builder keeps that engine's weight files when they come from the same checkpoint
+    (pipeline.engine.cpu), so a runtime knob costs no new copy of the weights."""
+    mine = stage_inputs(recipe, STAGES[0])
+    for d in donors:
+        src = d / STAGES[1]
+        if d.resolve() == build_dir.resolve() or not (src / artifacts.MANIFEST).is_file():
+            continue
+        seed = _donor_recipe(d)
+        if seed is not None and stage_inputs(seed, STAGES[0]) == mine:
+            tmp = build_dir / f".{STAGES[1]}.seed-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(src, tmp, copy_function=os.link)
+            tmp.rename(build_dir / STAGES[1])
+            return
+
+
+def _donor_recipe(d: Path) -> Any:
+    """The recipe a donor build was made from, or ``None`` when it is unreadable (that donor is then not used)."""
+    import yaml
+
+    from pipeline.recipe import Recipe
+
+    try:
+        return Recipe.model_validate(yaml.safe_load((d / "recipe.yaml").read_text()))
+    except Exception:  # noqa: BLE001 - an unreadable donor is simply not used
+        return None
 
 
 def donors(out: Path) -> list[Path]:
