@@ -6,10 +6,12 @@ Prints in one run, per concurrency: the raw engine's output tokens/s, TTFT and I
 OSL tokens via ``min_tokens``), the same load through Triton (``trtpipe serve --detach`` then
 ``trtpipe bench`` on the build's ``ensemble``), their ratio, and the roofline: output tokens/s if
 every step only streamed the fp32 weights plus the batch's K/V from memory at the machine's
-measured read bandwidth (prefill not counted). Also: serve-ready time and the deployment's RSS
-(server + every stub) at ready and at peak.
+measured read bandwidth (prefill not counted). Also: serve-ready time, the deployment's RSS
+(server + every stub) at ready and at peak, the CPU seconds of the server and of each python stub over the
+served bench, and the cores each process (server, stubs, the bench client) kept busy in the steady state of
+the last concurrency: on a 2-core host what the others take, the engine's two OpenMP threads lose about twice.
 
-    .venv/bin/python scripts/bench_cpu.py [BUILD_DIR] [--concurrency 1,4,16] [--waves 2] [--skip-triton]
+    .venv/bin/python scripts/bench_cpu.py [BUILD_DIR] [--concurrency 1,4,16] [--waves 2] [--skip-triton] [--side-load 0.2]
 
 BUILD_DIR defaults to artifacts/smollm2_135m_cpu_fp8 (``trtpipe build recipes/smollm2_135m_cpu_fp8.yaml``).
 Run it on a quiet machine: both measurements use every core.
@@ -27,6 +29,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -108,6 +113,34 @@ def raw_engine(engine_dir: Path, concurrency: list[int], waves: int) -> dict[int
     return out
 
 
+#: A process that keeps ``duty`` of one core busy in bursts of ``duty × 2 ms`` every 2 ms (``--side-load``).
+_SIDE_LOAD = """import sys, time
+duty, period = float(sys.argv[1]), 0.002
+while True:
+    t = time.perf_counter()
+    while time.perf_counter() - t < duty * period:
+        pass
+    time.sleep(period * (1 - duty))
+"""
+
+
+def tree_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the server process and each python-backend stub, by role
+    (``tritonserver`` or the stub's model name, read from its model.py path)."""
+    import psutil
+
+    out: dict[str, float] = {}
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            cmd, t = proc.cmdline(), proc.cpu_times()
+        except psutil.Error:
+            continue
+        role = next((Path(a).parent.parent.name for a in cmd if a.endswith("model.py")), proc.name())
+        out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
+
+
 def served(build: Path, concurrency: list[int], waves: int) -> tuple[dict[int, dict], dict]:
     """``trtpipe serve --detach`` + ``trtpipe bench`` on the build; ({conc: metrics}, deployment facts)."""
     from pipeline.triton.process import pick_free_port as free_port
@@ -127,24 +160,56 @@ def served(build: Path, concurrency: list[int], waves: int) -> tuple[dict[int, d
     facts["rss_ready_mib"] = tree_rss(pid) / 2**20
     peak = [facts["rss_ready_mib"]]
     stop = threading.Event()
+    client: list[Any] = []  # the bench process, once started
+    cpu_log: list[tuple[float, dict[str, float]]] = []  # (time, CPU seconds so far by role) every 0.5 s
+
+    def cpu_now() -> dict[str, float]:
+        now = tree_cpu_s(pid)
+        if client:
+            try:
+                t = psutil.Process(client[0].pid).cpu_times()
+                now["bench client"] = t.user + t.system
+            except psutil.Error:
+                pass
+        return now
 
     def sample() -> None:
         while not stop.wait(0.5):
             try:
                 peak.append(tree_rss(pid) / 2**20)
+                cpu_log.append((time.perf_counter(), cpu_now()))
             except Exception:
                 pass
 
     threading.Thread(target=sample, daemon=True).start()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            res = subprocess.run(
+            cpu0, t_bench = tree_cpu_s(pid), time.perf_counter()
+            proc = subprocess.Popen(
                 [trtpipe, "bench", "--url", f"127.0.0.1:{ports[1]}", "--isl", str(ISL), "--osl", str(OSL),
                  "--concurrency", ",".join(map(str, concurrency)), "--out", f"{tmp}/run"],
-                cwd=work, capture_output=True, text=True, env=env)
-            if res.returncode != 0:
-                raise RuntimeError(f"trtpipe bench failed: {res.stdout[-3000:]}{res.stderr[-2000:]}")
+                cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            client.append(proc)
+            stdout, stderr = proc.communicate()
+            if proc.returncode != 0:
+                raise RuntimeError(f"trtpipe bench failed: {stdout[-3000:]}{stderr[-2000:]}")
             doc = json.loads(Path(f"{tmp}/run/bench.json").read_text())
+            wall = time.perf_counter() - t_bench
+            stop.set()
+            cpu1 = tree_cpu_s(pid)
+            facts["cpu_s"] = {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items()}
+            facts["bench_wall_s"] = wall
+            # the last concurrency is the longest point and runs last: its steady state is the run's last third (the
+            # client's start-up is long over), up to 1 s before the engine stopped working (after it the client
+            # re-tokenizes and writes its exports)
+            busy = [t1 for (t0, a), (t1, b) in zip(cpu_log, cpu_log[1:])
+                    if (b.get("tensorrt_llm", 0.0) - a.get("tensorrt_llm", 0.0)) / (t1 - t0) >= 1.0]
+            lo, hi = t_bench + wall * 2 / 3, (max(busy) if busy else t_bench + wall) - 1.0
+            window = [(t, c) for t, c in cpu_log if lo <= t <= hi]
+            if len(window) >= 2:
+                (ta, a), (tb, b) = window[0], window[-1]
+                facts["steady_cores"] = {k: (v - a.get(k, 0.0)) / (tb - ta) for k, v in b.items()}
+                facts["steady_s"] = tb - ta
     finally:
         stop.set()
         subprocess.run([trtpipe, "serve", "--stop"], cwd=work, capture_output=True, env=env)
@@ -167,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--waves", type=int, default=2, help="requests per load point = waves × concurrency (default 2)")
     ap.add_argument("--skip-triton", action="store_true", help="raw engine and roofline only")
+    ap.add_argument("--side-load", type=float, metavar="CORES",
+                    help="also run the raw engine at the highest concurrency 3 times alone and 3 times beside a process "
+                         "keeping CORES (e.g. 0.2) of one core busy in 2 ms bursts, interleaved: what the server, stubs "
+                         "and client take from the served engine, without them")
     args = ap.parse_args(argv)
     build = Path(args.build).resolve()
     conc = [int(c) for c in args.concurrency.split(",")]
@@ -174,6 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     # the raw engine first: once this process has allocated and freed a large tensor (the bandwidth probe), the
     # engine's steps in it run ~1.8 × slower (measured: 377 → 212 tok/s at 16 after a freed 1 GiB tensor)
     raw = raw_engine(engine_dir, conc, args.waves)
+    side: dict[str, list[float]] = {"alone": [], "side load": []}
+    if args.side_load:  # A B B A A B at the highest concurrency: this host's speed drifts over minutes
+        for kind in ("alone", "side load", "side load", "alone", "alone", "side load"):
+            burner = subprocess.Popen([sys.executable, "-c", _SIDE_LOAD, str(args.side_load)]) if kind != "alone" else None
+            try:
+                side[kind].append(raw_engine(engine_dir, conc[-1:], args.waves)[conc[-1]]["tok_s"])
+            finally:
+                if burner is not None:
+                    burner.kill()
     srv, facts = ({}, {}) if args.skip_triton else served(build, conc, args.waves)
     bw = read_bandwidth_gbs()
     print(f"\nISL/OSL {ISL}/{OSL}, every request exactly {OSL} tokens; memory read bandwidth {bw:.0f} GB/s")
@@ -187,9 +265,21 @@ def main(argv: list[str] | None = None) -> int:
         else:
             line += f"{'-':>12} {'-':>8} {'-':>7} {'-':>5} | {'-':>10} | "
         print(line + f"{roofline(engine_dir, c, bw):>14.0f}")
+    if side["alone"]:
+        a, b = statistics.mean(side["alone"]), statistics.mean(side["side load"])
+        print(f"raw engine at c={conc[-1]}, 3 runs each, interleaved: alone {a:.1f} tok/s "
+              f"({', '.join(f'{x:.0f}' for x in side['alone'])}), beside a {args.side_load:g}-core side load {b:.1f} tok/s "
+              f"({', '.join(f'{x:.0f}' for x in side['side load'])}): {b / a:.2f} ×")
     if facts:
         print(f"serve ready in {facts['ready_s']:.1f} s; deployment RSS {facts['rss_ready_mib']:.0f} MiB at ready, "
               f"{facts['rss_peak_mib']:.0f} MiB peak under load")
+        cores = len(os.sched_getaffinity(0))
+        print(f"server-side CPU during the served bench ({facts['bench_wall_s']:.0f} s wall × {cores} cores = "
+              f"{facts['bench_wall_s'] * cores:.0f} core-s): " + ", ".join(
+                  f"{k} {v:.1f} s" for k, v in sorted(facts["cpu_s"].items(), key=lambda kv: -kv[1])))
+        if "steady_cores" in facts:
+            print(f"steady state at c={conc[-1]} ({facts['steady_s']:.0f} s), cores in use by process: " + ", ".join(
+                f"{k} {v:.3f}" for k, v in sorted(facts["steady_cores"].items(), key=lambda kv: -kv[1]) if v >= 0.0005))
     return 0
 
 

@@ -2,7 +2,7 @@
 """Cross-check ``trtpipe bench`` against GenAI-Perf's measurement engine on the same deployment and load.
 
     scripts/peer_check.py                       # build (reused) + serve the CPU default, ISL/OSL 100/200, c = 1,4,16
-    scripts/peer_check.py --url localhost:8001 --isl 100 --osl 200 --concurrency 1,4,16 --waves 2
+    scripts/peer_check.py --url localhost:8001 --isl 100 --osl 200 --concurrency 1,4,16 --waves 2 --repeats 4
 
 For each concurrency both tools send the SAME prompts (exact-ISL texts from :func:`pipeline.bench.prompts.text_prompts`)
 to the ``ensemble`` over Triton gRPC with the same exact-OSL inputs (``max_tokens = min_tokens = OSL``,
@@ -17,8 +17,10 @@ to the ``ensemble`` over Triton gRPC with the same exact-OSL inputs (``max_token
   ITL = (request latency − TTFT) / (output tokens − 1); output tok/s = Σ output tokens / (last response − first
   request start); output tokens by re-tokenizing each request's text (how GenAI-Perf counts).
 
-Prints, per concurrency, both tools' TTFT avg, ITL avg and output tok/s and the difference (GenAI-Perf − trtpipe) in %,
-and writes ``peer_check.json`` into ``--out``. Needs Debian's ``libb64-0d`` (``apt-get install libb64-0d``) and a
+Each tool runs ``--repeats`` times per concurrency in A B B A … order (a machine whose speed drifts over minutes
+hits both alike; on this shared 2-core host two runs of the same tool differ by up to ~7 %). Prints, per concurrency,
+both tools' means of TTFT avg, ITL avg and output tok/s, the difference (GenAI-Perf − trtpipe) in % and each tool's
+run-to-run range, and writes ``peer_check.json`` (every run) into ``--out``. Needs Debian's ``libb64-0d`` (``apt-get install libb64-0d``) and a
 ``libcudart.so.12`` (the copy in ``nvidia_pytriton.libs`` is linked into ``<out>/libs``).
 """
 
@@ -133,6 +135,12 @@ def trtpipe_metrics(run_dir: Path) -> dict:
             "osl_min": m["output_sequence_length"]["min"], "osl_max": m["output_sequence_length"]["max"]}
 
 
+def mean_metrics(runs: list[dict]) -> dict:
+    """The mean of every numeric metric over repeated runs (min/max for the OSL bounds)."""
+    out = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0] if k not in ("osl_min", "osl_max")}
+    return out | {"osl_min": min(r["osl_min"] for r in runs), "osl_max": max(r["osl_max"] for r in runs), "runs": len(runs)}
+
+
 def serve_default(out: Path):
     """Build (reused from the cache) and serve the CPU default; returns the serve handle (a context manager)."""
     build = out / "build"
@@ -153,6 +161,7 @@ def main() -> None:
     ap.add_argument("--osl", type=int, default=200)
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--waves", type=int, default=2, help="measured requests = waves × concurrency (at least 4)")
+    ap.add_argument("--repeats", type=int, default=2, help="runs per tool and concurrency, in A B B A order; means are compared")
     ap.add_argument("--out", type=Path, default=REPO / "artifacts" / "peer_check")
     a = ap.parse_args()
     out = a.out.resolve()
@@ -175,23 +184,29 @@ def main() -> None:
             # trtpipe bench: the same texts as a dataset, c warmup requests, n measured
             ds = out / f"prompts_c{c}.jsonl"
             ds.write_text("".join(json.dumps({"text": t}) + "\n" for t in prompts))
-            run_dir = out / f"trtpipe_c{c}"
-            shutil.rmtree(run_dir, ignore_errors=True)
-            t0 = time.time()
-            p = subprocess.run([*TRTPIPE, "bench", "--url", url, "--model", "ensemble", "--tokenizer", str(tok_dir),
-                                "--dataset", str(ds), "--scenario", f"{a.isl}:{a.osl}", "--concurrency", str(c),
-                                "--num-requests", str(n), "--warmup", str(c), "--out", str(run_dir)],
-                               cwd=REPO, capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
-            if p.returncode != 0:
-                sys.exit(f"trtpipe bench c={c} failed: {p.stderr[-2000:]}")
-            ours = trtpipe_metrics(run_dir) | {"wall_s": time.time() - t0}
-            # perf_analyzer: warmup run (c requests, discarded), then n measured
             data = input_data(prompts, a.osl, out / f"pa_inputs_c{c}.json")
-            t0 = time.time()
-            run_perf_analyzer(pa, libs, url, data, c, c, out / f"pa_warmup_c{c}.json", need_export=False)
-            run_perf_analyzer(pa, libs, url, data, c, n, out / f"pa_c{c}.json")
-            peer = genai_perf_metrics(out / f"pa_c{c}.json", tok) | {"wall_s": time.time() - t0}
-            rows.append({"concurrency": c, "requests": n, "trtpipe": ours, "genai_perf": peer})
+            runs: dict[str, list[dict]] = {"trtpipe": [], "genai_perf": []}
+            for rep in range(a.repeats):  # A B B A …: a drift of the machine over the runs hits both tools alike
+                for tool in (("trtpipe", "genai_perf") if rep % 2 == 0 else ("genai_perf", "trtpipe")):
+                    t0 = time.time()
+                    if tool == "trtpipe":
+                        run_dir = out / f"trtpipe_c{c}_r{rep}"
+                        shutil.rmtree(run_dir, ignore_errors=True)
+                        p = subprocess.run([*TRTPIPE, "bench", "--url", url, "--model", "ensemble", "--tokenizer", str(tok_dir),
+                                            "--dataset", str(ds), "--scenario", f"{a.isl}:{a.osl}", "--concurrency", str(c),
+                                            "--num-requests", str(n), "--warmup", str(c), "--out", str(run_dir)],
+                                           cwd=REPO, capture_output=True, text=True, check=False,
+                                           env={**os.environ, "PYTHONPATH": str(REPO)})
+                        if p.returncode != 0:
+                            sys.exit(f"trtpipe bench c={c} failed: {p.stderr[-2000:]}")
+                        m = trtpipe_metrics(run_dir)
+                    else:  # perf_analyzer: a warmup run (c requests, discarded), then n measured
+                        run_perf_analyzer(pa, libs, url, data, c, c, out / f"pa_warmup_c{c}.json", need_export=False)
+                        run_perf_analyzer(pa, libs, url, data, c, n, out / f"pa_c{c}_r{rep}.json")
+                        m = genai_perf_metrics(out / f"pa_c{c}_r{rep}.json", tok)
+                    runs[tool].append(m | {"wall_s": time.time() - t0})
+            ours, peer = mean_metrics(runs["trtpipe"]), mean_metrics(runs["genai_perf"])
+            rows.append({"concurrency": c, "requests": n, "trtpipe": ours, "genai_perf": peer, "runs": runs})
             print(f"c={c}: trtpipe {ours}\n     genai-perf {peer}", flush=True)
         return rows
 
@@ -200,14 +215,17 @@ def main() -> None:
     else:
         with serve_default(out) as handle:
             rows = measure(handle.grpc_url)
-    doc = {"isl": a.isl, "osl": a.osl, "waves": a.waves, "machine": f"{os.cpu_count()} CPUs", "rows": rows}
+    doc = {"isl": a.isl, "osl": a.osl, "waves": a.waves, "repeats": a.repeats, "machine": f"{os.cpu_count()} CPUs", "rows": rows}
     (out / "peer_check.json").write_text(json.dumps(doc, indent=2))
-    print(f"\nISL/OSL {a.isl}/{a.osl}, ensemble over gRPC; diff = (GenAI-Perf − trtpipe) / trtpipe")
-    print(f"{'c':>3} {'metric':<14} {'trtpipe':>10} {'GenAI-Perf':>11} {'diff':>8}")
+    print(f"\nISL/OSL {a.isl}/{a.osl}, ensemble over gRPC, means of {a.repeats} runs per tool (A B B A); "
+          "diff = (GenAI-Perf − trtpipe) / trtpipe")
+    print(f"{'c':>3} {'metric':<14} {'trtpipe':>10} {'GenAI-Perf':>11} {'diff':>8} {'trtpipe runs':>14} {'GenAI-Perf runs':>16}")
     for r in rows:
         for key, name in (("output_tok_s", "output tok/s"), ("ttft_ms", "TTFT avg ms"), ("itl_ms", "ITL avg ms")):
             x, y = r["trtpipe"][key], r["genai_perf"][key]
-            print(f"{r['concurrency']:>3} {name:<14} {x:>10.2f} {y:>11.2f} {100 * (y - x) / x:>+7.1f}%")
+            spread = {t: f"{min(v[key] for v in r['runs'][t]):.1f}–{max(v[key] for v in r['runs'][t]):.1f}" for t in r["runs"]}
+            print(f"{r['concurrency']:>3} {name:<14} {x:>10.2f} {y:>11.2f} {100 * (y - x) / x:>+7.1f}% "
+                  f"{spread['trtpipe']:>14} {spread['genai_perf']:>16}")
     print(f"results: {out / 'peer_check.json'}")
 
 

@@ -264,6 +264,13 @@ class TritonPythonModel:
                     self._cancel(job, "request cancelled by the client")
 
     def finalize(self):
+        st = self.engine.stats()
+        if st["forward_passes"]:
+            n = st["forward_passes"]
+            pb_utils.Logger.log_info(
+                f"tensorrt_llm (CPU): {n} steps, {st['tokens']} tokens generated, mean step {1e3 * st['step_s'] / n:.1f} ms "
+                f"(forward {1e3 * st['forward_s'] / n:.1f} ms), mean tokens per step {sum(k * v for k, v in st['batch_sizes'].items()) / n:.1f}"
+            )
         self.closing.set()
         self.engine.shutdown()  # in-flight jobs get on_error → final error response
         self.watcher.join(timeout=5)
