@@ -326,7 +326,8 @@ def test_cli_status_handles_stale_state_file(tmp_path):
 @pytest.mark.triton
 def test_cli_detach_status_stop_round_trip(tmp_path):
     p = _ports()
-    args = ["--http-port", str(p["http_port"]), "--grpc-port", str(p["grpc_port"]), "--metrics-port", str(p["metrics_port"])]
+    args = ["--http-port", str(p["http_port"]), "--grpc-port", str(p["grpc_port"]), "--metrics-port", str(p["metrics_port"]),
+            "--log-file", str(tmp_path / "serve.log")]  # not next to the shared test repository
     r = subprocess.run([TRTPIPE, "serve", str(ECHO_REPO), "--detach", "--timeout", "60", *args],
                        cwd=tmp_path, capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -353,7 +354,7 @@ def test_cli_detach_status_stop_round_trip(tmp_path):
 def test_cli_foreground_stops_cleanly_on_signal(tmp_path, sig):
     p = _ports()
     cmd = [TRTPIPE, "serve", str(ECHO_REPO), "--http-port", str(p["http_port"]), "--grpc-port", str(p["grpc_port"]),
-           "--metrics-port", str(p["metrics_port"])]
+           "--metrics-port", str(p["metrics_port"]), "--log-file", str(tmp_path / "serve.log")]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = []
