@@ -127,8 +127,6 @@ while True:
 def tree_cpu_s(pid: int) -> dict[str, float]:
     """CPU seconds (user + system) so far of the server process and each python-backend stub, by role
     (``tritonserver`` or the stub's model name, read from its model.py path)."""
-    import psutil
-
     out: dict[str, float] = {}
     root = psutil.Process(pid)
     for proc in [root, *root.children(recursive=True)]:

@@ -60,7 +60,7 @@ from pipeline.stages.results import EngineResult, QuantizeResult
 STAGE = EngineResult.STAGE
 ENGINE_CONFIG = "engine_config.json"
 #: Bump when the engine directory layout or engine_config.json fields change.
-BUILDER_VERSION = 3
+BUILDER_VERSION = 4
 #: Files of hf_ckpt/ that are not copied: weights and quantization metadata are rewritten here.
 _SKIP = ("hf_quant_config.json", "config.json", "model.safetensors.index.json")
 #: The runtime that serves the engine directory (pipeline/cpu_runtime/engine.py RUNTIME).
@@ -161,14 +161,14 @@ def _cache_key(recipe: Recipe, quantized: QuantizeResult, dry_run: bool) -> str:
     )
 
 
-def _weights_key(quantized: QuantizeResult, dtype: str) -> str:
+def _weights_key(hf_ckpt_sha256: str, dtype: str) -> str:
     """What ``model.safetensors``, ``config.json`` and the tokenizer files depend on: the quantized checkpoint
-    (by its cache key), the weight dtype, this builder and the libraries that write them. The limits in
-    ``engine_config.json`` are not part of it."""
+    (by its content, :func:`pipeline.artifacts.sha256_tree`), the weight dtype, this builder and the libraries
+    that write them. The limits in ``engine_config.json`` are not part of it."""
     return stable_hash(
         {
             "builder_version": BUILDER_VERSION,
-            "quantize_cache_key": quantized.cache_key,
+            "hf_ckpt_sha256": hf_ckpt_sha256,
             "dtype": dtype,
             "versions": library_versions("torch", "transformers", "safetensors"),
         }
@@ -233,7 +233,8 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
         inputs: dict[str, Any] = {"quantize_cache_key": quantized.cache_key}
         linked: dict[str, str] = {}
         if not dry_run:
-            inputs["weights_key"] = _weights_key(quantized, ecfg["dtype"])
+            inputs["hf_ckpt_sha256"] = sha256_tree(hf_ckpt)
+            inputs["weights_key"] = _weights_key(inputs["hf_ckpt_sha256"], ecfg["dtype"])
             t = time.perf_counter()
             linked = {} if force else _link_weights(out_dir, inputs["weights_key"], tmp)  # only the limits changed
             if linked:
@@ -255,8 +256,6 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
                 if f.is_file() and f.suffix != ".safetensors" and f.name not in _SKIP:
                     shutil.copy2(f, tmp / f.name)
             timings["write"] = time.perf_counter() - t
-        if not dry_run:
-            inputs["hf_ckpt_sha256"] = sha256_tree(hf_ckpt)
         timings["total"] = time.perf_counter() - t0
         manifest = base_manifest(
             STAGE,

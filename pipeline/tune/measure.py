@@ -66,52 +66,48 @@ def seed_build(build_dir: Path, recipe: Any, donors: list[Path]) -> list[str]:
     """Hard-link the quantize and engine stage directories of a donor build whose recipe feeds them the same
     inputs into ``build_dir`` (when it lacks them). ``build.run`` then reuses them only if their content keys
     match (library versions included), so a wrong guess costs a rebuild, never a stale stage. Returns the
-    seeded stages."""
+    seeded stages.
 
-
+    When the quantized checkpoint was seeded but no donor's engine inputs match, the engine of a donor with the
+    same quantize inputs is linked in anyway (not reported as seeded): its content key will not match, so the
+    engine stage rebuilds, and the CPU builder keeps that engine's weight files when they come from the same
+    checkpoint (pipeline.engine.cpu), so a runtime knob costs no new copy of the weights."""
     seeded = []
     for stage in STAGES[:2]:
-        target = build_dir / stage
-        if target.exists():
+        if (build_dir / stage).exists():
             continue
-        mine = stage_inputs(recipe, stage)
-        for d in donors:
-            src = d / stage
-            if d.resolve() == build_dir.resolve() or not (src / artifacts.MANIFEST).is_file() or not (d / "recipe.yaml").is_file():
-                continue
-            other = _donor_recipe(d)
-            if other is not None and stage_inputs(other, stage) == mine:
-                tmp = build_dir / f".{stage}.seed-{os.getpid()}"
-                shutil.rmtree(tmp, ignore_errors=True)
-                build_dir.mkdir(parents=True, exist_ok=True)
-                shutil.copytree(src, tmp, copy_function=os.link)
-                tmp.rename(target)
-                seeded.append(stage)
-                break
-        else:
-            if stage == STAGES[1] and STAGES[0] in seeded:
-                _seed_weights_donor(build_dir, recipe, donors)
-            break  # a later stage cannot be reused without its upstream
+        d = _donor(build_dir, donors, stage, match=stage, inputs=stage_inputs(recipe, stage))
+        if d is not None:
+            _link_in(d / stage, build_dir / stage)
+            seeded.append(stage)
+            continue
+        if stage == STAGES[1] and STAGES[0] in seeded:
+            d = _donor(build_dir, donors, stage, match=STAGES[0], inputs=stage_inputs(recipe, STAGES[0]))
+            if d is not None:
+                _link_in(d / stage, build_dir / stage)
+        break  # a later stage cannot be reused without its upstream
     return seeded
 
 
-def _seed_weights_donor(build_dir: Path, recipe: Any, donors: list[Path]) -> None:
-    """The engine's inputs differ from every donor's but the quantized checkpoint was seeded: hard-link the engine
-    of a donor with the same quantize inputs into place anyway. Its content key will not match, so the engine
-    stage rebuilds; the CPU builder keeps that engine's weight files when they come from the same checkpoint
-    (pipeline.engine.cpu), so a runtime knob costs no new copy of the weights."""
-    mine = stage_inputs(recipe, STAGES[0])
+def _donor(build_dir: Path, donors: list[Path], stage: str, *, match: str, inputs: Any) -> Path | None:
+    """The first donor (other than ``build_dir``) with a finished ``stage`` directory whose recipe feeds the
+    ``match`` stage ``inputs``; ``None`` when there is none."""
     for d in donors:
-        src = d / STAGES[1]
-        if d.resolve() == build_dir.resolve() or not (src / artifacts.MANIFEST).is_file():
+        if d.resolve() == build_dir.resolve() or not (d / stage / artifacts.MANIFEST).is_file():
             continue
-        seed = _donor_recipe(d)
-        if seed is not None and stage_inputs(seed, STAGES[0]) == mine:
-            tmp = build_dir / f".{STAGES[1]}.seed-{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(src, tmp, copy_function=os.link)
-            tmp.rename(build_dir / STAGES[1])
-            return
+        other = _donor_recipe(d)
+        if other is not None and stage_inputs(other, match) == inputs:
+            return d
+    return None
+
+
+def _link_in(src: Path, target: Path) -> None:
+    """Hard-link the directory ``src`` to ``target`` (through a temp dir next to it, renamed into place)."""
+    tmp = target.parent / f".{target.name}.seed-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, tmp, copy_function=os.link)
+    tmp.rename(target)
 
 
 def _donor_recipe(d: Path) -> Any:
