@@ -71,8 +71,7 @@ def cudart_dir(out: Path) -> Path:
 
 def input_data(prompts: list[str], osl: int, path: Path) -> Path:
     """perf_analyzer ``--input-data`` JSON: one entry per prompt, the ensemble inputs trtpipe sends (perf_analyzer
-    cannot set a per-request id; trtpipe sends one, which the GPU ensemble's postprocessing keys its streamed text on;
-    the CPU ensemble detokenizes per request inside tensorrt_llm and needs none)."""
+    cannot set a per-request id; trtpipe sends one, which the ensemble's postprocessing keys its streamed text on)."""
     data = [{"text_input": [p], "max_tokens": [osl], "min_tokens": [osl], "end_id": [-1], "stream": [True],
              "exclude_input_in_output": [True], "return_num_output_tokens": [True]} for p in prompts]
     path.write_text(json.dumps({"data": data}))

@@ -94,9 +94,7 @@ def built(request, tmp_path):
 @ALL_KINDS
 def test_every_config_parses_and_has_no_placeholder(built):
     kind, recipe, res, _ = built
-    expected = {"pytorch": ["tensorrt_llm"],
-                "cpu": ["ensemble", "preprocessing", "tensorrt_llm", "tensorrt_llm_bls"],  # the text comes from tensorrt_llm
-                "tensorrt": ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm", "tensorrt_llm_bls"]}[kind]
+    expected = ["tensorrt_llm"] if kind == "pytorch" else ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm", "tensorrt_llm_bls"]
     assert res.manifest["models"] == expected and res.manifest["engine_kind"] == kind
     for name in expected:
         text = (res.path / name / "config.pbtxt").read_text()
@@ -135,12 +133,6 @@ def test_tensor_names_and_types_match_reference(built):
         "input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN", "request_output_len": "_REQUEST_OUTPUT_LEN",
         "streaming": "stream", "min_tokens": "min_tokens", "end_id": "_PREPROCESSOR_END_ID", "runtime_top_k": "top_k",
     }.items() <= dict(steps["tensorrt_llm"].input_map).items()
-    if kind == "cpu":  # the CPU model detokenizes per request: the text comes from tensorrt_llm, no postprocessing step
-        assert list(steps) == ["preprocessing", "tensorrt_llm"]
-        assert dict(steps["tensorrt_llm"].output_map)["text_output"] == "text_output"
-        assert tensors(trt.output)["text_output"] == ("TYPE_STRING", [-1])
-        return
-    assert "text_output" not in tensors(trt.output)
     assert dict(steps["tensorrt_llm"].output_map)["output_ids"] == "_TOKENS_BATCH"
     assert dict(steps["postprocessing"].output_map) == {"OUTPUT": "text_output"}
     # every tensor postprocessing gets originates from tensorrt_llm (Triton rule for decoupled steps)
@@ -175,15 +167,10 @@ def test_parameters_come_from_the_recipe(built):
     assert params(pre) == {"tokenizer_dir": "../preprocessing/tokenizer", "add_special_tokens": "true"}
     assert (res.path / "preprocessing" / "tokenizer" / "tokenizer.json").is_file()
     assert pre.instance_group[0].count == recipe.serving.preprocessing_instance_count
-    if kind == "tensorrt":
-        assert model_config.load_model_config(res.path / "postprocessing").instance_group[0].count == 1
-    else:
-        assert not (res.path / "postprocessing").exists()
-        assert p["tokenizer_dir"] == "../preprocessing/tokenizer" and p["skip_special_tokens"] == "true"
+    assert model_config.load_model_config(res.path / "postprocessing").instance_group[0].count == 1
     bls = params(model_config.load_model_config(res.path / "tensorrt_llm_bls"))
     assert bls["accumulate_tokens"] == "true" and bls["tensorrt_llm_model_name"] == "tensorrt_llm"
-    for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls") if kind == "tensorrt" else (
-            "preprocessing", "tensorrt_llm", "tensorrt_llm_bls"):
+    for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
         assert {"model.py", "_common.py", "detokenize.py", "tokenizer.py"} <= {p.name for p in (res.path / model / "1").iterdir()}
 
 

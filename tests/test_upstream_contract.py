@@ -123,22 +123,3 @@ def test_only_the_release_matrix_spells_container_tags_and_tensorrt_versions():
     assert offenders == []
     from pipeline.release import default_release
     assert default_release().image.endswith(":26.04-trtllm-python-py3") and default_release().tensorrt_llm == "1.2.1"
-
-
-def test_the_cpu_repository_adds_only_its_named_extension(tmp_path: Path):
-    """The CPU layout keeps the upstream tensors; its one addition (tensorrt_llm's text_output) is accepted for
-    the CPU model only, with exactly its declared type."""
-    from tritonclient.grpc import model_config_pb2
-
-    recipe_path = REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"
-    res = run_build(load_recipe(recipe_path), tmp_path / "b", recipe_dir=recipe_path.parent, dry_run=True,
-                    warn=lambda m: None)
-    configs = upstream.load_repository(res.layout.triton_repo)
-    assert upstream.repository_problems(configs, "cpu") == []
-    assert "text_output" in {o.name for o in configs["tensorrt_llm"].output}
-    # the same tensor on the C++ backend's model is not upstream's
-    assert any(p.startswith("tensorrt_llm: output 'text_output' does not exist in upstream tensorrt_llm")
-               for p in upstream.repository_problems(configs, "cpp"))
-    next(o for o in configs["tensorrt_llm"].output if o.name == "text_output").data_type = model_config_pb2.TYPE_INT32
-    assert upstream.repository_problems(configs, "cpu") == [
-        "tensorrt_llm: output 'text_output' (trtpipe's CPU extension) must be TYPE_STRING dims [-1]"]

@@ -63,11 +63,6 @@ class IncrementalDetokenizer:
         self._held.clear()
         return piece
 
-    @property
-    def pending(self) -> bool:
-        """Whether ids were added whose text is still held back (:meth:`flush` would return it)."""
-        return bool(self._held)
-
     def flush(self) -> str:
         """Return whatever is still held back (possibly ending in U+FFFD) and mark it emitted."""
         if not self._held:

@@ -253,10 +253,9 @@ def build_request(
 
 
 def with_request_id(request: service_pb2.ModelInferRequest, request_id: str) -> service_pb2.ModelInferRequest:
-    """A copy of a prebuilt ``request`` carrying ``request_id``: the GPU ensemble's postprocessing keeps each
+    """A copy of a prebuilt ``request`` carrying ``request_id``: the ensemble's postprocessing keeps each
     stream's incremental detokenizer under the request id (triton_repo/models/postprocessing), so every
-    request in flight needs its own (the CPU ensemble detokenizes per request inside tensorrt_llm and needs
-    none); the prebuilt request is shared by many sends and is not changed."""
+    request in flight needs its own; the prebuilt request is shared by many sends and is not changed."""
     out = service_pb2.ModelInferRequest()
     out.CopyFrom(request)
     out.id = request_id

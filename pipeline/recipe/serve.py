@@ -32,8 +32,7 @@ class ServingSpec(StrictModel):
         le=MAX_INSTANCES,
         description=(
             "Instances of the postprocessing model (kept at 1 when decoupled_mode is on: it holds each stream's "
-            "incremental detokenizer; its dynamic batching keeps throughput). The CPU layout has no postprocessing "
-            "model: its tensorrt_llm model writes the text."
+            "incremental detokenizer; its dynamic batching keeps throughput)."
         ),
     )
     bls_instance_count: int = Field(default=1, ge=1, le=MAX_INSTANCES, description="Instances of the tensorrt_llm_bls model (each a process: checked against the CPU cores at validate time).")

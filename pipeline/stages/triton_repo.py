@@ -5,9 +5,8 @@ as a complete Triton model repository for ``build.engine``:
 
 - ``tensorrt``: ``ensemble``, ``preprocessing``, ``tensorrt_llm`` (C++ ``tensorrtllm`` backend, empty
   ``1/``), ``postprocessing``, ``tensorrt_llm_bls`` — the TensorRT-LLM ≤1.2 ``inflight_batcher_llm`` layout.
-- ``cpu``: the same interface; ``tensorrt_llm`` is a decoupled python model that runs
-  :class:`pipeline.cpu_runtime.engine.CpuEngine` on ``engine.path`` and also writes the responses' text
-  (``text_output``), so the ensemble is preprocessing → tensorrt_llm and there is no postprocessing model.
+- ``cpu``: the same layout and tensors; ``tensorrt_llm`` is a decoupled python model that runs
+  :class:`pipeline.cpu_runtime.engine.CpuEngine` on ``engine.path``.
 - ``pytorch``: the LLM-API layout: one python ``tensorrt_llm`` model configured by ``1/model.yaml``
   (``LLM()`` kwargs from the engine stage's ``llm_api_config.yaml``). Its ``model.py``/``helpers.py``
   are symlinks to the TensorRT-LLM Triton container's copies (``/app/all_models/llmapi/…``), so they
@@ -64,9 +63,8 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
     ``build.enable_chunked_prefill`` → ``enable_chunked_context``; names and meanings from
     tensorrtllm_backend docs/model_config.md (docs/reference/triton-model-repository.md §3.2). Optional knobs left unset in the recipe
     are omitted (never left as ``${…}``). For the CPU engine the parameters are exactly those its python
-    model reads (engine path, beam width, exclude-input, cancellation period, ``cpu_num_threads``, and the
-    tokenizer directory and ``skip_special_tokens`` of its ``text_output``): its KV pool and scheduler limits are
-    in the engine directory's ``engine_config.json``.
+    model reads (engine path, beam width, exclude-input, cancellation period, ``cpu_num_threads``): its KV pool
+    and scheduler limits are in the engine directory's ``engine_config.json``.
 
     KV-cache reuse and chunked context need paged context FMHA in the engine; when the engine
     manifest says trtllm-build turned it off (``effective_plugins``), both are set to false here
@@ -90,8 +88,6 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
         }
         if b.cpu.num_threads is not None:
             params["cpu_num_threads"] = str(b.cpu.num_threads)
-        params["tokenizer_dir"] = layouts()["tokenizer"]["param_value"]  # for its text_output
-        params["skip_special_tokens"] = _bool(s.skip_special_tokens)
         return params
     params: dict[str, str] = {
         "max_beam_width": str(b.max_beam_width),
@@ -126,9 +122,8 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
 
 # ---------------------------------------------------------------------------------------- configs
 def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool = True) -> dict[str, Any]:
-    """``{model name: ModelConfig}`` of every model the repository for ``recipe`` contains: the models of its
-    layout (``triton_repo/layouts.yaml``; the CPU layout has no postprocessing) (``paged_context_fmha``: see
-    :func:`tensorrt_llm_parameters`)."""
+    """``{model name: ModelConfig}`` of every model the repository for ``recipe`` contains
+    (``paged_context_fmha``: see :func:`tensorrt_llm_parameters`)."""
     s, lay = recipe.serving, layouts()
     kind = recipe.build.engine
     common = dict(
@@ -137,7 +132,6 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
         max_queue_delay_microseconds=s.max_queue_delay_microseconds,
         max_queue_size=s.max_queue_size,
         logits_datatype=lay["logits_datatype"],
-        text_from_tensorrt_llm=lay["layouts"][kind].get("ensemble_text_from") == "tensorrt_llm",
     )
     if lay["layouts"][kind]["tensorrt_llm"] == "llmapi":
         ctx = dict(common, max_batch_size=lay["llmapi"]["triton_max_batch_size"])
@@ -145,7 +139,7 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
     tok = lay["tokenizer"]["param_value"]
     post_count = lay["streaming_postprocessing_instance_count"] if s.decoupled_mode else s.postprocessing_instance_count
     backend = lay["cpp"]["triton_backend"] if kind == "tensorrt" else "python"
-    configs = {
+    return {
         "ensemble": render_model_config("ensemble", **common),
         "preprocessing": render_model_config(
             "preprocessing", **common, instance_count=s.preprocessing_instance_count,
@@ -169,7 +163,6 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
             },
         ),
     }
-    return {name: cfg for name, cfg in configs.items() if name in lay["layouts"][kind]["models"]}
 
 
 def runtime_conflicts(recipe: Recipe, engine: EngineResult) -> list[str]:
@@ -325,8 +318,7 @@ def run(
                 src = sources.get(f"{name}@{impl}", sources.get(name))
                 if src:
                     _install_python_model(tmp / name, src)
-            if ("postprocessing" in configs and recipe.serving.decoupled_mode
-                    and recipe.serving.postprocessing_instance_count != 1):
+            if recipe.serving.decoupled_mode and recipe.serving.postprocessing_instance_count != 1:
                 extra.setdefault("notes", []).extend([
                     "postprocessing runs 1 instance (not serving.postprocessing_instance_count="
                     f"{recipe.serving.postprocessing_instance_count}): streamed-text state must live in one process"

@@ -24,10 +24,6 @@ TEMPLATE_OF = {
             "postprocessing": "postprocessing", "tensorrt_llm_bls": "tensorrt_llm_bls"},
     "llmapi": {"tensorrt_llm": "llmapi_tensorrt_llm"},
 }
-#: tensors trtpipe's CPU ``tensorrt_llm`` python model adds to the upstream ones, per (model, input/output):
-#: ``text_output`` is the responses' text, detokenized in the engine's process so the CPU ensemble skips
-#: postprocessing (triton_repo/models/tensorrt_llm_cpu/model.py). Accepted only for the ``cpu`` implementation.
-CPU_EXTENSIONS = {("tensorrt_llm", "output"): {"text_output": ("TYPE_STRING", [-1])}}
 #: a request flag → the outputs the backend then writes (model_instance_state.cc@c2e65b88d852:1079-1305,
 #: fillTritonResponse; the ensemble/BLS templates forward the same outputs): a model that accepts the
 #: flag must declare them, or the values are dropped (python models) / the response fails (C++ backend)
@@ -101,13 +97,11 @@ def _type_problem(kind: str, value: str) -> str | None:
     return "is negative" if kind.startswith("uint") and number < 0 else None
 
 
-def tensor_problems(model: str, template: str, cfg: Any, extensions: dict | None = None) -> list[str]:
+def tensor_problems(model: str, template: str, cfg: Any) -> list[str]:
     """Tensors of our ``ModelConfig`` ``cfg`` that differ from upstream template ``template``.
 
     Every input and output we declare must exist upstream with the same data type (an upstream
-    ``${…}`` type, e.g. the logits dtype, accepts any) and dims — or be one of ``extensions``
-    (``{(model, "input"|"output"): {name: (data type, dims)}}``, e.g. :data:`CPU_EXTENSIONS`) with exactly
-    that type and dims; inputs keep upstream's ``optional``.
+    ``${…}`` type, e.g. the logits dtype, accepts any) and dims; inputs keep upstream's ``optional``.
     Outputs the backend always writes, and those a declared ``return_*`` flag makes it write, must be
     declared; the LLM-API model must declare every output upstream's ``model.py`` emits.
     """
@@ -118,14 +112,8 @@ def tensor_problems(model: str, template: str, cfg: Any, extensions: dict | None
     out: list[str] = []
     for kind, ours, theirs in (("input", cfg.input, t["inputs"]), ("output", cfg.output, t["outputs"])):
         up = {x["name"]: x for x in theirs}
-        extra = (extensions or {}).get((model, kind), {})
         for x in ours:
             u = up.get(x.name)
-            if u is None and x.name in extra:
-                want = extra[x.name]
-                if (name_of(x.data_type), list(x.dims)) != (want[0], list(want[1])):
-                    out.append(f"{model}: {kind} {x.name!r} (trtpipe's CPU extension) must be {want[0]} dims {list(want[1])}")
-                continue
             if u is None:
                 out.append(f"{model}: {kind} {x.name!r} does not exist in upstream {template} ({t['source']})")
                 continue
@@ -159,7 +147,7 @@ def repository_problems(configs: dict[str, Any], implementation: str) -> list[st
         configs: the parsed configs (e.g. from :func:`pipeline.triton.model_config.load_model_config`).
         implementation: the ``tensorrt_llm`` implementation of the layout: ``cpp`` (C++ ``tensorrtllm``
             backend: tensors and parameters are checked), ``llmapi`` (the LLM-API python model) or
-            ``cpu`` (trtpipe's python model behind the same tensors plus :data:`CPU_EXTENSIONS`: tensors only).
+            ``cpu`` (trtpipe's python model behind the same tensors: tensors only).
     """
     templates = TEMPLATE_OF["llmapi" if implementation == "llmapi" else "cpp"]
     out: list[str] = []
@@ -168,7 +156,7 @@ def repository_problems(configs: dict[str, Any], implementation: str) -> list[st
         if template is None:
             out.append(f"{model}: not a model of the upstream {implementation} repository")
             continue
-        out += tensor_problems(model, template, cfg, CPU_EXTENSIONS if implementation == "cpu" else None)
+        out += tensor_problems(model, template, cfg)
         if implementation == "cpp" and model == "tensorrt_llm":
             if cfg.backend != "tensorrtllm":
                 out.append(f"tensorrt_llm: backend {cfg.backend!r}, upstream uses 'tensorrtllm'")

@@ -5,12 +5,7 @@ input_ids, input_lengths, request_output_len, end_id, pad_id, streaming, min_tok
 stop_words_list, exclude_input_in_output, return_num_input_tokens / return_num_output_tokens /
 return_perf_metrics, … → output_ids [beam=1, n], sequence_length [1], num_input_tokens,
 num_output_tokens (tokens generated in THIS response), arrival/first_scheduled/first_token/
-last_token_time_ns — plus one output of our own, ``text_output`` [1] STRING: when a request asks for it
-(the CPU ensemble does), the response's ids are detokenized here, incrementally per request (the
-postprocessing model's rules, :mod:`detokenize`), and the final response flushes any held-back
-partial character. The CPU ensemble therefore has no postprocessing step: one python-backend round
-trip per streamed token instead of two, and correct text for clients that send no request id.
-Decoding is greedy (sampling inputs are accepted and ignored); beam_width and
+last_token_time_ns. Decoding is greedy (sampling inputs are accepted and ignored); beam_width and
 num_return_sequences must be 1; bad_words_list and embedding_bias are rejected.
 
 Decoupled: ``execute`` only submits requests to :class:`pipeline.cpu_runtime.engine.CpuEngine`; the
@@ -22,11 +17,15 @@ watcher thread cancels requests whose client went away (``request.is_cancelled()
 ``cancellation_check_period_ms``. Every error becomes a ``TritonError`` response with the final
 flag: a client is never left waiting.
 
+Text stays with the ensemble's postprocessing model. Writing a BYTES ``text_output`` from this model's
+delivery thread (to save one python-backend round trip per token) crashed the stub: SIGSEGV in pymalloc
+(Triton 2.51 python backend) in 4 of 5 runs at c = 16 with ``sys.setswitchinterval(2e-4)``, with object and
+with fixed-width bytes arrays; this model without it survived 256 requests under the same setting.
+
 Parameters (strict: every one listed here is read, and any other key fails the load, so the
 generated config.pbtxt carries only what this model honours): gpt_model_path (engine dir),
 max_beam_width (must be 1), exclude_input_in_output, cancellation_check_period_ms, cpu_num_threads
-(optional), tokenizer_dir (optional; relative to this model's directory; without it ``text_output`` is
-never written) and skip_special_tokens (default true). The KV cache, scheduler and chunked-prefill settings are the engine directory's
+(optional). The KV cache, scheduler and chunked-prefill settings are the engine directory's
 ``engine_config.json`` (pipeline/engine/cpu.py), sized at load by pipeline.cpu_runtime.kv.kv_slots.
 """
 
@@ -40,19 +39,14 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from _common import (ParameterError, apply_pythonpath, array, get_param, load_tokenizer, parse_bool, parse_int,
-                     parse_word_list, raw_parameters, resolve_dir, scalar)
-from detokenize import IncrementalDetokenizer
+from _common import (ParameterError, apply_pythonpath, array, get_param, parse_bool, parse_int, parse_word_list,
+                     raw_parameters, scalar)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: Every parameter this model reads (anything else in config.pbtxt is refused).
 PARAMETERS = (
     "gpt_model_path", "max_beam_width", "exclude_input_in_output", "cancellation_check_period_ms", "cpu_num_threads",
-    "tokenizer_dir", "skip_special_tokens",
 )
-#: trtpipe's addition to the upstream tensors: the response's text, detokenized in this process
-#: (pipeline/triton/upstream.py CPU_EXTENSIONS), so the CPU ensemble needs no postprocessing step.
-TEXT_OUTPUT = "text_output"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,11 +57,9 @@ class Params:
     exclude_input_in_output: bool
     cancellation_check_period_ms: int
     num_threads: int | None
-    tokenizer_dir: str | None
-    skip_special_tokens: bool
 
     @classmethod
-    def parse(cls, raw: dict[str, str], model_dir: str = ".") -> "Params":
+    def parse(cls, raw: dict[str, str]) -> "Params":
         """Raises :class:`ParameterError` for an unknown key, a malformed value or a setting the engine cannot honour."""
         unknown = sorted(set(raw) - set(PARAMETERS))
         if unknown:
@@ -82,8 +74,6 @@ class Params:
                 raw, "cancellation_check_period_ms", lambda n, v: parse_int(n, v, minimum=1), 100
             ),
             num_threads=get_param(raw, "cpu_num_threads", lambda n, v: parse_int(n, v, minimum=1), None),
-            tokenizer_dir=get_param(raw, "tokenizer_dir", lambda n, v: resolve_dir(model_dir, v) if v else None, None),
-            skip_special_tokens=get_param(raw, "skip_special_tokens", parse_bool, True),
         )
 
 
@@ -101,8 +91,6 @@ class Job:
     want_out: bool
     want_perf: bool
     arrival_ns: int
-    #: set when the request asks for text_output: this request's incremental detokenizer
-    detok: IncrementalDetokenizer | None = None
     engine_id: str | None = None
     generated: list[int] = dataclasses.field(default_factory=list)
     #: held while the final response is sent and while the watcher asks ``is_cancelled()``: once the final
@@ -119,7 +107,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        self.params = Params.parse(raw_parameters(config), args["model_repository"])
+        self.params = Params.parse(raw_parameters(config))
         if not pb_utils.using_decoupled_model_transaction_policy(config):
             raise ParameterError("the CPU tensorrt_llm model needs model_transaction_policy { decoupled: true }")
         apply_pythonpath()
@@ -132,7 +120,6 @@ class TritonPythonModel:
             f"tensorrt_llm (CPU): {rt['runtime']} {rt['gemm']} {rt['dtype']}, {rt['threads']} threads, KV "
             f"{rt['kv_slots']} slots × {rt['kv_slot_len']} tokens, loaded in {self.engine.load_time_s:.1f} s"
         )
-        self.tokenizer = load_tokenizer(p.tokenizer_dir) if p.tokenizer_dir else None
         self.lock = threading.Lock()
         self.jobs: dict[int, Job] = {}  # keyed by id(job)
         self.closing = threading.Event()
@@ -162,7 +149,7 @@ class TritonPythonModel:
         except Exception as e:  # client gone: nothing else to do
             pb_utils.Logger.log_warn(f"tensorrt_llm: could not send final response: {e}")
 
-    def _tensors(self, job: Job, new: list[int], final: bool = False):
+    def _tensors(self, job: Job, new: list[int]):
         ids = new
         if not job.exclude_input and not job.sent_any:
             ids = job.input_ids + new
@@ -170,9 +157,6 @@ class TritonPythonModel:
             pb_utils.Tensor("output_ids", np.array([[ids]], dtype=np.int32)),
             pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)),
         ]
-        if job.detok is not None:  # the text of these ids (what postprocessing would make of them, per request)
-            text = job.detok.add(ids) + (job.detok.flush() if final else "")
-            out.append(pb_utils.Tensor(TEXT_OUTPUT, np.array([[text.encode("utf-8")]], dtype=np.object_)))
         if job.want_out:
             out.append(pb_utils.Tensor("num_output_tokens", np.array([[len(new)]], dtype=np.int32)))
         if job.want_in:
@@ -193,8 +177,7 @@ class TritonPythonModel:
             job.first_token_ns = time.time_ns()
         if job.streaming:
             if finished:
-                held = job.detok is not None and job.detok.pending
-                self._finish(job, self._tensors(job, new, final=True) if new or held else None)
+                self._finish(job, self._tensors(job, new) if new else None)
             elif new:
                 try:
                     job.sender.send(pb_utils.InferenceResponse(output_tensors=self._tensors(job, new)))
@@ -203,7 +186,7 @@ class TritonPythonModel:
         else:
             job.generated.extend(new)
             if finished:
-                self._finish(job, self._tensors(job, job.generated, final=True))
+                self._finish(job, self._tensors(job, job.generated))
 
     def _cancel(self, job: Job, why: str | None = None) -> None:
         if job.engine_id is not None:
@@ -245,8 +228,6 @@ class TritonPythonModel:
                 want_perf=bool(scalar(request, "return_perf_metrics", False)),
                 arrival_ns=time.time_ns(),
             )
-            if self.tokenizer is not None and TEXT_OUTPUT in request.requested_output_names():
-                job.detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=self.params.skip_special_tokens)
             with self.lock:
                 self.jobs[id(job)] = job
             job.engine_id = self.engine.add_request(
