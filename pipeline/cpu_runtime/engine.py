@@ -28,6 +28,7 @@ Greedy decoding only (``do_sample=False``), float32.
 from __future__ import annotations
 
 import collections
+import ctypes
 import itertools
 import json
 import logging
@@ -72,6 +73,19 @@ class _Seq:
         self.done = False  # no callback may run once set (under ``lock``)
         self.lock = threading.Lock()
         self.arrival = time.perf_counter()
+
+
+def release_freed_heap() -> None:
+    """Return heap memory freed while loading to the OS (glibc ``malloc_trim(0)``, all arenas).
+
+    Packing the weights frees the dense copies, but glibc keeps freed arena pages mapped, so they still count in
+    RSS: SmolLM2's engine was 914 MiB after load and 860 MiB after the trim (measured on this 2-core host). A no-op
+    where the C library has no ``malloc_trim`` (musl, macOS).
+    """
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class CpuEngine:
@@ -146,6 +160,7 @@ class CpuEngine:
             self._thread.join()
             raise self._build_error
         self.vocab_size = self.model.geo.vocab
+        release_freed_heap()
         self._delivery.start()
         self.load_time_s = time.perf_counter() - t0
 
