@@ -127,9 +127,10 @@ while True:
 def tree_cpu_s(pid: int) -> dict[str, float]:
     """CPU seconds (user + system) so far of the server process and each python-backend stub, by role
     (``tritonserver`` or the stub's model name, read from its model.py path)."""
+    from pipeline.triton.process import tree_processes
+
     out: dict[str, float] = {}
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
+    for proc in tree_processes(pid):
         try:
             cmd, t = proc.cmdline(), proc.cpu_times()
         except psutil.Error:
@@ -141,6 +142,7 @@ def tree_cpu_s(pid: int) -> dict[str, float]:
 
 def served(build: Path, concurrency: list[int], waves: int) -> tuple[dict[int, dict], dict]:
     """``trtpipe serve --detach`` + ``trtpipe bench`` on the build; ({conc: metrics}, deployment facts)."""
+    from pipeline.layout import BuildLayout
     from pipeline.triton.process import pick_free_port as free_port
     from pipeline.triton.process import tree_rss
 
@@ -185,7 +187,9 @@ def served(build: Path, concurrency: list[int], waves: int) -> tuple[dict[int, d
             cpu0, t_bench = tree_cpu_s(pid), time.perf_counter()
             proc = subprocess.Popen(
                 [trtpipe, "bench", "--url", f"127.0.0.1:{ports[1]}", "--isl", str(ISL), "--osl", str(OSL),
-                 "--concurrency", ",".join(map(str, concurrency)), "--out", f"{tmp}/run"],
+                 "--concurrency", ",".join(map(str, concurrency)), "--out", f"{tmp}/run",
+                 # the served build's tokenizer, not the last build's
+                 "--tokenizer", str(BuildLayout(build).tokenizer_dir())],
                 cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             client.append(proc)
             stdout, stderr = proc.communicate()

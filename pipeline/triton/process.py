@@ -3,7 +3,7 @@
 Port checks before launch (:func:`check_ports_free`), stopping a server with its python stubs and
 ``/dev/shm`` regions (:func:`terminate_tree`), log excerpts without the harmless CPU warnings
 (:func:`log_tail`, :func:`models_still_loading`), small HTTP probes (:func:`http_ok`,
-:func:`repository_index`) and memory of a process tree (:func:`tree_rss`).
+:func:`repository_index`) and the processes and memory of a process tree (:func:`tree_processes`, :func:`tree_rss`).
 """
 
 from __future__ import annotations
@@ -242,17 +242,24 @@ def repository_index(http_url: str) -> list[dict[str, Any]]:
         return []
 
 
-def tree_rss(pid: int) -> int:
-    """Resident memory of ``pid`` and all its descendants now, in bytes (0 when gone)."""
+def tree_processes(pid: int) -> list[Any]:
+    """``psutil.Process`` of ``pid`` and all its descendants now (empty when ``pid`` is gone); a member may
+    still exit before it is read."""
     import psutil
 
     try:
         p = psutil.Process(pid)
-        procs = [p, *p.children(recursive=True)]
+        return [p, *p.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
+        return []
+
+
+def tree_rss(pid: int) -> int:
+    """Resident memory of ``pid`` and all its descendants now, in bytes (0 when gone)."""
+    import psutil
+
     total = 0
-    for q in procs:
+    for q in tree_processes(pid):
         try:
             total += q.memory_info().rss
         except psutil.NoSuchProcess:
