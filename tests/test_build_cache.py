@@ -170,3 +170,22 @@ def test_build_says_which_fields_changed(tmp_path):
     assert again.stages["quantize"].cached and again.changes["quantize"] == []
     assert again.changes["engine"] == ["build.max_batch_size 2048 → 512"]
     assert again.changes["triton_repo"] == ["serving.max_queue_size 0 → 8"]
+
+
+def test_last_build_kept_restores_or_removes_the_marker(tmp_path: Path) -> None:
+    """Builds inside ``last_build_kept`` (tune points, eval baselines, peer scripts) leave `trtpipe serve`'s default
+    as it was: the previous marker comes back, also after an error; with no marker before, none after."""
+    from pipeline import artifacts
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    artifacts.record_last_build(mine, tmp_path)
+    with pytest.raises(RuntimeError):
+        with artifacts.last_build_kept(tmp_path):
+            artifacts.record_last_build(tmp_path, tmp_path)
+            raise RuntimeError("build failed")
+    assert artifacts.last_build(tmp_path) == mine.resolve()
+    (tmp_path / artifacts.LAST_BUILD_FILE).unlink()
+    with artifacts.last_build_kept(tmp_path):
+        artifacts.record_last_build(mine, tmp_path)
+    assert artifacts.last_build(tmp_path) is None and not list(tmp_path.glob(".last_build*"))

@@ -3,6 +3,7 @@ FP8-quantized SmolLM2-135M engine directory built by the ``build.engine: cpu`` s
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -94,6 +95,44 @@ def test_greedy_matches_generate(engine: CpuEngine, engine_dir: Path, tok) -> No
         assert c.wait() == ref[0, enc.input_ids.shape[1] :].tolist(), p
         assert c.finished == 1 and c.calls >= 2  # streamed, one finished call
     assert "Paris" in tok.decode(cols[0].tokens)
+
+
+def test_bfloat16_engine_runs_bf16_gemms_around_float32_attention(engine_dir: Path, tok) -> None:
+    """``build.cpu.dtype: bfloat16``: bfloat16 weights on disk and in the GEMMs, float32 KV cache and logits. Its
+    logits differ from transformers' float32 model of the same (bfloat16-stored) weights by bfloat16 rounding
+    — far more than the float32 engine's ~1e-5, far less than the logits' spread — and pick the same next token."""
+    from pipeline.cpu_runtime.model import Decoder, StepBatch
+    from transformers import AutoModelForCausalLM
+
+    q = quantized_stage(FIXTURES, "fp8", kv_cache_dtype="fp8")
+    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.max_batch_size=8", "build.cpu.dtype=bfloat16"])
+    bf_dir = cpu_stage.run(recipe, BuildLayout(FIXTURES / "build-fp8-bs8-bf16"), quantized=q).path
+    ec = json.loads((bf_dir / "engine_config.json").read_text())
+    assert ec["compute_dtype"] == "bfloat16" and ec["kv_cache"]["dtype"] == "float32"
+    assert ec["precision"] == {"weights": "fp8 dequantized to bfloat16", "activations": "bfloat16", "kv_cache": "float32"}
+    # bfloat16 on disk: half the float32 engine's weight bytes
+    assert (bf_dir / "model.safetensors").stat().st_size < 0.51 * (engine_dir / "model.safetensors").stat().st_size
+
+    ref = AutoModelForCausalLM.from_pretrained(bf_dir, local_files_only=True, dtype=torch.float32).eval()
+    dec = Decoder(bf_dir, slots=1, slot_len=64, dtype=torch.bfloat16)
+    assert dec.layers[0]["qkv"].weight.dtype == torch.bfloat16 and dec.cache.k[0].dtype == torch.float32
+    for prompt in ("The three primary colors are", "def fibonacci(n):\n    ", "Once upon a time"):
+        ids = _prompt(tok, prompt)
+        T = len(ids)
+        step = StepBatch(tokens=torch.tensor(ids), positions=torch.arange(T), slots=torch.zeros(T, dtype=torch.int64),
+                         n_decode=0, decode_slots=[], decode_ctx=torch.zeros(0, dtype=torch.int64), chunks=[(0, T, 0, 0)],
+                         logit_rows=torch.arange(T))
+        got = dec.forward(step)
+        with torch.no_grad():
+            want = ref(torch.tensor([ids])).logits[0]
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        diff = (got - want).abs().mean().item()
+        assert 1e-3 < diff < 0.1 * want.std().item(), f"{prompt!r}: mean |logit diff| {diff:.5f} (logit std {want.std():.2f})"
+        assert torch.equal(got.argmax(-1), want.argmax(-1)), prompt
+
+    with CpuEngine(bf_dir, num_threads=1) as eng:
+        assert eng.runtime["dtype"] == "bfloat16"
+        assert "Paris" in tok.decode(_submit(eng, _prompt(tok, "The capital of France is"), 8).wait())
 
 
 def test_concurrent_requests_share_forward_passes(engine: CpuEngine, tok) -> None:

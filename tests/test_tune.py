@@ -111,7 +111,29 @@ def test_tune_schema_is_current():
 def test_shipped_tunes_load():
     cpu = load_tune(REPO / "tunes" / "smollm2_cpu.yaml")
     assert cpu.spec.modes == ["isolation", "stacked"] and cpu.base.target.gpu == "cpu"
-    assert {k.field for k in cpu.spec.knobs} == {"quantization.qformat", "build.max_batch_size", "build.max_num_tokens"}
+    assert {k.field for k in cpu.spec.knobs} == {"quantization.qformat", "build.cpu.dtype", "build.max_batch_size",
+                                                 "build.max_num_tokens"}
+
+
+def test_cpu_dtype_point_rebuilds_the_engine_and_is_gated():
+    """build.cpu.dtype changes the CPU engine's numerics but not the quantized checkpoint: the engine is rebuilt
+    (the quantize stage reused) and the point goes through the accuracy gate, against a float32 baseline."""
+    from pipeline.stages.eval import baseline_recipe
+    from pipeline.tune.points import is_full_precision, numerics_changed
+    from pipeline.tune.runner import dry_run
+
+    tune = load_tune(REPO / "tunes" / "smollm2_cpu.yaml")
+    rows = {r["label"]: r for r in dry_run(tune)}
+    bf16 = rows["build.cpu.dtype=bfloat16"]
+    assert bf16["rebuilds"] == ["engine", "triton_repo"] and bf16["gate"] and bf16["fits"]
+    assert not rows["build.max_batch_size=8"]["gate"]
+    base_bf16 = tune.base.model_copy(update={"build": tune.base.build.model_copy(
+        update={"cpu": tune.base.build.cpu.model_copy(update={"dtype": "bfloat16"})})})
+    assert numerics_changed(base_bf16, tune.base) and not numerics_changed(tune.base, tune.base)
+    baseline = baseline_recipe(base_bf16)
+    assert baseline.build.cpu.dtype == "float32" and is_full_precision(baseline)
+    full_bf16 = baseline.model_copy(update={"build": base_bf16.build})
+    assert not is_full_precision(full_bf16)  # full_prec weights computed in bfloat16 are not the baseline
 
 
 # ---------------------------------------------------------------------- the GPU example, planned on CPU

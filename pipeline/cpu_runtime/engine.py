@@ -22,7 +22,9 @@ after the weights, / fp32 K+V bytes per token); slots = min(max_batch_size, toke
 That is how ``free_gpu_memory_fraction`` maps on CPU: a share of the RAM free at load time. Slots
 are reserved virtually; RAM becomes resident as tokens are written.
 
-Greedy decoding only (``do_sample=False``), float32.
+Greedy decoding only (``do_sample=False``), in engine_config ``compute_dtype``: ``float32`` (the
+default; greedy output equals transformers ``generate()``) or ``bfloat16`` (``build.cpu.dtype``;
+see :class:`~pipeline.cpu_runtime.model.Decoder`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from typing import Any
 import torch
 
 from pipeline.cpu_runtime.kv import kv_slots
-from pipeline.cpu_runtime.model import Decoder, Geometry, StepBatch
+from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder, Geometry, StepBatch
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +101,8 @@ class CpuEngine:
     and starts the scheduler and delivery threads.
 
     Raises ``FileNotFoundError`` when ``engine_config.json`` is missing, ``ValueError`` when its
-    ``kind`` is not ``cpu``, the runtime is another one, or the KV cache cannot hold one sequence,
+    ``kind`` is not ``cpu``, the runtime is another one, its ``compute_dtype`` is unknown, or the KV
+    cache cannot hold one sequence,
     and :class:`~pipeline.cpu_runtime.model.UnsupportedModelError` for an unsupported model.
     """
 
@@ -115,6 +118,10 @@ class CpuEngine:
             raise ValueError(f"{path}: kind is {cfg.get('kind')!r}, expected 'cpu'")
         if cfg.get("runtime", RUNTIME) != RUNTIME:
             raise ValueError(f"{path}: runtime {cfg.get('runtime')!r} is not {RUNTIME!r}: rebuild the engine stage")
+        compute = cfg.get("compute_dtype", "float32")
+        if compute not in COMPUTE_DTYPES:
+            raise ValueError(f"{path}: compute_dtype {compute!r} is not one of {', '.join(COMPUTE_DTYPES)}")
+        self.dtype = COMPUTE_DTYPES[compute]
         self.threads = int(num_threads or cfg.get("num_threads") or len(os.sched_getaffinity(0)) or 1)
         torch.set_num_threads(self.threads)
         kv = cfg.get("kv_cache") or {}
@@ -175,7 +182,7 @@ class CpuEngine:
         """What serves: runtime name, GEMM kernels, dtype, threads, KV slots × slot length, KV tokens."""
         return {
             "runtime": RUNTIME, "gemm": "onednn-packed" if self.model.packed else "torch-linear",
-            "dtype": "float32", "threads": self.threads, "kv_slots": self.model.cache.slots,
+            "dtype": str(self.dtype).removeprefix("torch."), "threads": self.threads, "kv_slots": self.model.cache.slots,
             "kv_slot_len": self.model.cache.slot_len, "kv_tokens": self.kv_tokens,
         }
 
@@ -297,7 +304,7 @@ class CpuEngine:
     def _loop(self, slots: int, slot_len: int) -> None:
         try:
             torch.set_num_threads(self.threads)  # OpenMP's thread count is per thread
-            self.model = Decoder(self.engine_dir, slots=slots, slot_len=slot_len)
+            self.model = Decoder(self.engine_dir, slots=slots, slot_len=slot_len, dtype=self.dtype)
         except BaseException as e:  # reported by __init__ in the caller's thread
             self._build_error = e
             return

@@ -106,7 +106,8 @@ def mkldnn_linear_available() -> bool:
 
 
 class Linear:
-    """``y = x @ weight.T (+ bias)`` for ``x`` of shape ``[tokens, in]`` (float32), weight ``[out, in]``.
+    """``y = x @ weight.T (+ bias)`` for ``x`` of shape ``[tokens, in]``, weight ``[out, in]``, both in the
+    weight's dtype (float32 or bfloat16; oneDNN accumulates bfloat16 products in float32).
 
     With ``packed`` the weight is reordered into oneDNN's blocked layout (the dense copy is dropped);
     otherwise ``F.linear`` runs on the dense weight.
@@ -134,6 +135,9 @@ def _safetensors_index(path: Path) -> tuple[int, dict[str, Any]]:
         header = json.loads(f.read(n))
     return 8 + n, header
 
+
+#: Compute dtypes of :class:`Decoder` by their recipe names (``build.cpu.dtype``).
+COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 _ST_DTYPES = {"F32": (np.float32, torch.float32), "BF16": (np.uint16, torch.bfloat16), "F16": (np.float16, torch.float16)}
 
@@ -253,48 +257,58 @@ class StepBatch:
 
 
 class Decoder:
-    """Llama-family decoder over a :class:`SlotKvCache` (float32, inference only).
+    """Llama-family decoder over a :class:`SlotKvCache` (inference only).
 
     Args:
         engine_dir: directory with ``config.json`` and ``*.safetensors`` (plain HF layout).
         slots / slot_len: KV cache size (sequences × tokens each).
         pack: use prepacked oneDNN GEMMs (default: when available).
+        dtype: GEMM dtype (:data:`COMPUTE_DTYPES`). ``torch.float32``: everything in float32 (greedy
+            output equals ``generate()`` in float32). ``torch.bfloat16``: the weights of every Linear
+            (lm_head included), their inputs and outputs in bfloat16 (oneDNN accumulates in float32);
+            everything else stays float32 — residual stream, RMSNorm, RoPE, attention, the KV cache, and
+            the logits (the bfloat16 lm_head output, upcast). Half the weight bytes per step.
 
-    Raises ``UnsupportedModelError`` (see :func:`check_supported`) and ``FileNotFoundError``.
+    Raises ``UnsupportedModelError`` (see :func:`check_supported`), ``FileNotFoundError``, and
+    ``ValueError`` for a dtype not in :data:`COMPUTE_DTYPES`.
     """
 
-    def __init__(self, engine_dir: Path, *, slots: int, slot_len: int, pack: bool | None = None):
+    def __init__(self, engine_dir: Path, *, slots: int, slot_len: int, pack: bool | None = None,
+                 dtype: torch.dtype = torch.float32):
+        if dtype not in COMPUTE_DTYPES.values():
+            raise ValueError(f"compute dtype {dtype} is not one of {', '.join(COMPUTE_DTYPES)}")
         engine_dir = Path(engine_dir)
         cfg = json.loads((engine_dir / "config.json").read_text())
         check_supported(cfg)
         self.config = cfg
         self.geo = geo = Geometry.from_config(cfg)
         self.packed = mkldnn_linear_available() if pack is None else (pack and mkldnn_linear_available())
+        self.dtype = cd = dtype
         w = _Weights(engine_dir)
         f32 = torch.float32
         self.layers: list[dict[str, Any]] = []
         for i in range(geo.layers):
             p = f"model.layers.{i}."
-            qkv_w = torch.cat([w.mapped(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).to(f32)
+            qkv_w = torch.cat([w.mapped(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).to(cd)
             qkv_b = None
             if p + "self_attn.q_proj.bias" in w:
-                qkv_b = torch.cat([w.mapped(p + f"self_attn.{n}_proj.bias") for n in "qkv"]).to(f32)
-            gate_up = torch.cat([w.mapped(p + "mlp.gate_proj.weight"), w.mapped(p + "mlp.up_proj.weight")]).to(f32)
-            o_b = w.get(p + "self_attn.o_proj.bias", f32) if p + "self_attn.o_proj.bias" in w else None
+                qkv_b = torch.cat([w.mapped(p + f"self_attn.{n}_proj.bias") for n in "qkv"]).to(cd)
+            gate_up = torch.cat([w.mapped(p + "mlp.gate_proj.weight"), w.mapped(p + "mlp.up_proj.weight")]).to(cd)
+            o_b = w.get(p + "self_attn.o_proj.bias", cd) if p + "self_attn.o_proj.bias" in w else None
             self.layers.append({
                 "ln1": w.get(p + "input_layernorm.weight", f32),
                 "ln2": w.get(p + "post_attention_layernorm.weight", f32),
                 "qkv": Linear(qkv_w, qkv_b, packed=self.packed),
-                "o": Linear(w.get(p + "self_attn.o_proj.weight", f32), o_b, packed=self.packed),
+                "o": Linear(w.get(p + "self_attn.o_proj.weight", cd), o_b, packed=self.packed),
                 "gate_up": Linear(gate_up, None, packed=self.packed),
-                "down": Linear(w.get(p + "mlp.down_proj.weight", f32), None, packed=self.packed),
+                "down": Linear(w.get(p + "mlp.down_proj.weight", cd), None, packed=self.packed),
             })
         self.norm = w.get("model.norm.weight", f32)
-        emb = w.mapped("model.embed_tokens.weight")
-        # the embedding stays file-backed (only the rows looked up become resident) when it is float32
-        self.embed = emb if emb.dtype == f32 else emb.to(f32)
+        # the embedding stays file-backed in its stored dtype (only the rows looked up become resident);
+        # forward() upcasts the looked-up rows into the float32 residual stream
+        self.embed = emb = w.mapped("model.embed_tokens.weight")
         head = w.mapped("lm_head.weight") if "lm_head.weight" in w else emb
-        self.lm_head = Linear(head.to(f32), None, packed=self.packed)
+        self.lm_head = Linear(head.to(cd), None, packed=self.packed)
         inv = rope_inv_freq(cfg, geo.head_dim)
         pos = torch.arange(slot_len, dtype=torch.int64).float()
         freqs = torch.outer(pos, inv)  # == transformers' inv_freq @ position_ids (one-term products)
@@ -328,7 +342,8 @@ class Decoder:
 
     @torch.inference_mode()
     def forward(self, b: StepBatch) -> torch.Tensor:
-        """Run one step; returns float32 logits ``[len(b.logit_rows), vocab]``. Writes the step's K/V
+        """Run one step; returns float32 logits ``[len(b.logit_rows), vocab]`` (in bfloat16 compute: the
+        bfloat16 lm_head output, upcast). Writes the step's K/V
         into the cache at (slot, position) of every token.
 
         Per layer: RMSNorm (``F.rms_norm``: bitwise equal to transformers' formula in float32), fused
@@ -339,7 +354,8 @@ class Decoder:
         g = self.geo
         T = b.tokens.shape[0]
         D, H, KVH = g.head_dim, g.heads, g.kv_heads
-        x = F.embedding(b.tokens, self.embed)
+        cd = self.dtype
+        x = F.embedding(b.tokens, self.embed).float()  # the residual stream is float32 in every compute dtype
         cos = self.cos[b.positions].unsqueeze(1)  # [T, 1, D]
         sin = self.sin[b.positions].unsqueeze(1)
         half = D // 2
@@ -364,8 +380,8 @@ class Decoder:
         ]
         eps = g.eps
         for i, L in enumerate(self.layers):
-            h = F.rms_norm(x, (g.hidden,), L["ln1"], eps)
-            qkv = L["qkv"](h)
+            h = F.rms_norm(x, (g.hidden,), L["ln1"], eps).to(cd)
+            qkv = L["qkv"](h).float()  # RoPE, attention and the KV cache in float32
             qk = self._rope(qkv[:, :nq + nkv].view(T, H + KVH, D), cos, sin_signed)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, nq + nkv:].view(T, KVH, D)
@@ -396,10 +412,10 @@ class Decoder:
                 o = F.scaled_dot_product_attention(qc, kk, vv, attn_mask=m, is_causal=m is None, scale=self.scale,
                                                    enable_gqa=True)
                 attn[off:off + n] = o[0].transpose(0, 1)
-            x = x + L["o"](attn.view(T, nq))
-            h = F.rms_norm(x, (g.hidden,), L["ln2"], eps)
+            x = x + L["o"](attn.view(T, nq).to(cd))
+            h = F.rms_norm(x, (g.hidden,), L["ln2"], eps).to(cd)
             gu = L["gate_up"](h)
             inter = gu.shape[1] // 2
             x = x + L["down"](F.silu(gu[:, :inter]) * gu[:, inter:])
         last = x[b.logit_rows]
-        return self.lm_head(F.rms_norm(last, (g.hidden,), self.norm, eps))
+        return self.lm_head(F.rms_norm(last, (g.hidden,), self.norm, eps).to(cd)).float()

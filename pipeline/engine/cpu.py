@@ -60,13 +60,14 @@ from pipeline.stages.results import EngineResult, QuantizeResult
 STAGE = EngineResult.STAGE
 ENGINE_CONFIG = "engine_config.json"
 #: Bump when the engine directory layout or engine_config.json fields change.
-BUILDER_VERSION = 4
+BUILDER_VERSION = 5
 #: Files of hf_ckpt/ that are not copied: weights and quantization metadata are rewritten here.
 _SKIP = ("hf_quant_config.json", "config.json", "model.safetensors.index.json")
 #: The runtime that serves the engine directory (pipeline/cpu_runtime/engine.py RUNTIME).
 RUNTIME = "trtpipe-torch"
-#: The CPU engine computes and keeps its KV cache in float32 (build.cpu.dtype only rounds the stored weights).
-COMPUTE_DTYPE = "float32"
+#: The CPU engine keeps its KV cache (and attention) in float32 in every build.cpu.dtype
+#: (pipeline/cpu_runtime/model.py Decoder): bfloat16 there means bfloat16 GEMMs.
+KV_DTYPE = "float32"
 
 
 def _model_config(hf_ckpt: Path, recipe: Recipe, dry_run: bool) -> dict[str, Any]:
@@ -90,8 +91,9 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
 
     The KV cache is sized when the engine loads, by :func:`pipeline.cpu_runtime.kv.kv_slots` (it depends
     on the host RAM available then, as TensorRT-LLM's ``free_gpu_memory_fraction`` depends on free GPU memory);
-    this records the rule's inputs (``kv_cache.max_tokens``, ``kv_cache.free_memory_fraction``) and the fp32 K+V
-    bytes per token. Settings the engine cannot honour are refused when the recipe loads
+    this records the rule's inputs (``kv_cache.max_tokens``, ``kv_cache.free_memory_fraction``) and the K+V
+    bytes per token (float32 in every ``build.cpu.dtype``).
+    Settings the engine cannot honour are refused when the recipe loads
     (:func:`pipeline.recipe.derived.cpu_engine_problems`). Raises :class:`UserError` (one line naming the field)
     for an unsupported model, ``kv_cache_config.max_tokens`` below ``max_seq_len``, or ``max_seq_len`` above the
     model's ``max_position_embeddings``.
@@ -111,13 +113,14 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
             "a full-length request would not fit the KV cache"
         )
     q = recipe.quantization
+    compute = b.cpu.dtype
     return {
         "kind": "cpu",
         "runtime": RUNTIME,
         "builder_version": BUILDER_VERSION,
         "architecture": (model_cfg.get("architectures") or ["unknown"])[0],
         "dtype": b.cpu.dtype,
-        "compute_dtype": COMPUTE_DTYPE,
+        "compute_dtype": compute,
         "num_threads": b.cpu.num_threads,
         "max_batch_size": b.max_batch_size,
         "max_num_tokens": b.max_num_tokens,
@@ -128,7 +131,7 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
             "layout": "slots",
             "max_tokens": kv.max_tokens,
             "free_memory_fraction": kv.free_gpu_memory_fraction,
-            "dtype": COMPUTE_DTYPE,
+            "dtype": KV_DTYPE,
             "bytes_per_token": geometry_from_dict(model_cfg).kv_bytes_per_token(4),  # float32 K and V
         },
         "enable_chunked_prefill": b.enable_chunked_prefill,
@@ -139,8 +142,8 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
         "precision": {
             "weights": "float32" if q.qformat == "full_prec" and b.cpu.dtype == "float32" else
             (f"{q.qformat} dequantized to {b.cpu.dtype}" if q.qformat != "full_prec" else b.cpu.dtype),
-            "activations": COMPUTE_DTYPE,
-            "kv_cache": COMPUTE_DTYPE,
+            "activations": compute,  # the GEMMs' inputs; residual stream, norms, RoPE and attention stay float32
+            "kv_cache": KV_DTYPE,
         },
         "emulated": {"weights": q.qformat != "full_prec", "activations": False, "kv_cache": False},
         "vocab_size": model_cfg["vocab_size"],

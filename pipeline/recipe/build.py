@@ -77,7 +77,12 @@ class CpuEngineSpec(StrictModel):
     """The CPU engine (this machine, CI, the README demo): in-flight batching on a paged KV cache."""
 
     dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32", description="Compute dtype on CPU (float32: bf16 is slower and less exact on most CPUs)."
+        default="float32",
+        description=(
+            "CPU engine weights and GEMMs (residual stream, norms, attention, KV cache and logits stay float32). "
+            "float32 (default): greedy output equals transformers generate(); bfloat16: half the weight bytes per "
+            "step, faster where the CPU has AVX512_BF16 or AMX, not token-identical: gate it with trtpipe eval."
+        ),
     )
     num_threads: int | None = Field(default=None, ge=1, le=MAX_INSTANCES, description="torch threads (default: all cores).")
 

@@ -116,11 +116,13 @@ class EvalResult:
 
 # ---------------------------------------------------------------------- baseline
 def baseline_recipe(recipe: Any) -> Any:
-    """``recipe`` at full precision: ``qformat: full_prec``, ``kv_cache_dtype: none``, name + ``-baseline``."""
+    """``recipe`` at full precision: ``qformat: full_prec``, ``kv_cache_dtype: none``, ``build.cpu.dtype: float32``
+    (the CPU engine's reference numerics; no effect on GPU engines), name + ``-baseline``."""
     from pipeline.recipe import Recipe
 
     data = recipe.model_dump()
     data["quantization"].update(qformat="full_prec", kv_cache_dtype="none")
+    data["build"]["cpu"]["dtype"] = "float32"
     data["name"] = f"{recipe.name}{BASELINE_SUFFIX}" if recipe.name else None
     return Recipe.model_validate(data)
 
@@ -132,12 +134,8 @@ def build_baseline(recipe: Any, candidate: BuildLayout, *, recipe_dir: Path,
 
     out = candidate.root.parent / f"{candidate.root.name}{BASELINE_SUFFIX}"
     on_status(f"baseline: {out} (full_prec, kv none; reused when unchanged)")
-    last = artifacts.last_build()
-    try:
+    with artifacts.last_build_kept():  # the user's last build stays the one they built, not our baseline
         return build.run(baseline_recipe(recipe), out, recipe_dir=recipe_dir, warn=on_status).layout
-    finally:  # the user's last build stays the one they built, not our baseline
-        if last is not None:
-            artifacts.record_last_build(last)
 
 
 def with_overrides(spec: EvalSpec, overrides: dict[str, Any], flags: dict[str, str] | None = None) -> EvalSpec:

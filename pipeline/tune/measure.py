@@ -132,15 +132,8 @@ def build_point(recipe: Any, build_dir: Path, recipe_dir: Path, out: Path, statu
     from pipeline.stages import build
 
     seed_build(build_dir, recipe, donors(out))
-    marker = artifacts.DEFAULT_ARTIFACTS_ROOT / artifacts.LAST_BUILD_FILE
-    before = marker.read_text() if marker.is_file() else None
-    try:
+    with artifacts.last_build_kept():  # a tune's point builds are not "the last build" of `trtpipe serve` / `bench`
         return build.run(recipe, build_dir, recipe_dir=recipe_dir, warn=status)
-    finally:  # a tune's point builds are not "the last build" that `trtpipe serve` / `bench` default to
-        if before is not None:
-            marker.write_text(before)
-        else:
-            marker.unlink(missing_ok=True)
 
 
 def baseline_layout(tune: Any, out: Path, status: Callable[[str], None]) -> BuildLayout:

@@ -134,14 +134,17 @@ def steps(tune: Tune) -> list[Change]:
 
 
 def numerics_changed(recipe: Any, base: Any) -> bool:
-    """True when a field the quantize stage consumes differs from the base (qformat, KV dtype, calibration…)."""
-    return consumed(recipe, "quantize") != consumed(base, "quantize")
+    """True when a field the quantize stage consumes differs from the base (qformat, KV dtype, calibration…), or,
+    on the CPU engine, its compute dtype (``build.cpu.dtype``)."""
+    cpu_dtype = recipe.build.engine == "cpu" and recipe.build.cpu.dtype != base.build.cpu.dtype
+    return cpu_dtype or consumed(recipe, "quantize") != consumed(base, "quantize")
 
 
 def is_full_precision(recipe: Any) -> bool:
-    """No quantization at all: the eval baseline itself (qformat full_prec, kv_cache_dtype none)."""
-    q = recipe.quantization
-    return q.qformat == "full_prec" and q.kv_cache_dtype == "none"
+    """No quantization at all: the eval baseline itself (qformat full_prec, kv_cache_dtype none, and float32 on
+    the CPU engine: :func:`pipeline.stages.eval.baseline_recipe`)."""
+    q, b = recipe.quantization, recipe.build
+    return q.qformat == "full_prec" and q.kv_cache_dtype == "none" and (b.engine != "cpu" or b.cpu.dtype == "float32")
 
 
 def rebuilds(recipe: Any, earlier: list[Any]) -> list[str]:

@@ -131,7 +131,8 @@ def write(res: SweepResult, tune: Any, out: Path, *, wall_s: float) -> dict[str,
         lines += [f"## {mode}", "", *mode_table(res, mode, obj.metric), ""]
     lines += ["## Accuracy gate", "",
               (f"`trtpipe eval` ({tune.gate.task}, n = {tune.gate.n}, rule {tune.gate.rule}) against the full-precision "
-              "baseline, for every point whose quantization differs from the base. PASS is SAFE, FAIL is UNSAFE; "
+              "baseline, for every point whose numerics differ from the base (quantization, or the CPU engine's build.cpu.dtype). "
+              "PASS is SAFE, FAIL is UNSAFE; "
               "INCONCLUSIVE means n is too small to resolve the rule's margin (the power analysis in eval.json) — "
               "it is not a pass, so such a point cannot be the best."), "",
               "| point | gate | detail |", "|---|---|---|"]
