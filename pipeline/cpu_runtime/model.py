@@ -265,9 +265,10 @@ class Decoder:
         pack: use prepacked oneDNN GEMMs (default: when available).
         dtype: GEMM dtype (:data:`COMPUTE_DTYPES`). ``torch.float32``: everything in float32 (greedy
             output equals ``generate()`` in float32). ``torch.bfloat16``: the weights of every Linear
-            (lm_head included), their inputs and outputs in bfloat16 (oneDNN accumulates in float32);
-            everything else stays float32 — residual stream, RMSNorm, RoPE, attention, the KV cache, and
-            the logits (the bfloat16 lm_head output, upcast). Half the weight bytes per step.
+            (lm_head included), their inputs and outputs in bfloat16 (oneDNN accumulates in float32), and
+            so the SiLU-gated product between gate/up and down; the residual stream, RMSNorm, RoPE,
+            attention, the KV cache and the logits (the bfloat16 lm_head output, upcast) stay float32.
+            Half the weight bytes per step.
 
     Raises ``UnsupportedModelError`` (see :func:`check_supported`), ``FileNotFoundError``, and
     ``ValueError`` for a dtype not in :data:`COMPUTE_DTYPES`.
