@@ -356,7 +356,10 @@ class Decoder:
         T = b.tokens.shape[0]
         D, H, KVH = g.head_dim, g.heads, g.kv_heads
         cd = self.dtype
-        x = F.embedding(b.tokens, self.embed).float()  # the residual stream is float32 in every compute dtype
+        lowp = cd != torch.float32  # float32 skips the casts below (each is a dispatch even when a no-op)
+        x = F.embedding(b.tokens, self.embed)
+        if lowp:
+            x = x.float()  # the residual stream is float32 in every compute dtype
         cos = self.cos[b.positions].unsqueeze(1)  # [T, 1, D]
         sin = self.sin[b.positions].unsqueeze(1)
         half = D // 2
@@ -381,8 +384,8 @@ class Decoder:
         ]
         eps = g.eps
         for i, L in enumerate(self.layers):
-            h = F.rms_norm(x, (g.hidden,), L["ln1"], eps).to(cd)
-            qkv = L["qkv"](h).float()  # RoPE, attention and the KV cache in float32
+            h = F.rms_norm(x, (g.hidden,), L["ln1"], eps)
+            qkv = L["qkv"](h.to(cd)).float() if lowp else L["qkv"](h)  # RoPE, attention and the KV cache in float32
             qk = self._rope(qkv[:, :nq + nkv].view(T, H + KVH, D), cos, sin_signed)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, nq + nkv:].view(T, KVH, D)
@@ -413,10 +416,11 @@ class Decoder:
                 o = F.scaled_dot_product_attention(qc, kk, vv, attn_mask=m, is_causal=m is None, scale=self.scale,
                                                    enable_gqa=True)
                 attn[off:off + n] = o[0].transpose(0, 1)
-            x = x + L["o"](attn.view(T, nq).to(cd))
-            h = F.rms_norm(x, (g.hidden,), L["ln2"], eps).to(cd)
-            gu = L["gate_up"](h)
+            x = x + L["o"](attn.view(T, nq).to(cd) if lowp else attn.view(T, nq))
+            h = F.rms_norm(x, (g.hidden,), L["ln2"], eps)
+            gu = L["gate_up"](h.to(cd) if lowp else h)
             inter = gu.shape[1] // 2
             x = x + L["down"](F.silu(gu[:, :inter]) * gu[:, inter:])
         last = x[b.logit_rows]
-        return self.lm_head(F.rms_norm(last, (g.hidden,), self.norm, eps).to(cd)).float()
+        h = F.rms_norm(last, (g.hidden,), self.norm, eps)
+        return self.lm_head(h.to(cd)).float() if lowp else self.lm_head(h)
