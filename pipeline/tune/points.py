@@ -141,10 +141,11 @@ def numerics_changed(recipe: Any, base: Any) -> bool:
 
 
 def is_full_precision(recipe: Any) -> bool:
-    """No quantization at all: the eval baseline itself (qformat full_prec, kv_cache_dtype none, and float32 on
-    the CPU engine: :func:`pipeline.stages.eval.baseline_recipe`)."""
-    q, b = recipe.quantization, recipe.build
-    return q.qformat == "full_prec" and q.kv_cache_dtype == "none" and (b.engine != "cpu" or b.cpu.dtype == "float32")
+    """``recipe`` has the eval baseline's numerics: those of :func:`pipeline.stages.eval.baseline_recipe` (qformat
+    full_prec, kv_cache_dtype none, float32 on the CPU engine), which alone defines the reference."""
+    from pipeline.stages.eval import baseline_recipe
+
+    return not numerics_changed(recipe, baseline_recipe(recipe))
 
 
 def rebuilds(recipe: Any, earlier: list[Any]) -> list[str]:
