@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -95,6 +96,23 @@ def test_greedy_matches_generate(engine: CpuEngine, engine_dir: Path, tok) -> No
         assert c.wait() == ref[0, enc.input_ids.shape[1] :].tolist(), p
         assert c.finished == 1 and c.calls >= 2  # streamed, one finished call
     assert "Paris" in tok.decode(cols[0].tokens)
+    if shutil.which("cc") or shutil.which("gcc"):  # the native decode-attention kernel is what ran
+        assert engine.runtime["attention"].startswith("native"), engine.runtime
+
+
+def test_native_and_torch_attention_give_the_same_tokens(engine: CpuEngine, engine_dir: Path, tok,
+                                                          monkeypatch) -> None:
+    """Four sequences of different lengths decoding together (one finishes early, so the batch changes) through
+    the native kernel (the ``engine`` fixture) and through the torch path: token-identical."""
+    monkeypatch.setenv("TRTPIPE_CPU_ATTENTION", "torch")
+    prompts = ["The capital of France is", "def fibonacci(n):\n    ", "Water boils at", "Once upon a time, in a land far"]
+    lengths = [40, 12, 40, 40]
+    with CpuEngine(engine_dir, num_threads=1) as ref_engine:
+        assert ref_engine.runtime["attention"] == "torch-bmm"
+        want = [_submit(ref_engine, _prompt(tok, p), n, min_tokens=n) for p, n in zip(prompts, lengths)]
+        want = [c.wait() for c in want]
+    got = [_submit(engine, _prompt(tok, p), n, min_tokens=n) for p, n in zip(prompts, lengths)]
+    assert [c.wait() for c in got] == want
 
 
 def test_bfloat16_engine_runs_bf16_gemms_around_float32_attention(engine_dir: Path, tok) -> None:
