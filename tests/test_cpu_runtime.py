@@ -96,23 +96,32 @@ def test_greedy_matches_generate(engine: CpuEngine, engine_dir: Path, tok) -> No
         assert c.wait() == ref[0, enc.input_ids.shape[1] :].tolist(), p
         assert c.finished == 1 and c.calls >= 2  # streamed, one finished call
     assert "Paris" in tok.decode(cols[0].tokens)
-    if shutil.which("cc") or shutil.which("gcc"):  # the native decode-attention kernel is what ran
-        assert engine.runtime["attention"].startswith("native"), engine.runtime
+    if shutil.which("cc") or shutil.which("gcc"):  # the native kernels are what ran
+        assert engine.runtime["kernels"].startswith("native"), engine.runtime
 
 
-def test_native_and_torch_attention_give_the_same_tokens(engine: CpuEngine, engine_dir: Path, tok,
-                                                          monkeypatch) -> None:
-    """Four sequences of different lengths decoding together (one finishes early, so the batch changes) through
-    the native kernel (the ``engine`` fixture) and through the torch path: token-identical."""
-    monkeypatch.setenv("TRTPIPE_CPU_ATTENTION", "torch")
+def test_native_and_torch_kernels_give_the_same_tokens(engine: CpuEngine, engine_dir: Path, tok,
+                                                        monkeypatch) -> None:
+    """Four sequences of different lengths decoding together (one finishes early, so the batch changes; the
+    later prompts join while others decode, so steps mix prefill and decode) through the native kernels (the
+    ``engine`` fixture) and through the torch path: token-identical."""
+    monkeypatch.setenv("TRTPIPE_CPU_KERNELS", "torch")
     prompts = ["The capital of France is", "def fibonacci(n):\n    ", "Water boils at", "Once upon a time, in a land far"]
     lengths = [40, 12, 40, 40]
+
+    def run(eng: CpuEngine) -> list[list[int]]:
+        cols = [_submit(eng, _prompt(tok, p), n, min_tokens=n) for p, n in zip(prompts[:2], lengths[:2])]
+        deadline = time.monotonic() + WAIT_S
+        while len(cols[0].tokens) < 4 and time.monotonic() < deadline:  # the first two are decoding
+            time.sleep(0.005)
+        cols += [_submit(eng, _prompt(tok, p), n, min_tokens=n) for p, n in zip(prompts[2:], lengths[2:])]
+        return [c.wait() for c in cols]
+
     with CpuEngine(engine_dir, num_threads=1) as ref_engine:
-        assert ref_engine.runtime["attention"] == "torch-bmm"
-        want = [_submit(ref_engine, _prompt(tok, p), n, min_tokens=n) for p, n in zip(prompts, lengths)]
-        want = [c.wait() for c in want]
-    got = [_submit(engine, _prompt(tok, p), n, min_tokens=n) for p, n in zip(prompts, lengths)]
-    assert [c.wait() for c in got] == want
+        assert ref_engine.runtime["kernels"] == "torch"
+        want = run(ref_engine)
+    assert run(engine) == want
+    assert [len(t) for t in want] == lengths
 
 
 def test_bfloat16_engine_runs_bf16_gemms_around_float32_attention(engine_dir: Path, tok) -> None:

@@ -179,11 +179,11 @@ class CpuEngine:
 
     @property
     def runtime(self) -> dict[str, Any]:
-        """What serves: runtime name, GEMM kernels, decode attention (:attr:`Decoder.attention`), dtype, threads,
+        """What serves: runtime name, GEMM kernels, the other kernels (:attr:`Decoder.kernels`), dtype, threads,
         KV slots × slot length, KV tokens."""
         return {
             "runtime": RUNTIME, "gemm": "onednn-packed" if self.model.packed else "torch-linear",
-            "attention": self.model.attention,
+            "kernels": self.model.kernels,
             "dtype": str(self.dtype).removeprefix("torch."), "threads": self.threads, "kv_slots": self.model.cache.slots,
             "kv_slot_len": self.model.cache.slot_len, "kv_tokens": self.kv_tokens,
         }

@@ -12,12 +12,13 @@ What makes it fast on a few CPU cores (measured on 2 AVX-512 cores, SmolLM2-135M
 - **Fused projections**: q/k/v → one GEMM, gate/up → one GEMM; the lm_head runs only on the rows
   that need logits.
 - **Slot KV cache** (:class:`SlotKvCache`): per layer ``[slots, kv_heads, slot_len, head_dim]``, so
-  every sequence's keys are one contiguous block. Decode attention for the whole batch is one call
-  per layer of the native kernel (:mod:`pipeline.cpu_runtime.native`, ``kernels/decode_attention.c``):
-  each sequence's K/V read once, up to its own length, at close to memory speed (measured, 16
-  sequences at ~200 tokens, float32 K/V not in cache: 122 µs per layer vs 368 µs for the torch path's
-  two batched ``bmm`` + softmax, which stays as the fallback). Grouped-query attention without
-  repeating K/V: the ``group`` query heads that share a KV head become ``group`` query rows.
+  every sequence's keys are one contiguous block. Grouped-query attention without repeating K/V: the
+  ``group`` query heads that share a KV head become ``group`` query rows.
+- **Native kernels** (:mod:`pipeline.cpu_runtime.native`, ``kernels/decoder.c``, built with the
+  machine's C compiler): decode attention for the whole batch in one call per layer, each sequence's
+  K/V read once up to its own length (16 sequences at ~200 tokens: 122 µs per layer vs 368 µs for two
+  batched ``bmm`` + softmax); residual add + RMSNorm and RoPE + the K/V write in one call each instead
+  of a dozen torch ops per layer. The torch path (:meth:`Decoder._layers_torch`) stays as the fallback.
 
 Numerics follow ``transformers``' Llama in float32 (RMSNorm, rotate-half RoPE from the same
 ``inv_freq`` formula, SiLU-gated MLP, softmax attention with ``1/sqrt(head_dim)`` scaling): greedy
@@ -274,17 +275,17 @@ class Decoder:
             so the SiLU-gated product between gate/up and down; the residual stream, RMSNorm, RoPE,
             attention, the KV cache and the logits (the bfloat16 lm_head output, upcast) stay float32.
             Half the weight bytes per step.
-        attention: decode attention implementation, :data:`~pipeline.cpu_runtime.native.ATTENTION_CHOICES`
-            (default ``$TRTPIPE_CPU_ATTENTION``, else ``auto``: the native kernel when it builds here, else
-            torch). :attr:`attention` names the one in use.
+        kernels: decode attention and the layer glue (RMSNorm, RoPE, K/V write),
+            :data:`~pipeline.cpu_runtime.native.KERNEL_CHOICES` (default ``$TRTPIPE_CPU_KERNELS``, else ``auto``:
+            the native kernels when they build here, else torch ops). :attr:`kernels` names the ones in use.
 
     Raises ``UnsupportedModelError`` (see :func:`check_supported`), ``FileNotFoundError``,
-    ``ValueError`` for a dtype not in :data:`COMPUTE_DTYPES` or an unknown ``attention``, and
-    :class:`~pipeline.cpu_runtime.native.KernelUnavailable` for ``attention="native"`` where it cannot build.
+    ``ValueError`` for a dtype not in :data:`COMPUTE_DTYPES` or an unknown ``kernels``, and
+    :class:`~pipeline.cpu_runtime.native.KernelUnavailable` for ``kernels="native"`` where they cannot be used.
     """
 
     def __init__(self, engine_dir: Path, *, slots: int, slot_len: int, pack: bool | None = None,
-                 dtype: torch.dtype = torch.float32, attention: str | None = None):
+                 dtype: torch.dtype = torch.float32, kernels: str | None = None):
         if dtype not in COMPUTE_DTYPES.values():
             raise ValueError(f"compute dtype {dtype} is not one of {', '.join(COMPUTE_DTYPES)}")
         engine_dir = Path(engine_dir)
@@ -326,15 +327,15 @@ class Decoder:
         self.cos, self.sin = emb2.cos(), emb2.sin()
         self.cache = SlotKvCache(geo, slots, slot_len)
         self.scale = 1.0 / math.sqrt(geo.head_dim)
-        kernel = native.decode_attention(attention)
-        if kernel and geo.group > native.MAX_GROUP:
-            if attention == "native":
+        kn = native.kernels(kernels)
+        if kn and geo.group > native.MAX_GROUP:
+            if kernels == "native":
                 raise native.KernelUnavailable(f"the native decode attention takes at most {native.MAX_GROUP} query "
                                                f"heads per KV head; this model has {geo.group}")
-            kernel = None
-        self._attn_kernel = kernel
-        #: decode attention in use: ``native-avx512`` / ``native`` (kernels/decode_attention.c) or ``torch-bmm``
-        self.attention = kernel.name if kernel else "torch-bmm"
+            kn = None
+        self._kernels = kn
+        #: kernels in use: ``native-avx512`` / ``native`` (:mod:`pipeline.cpu_runtime.native`) or ``torch``
+        self.kernels = kn.name if kn else "torch"
 
     # ------------------------------------------------------------------ forward
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
@@ -359,25 +360,90 @@ class Decoder:
         probs = torch.softmax(scores.mul_(self.scale).add_(mask), dim=-1)
         return torch.bmm(probs.view(n * kvh, group, ctx), vv).view(n, kvh, group, d)
 
+    def _prefill_attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, b: StepBatch,
+                           masks: list[torch.Tensor | None], attn: torch.Tensor) -> None:
+        """Causal SDPA of each prefill chunk over its slot's cache into ``attn`` ``[T, heads, D]`` (``q`` the same
+        shape, rotated; ``masks`` one per chunk: ``None`` for a chunk starting at position 0, else its additive mask)."""
+        for (off, n, slot, start), m in zip(b.chunks, masks):
+            qc = q[off:off + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+            kk = kc[slot:slot + 1, :, :start + n]
+            vv = vc[slot:slot + 1, :, :start + n]
+            o = F.scaled_dot_product_attention(qc, kk, vv, attn_mask=m, is_causal=m is None, scale=self.scale,
+                                               enable_gqa=True)
+            attn[off:off + n] = o[0].transpose(0, 1)
+
     @torch.inference_mode()
     def forward(self, b: StepBatch) -> torch.Tensor:
         """Run one step; returns float32 logits ``[len(b.logit_rows), vocab]`` (in bfloat16 compute: the
-        bfloat16 lm_head output, upcast). Writes the step's K/V
-        into the cache at (slot, position) of every token.
+        bfloat16 lm_head output, upcast). Writes the step's K/V into the cache at (slot, position) of every token.
 
-        Per layer: RMSNorm (``F.rms_norm``: bitwise equal to transformers' formula in float32), fused
-        qkv GEMM, RoPE on q and k, K/V scatter into the slot cache, attention (decode tokens: one
-        native-kernel call over their slots and lengths, or in the torch path two batched GEMMs with a
-        per-slot length mask; prefill chunks: causal SDPA over the slot's cache), o-proj + residual, RMSNorm, fused gate/up GEMM, SiLU·up, down + residual.
+        Per layer: residual add + RMSNorm, fused qkv GEMM, RoPE on q and k, K/V write into the slot cache,
+        attention (decode tokens: one call over their slots and lengths; prefill chunks: causal SDPA over the
+        slot's cache), o-proj, residual add + RMSNorm, fused gate/up GEMM, SiLU·up, down. The native kernels
+        (:mod:`pipeline.cpu_runtime.native`) do the add + RMSNorm, RoPE + K/V write and decode attention in one
+        call each; the torch path (:meth:`_layers_torch`) in torch ops.
         """
+        x = F.embedding(b.tokens, self.embed)
+        if self.dtype != torch.float32:
+            x = x.float()  # the residual stream is float32 in every compute dtype
+        chunk_masks = [
+            None if start == 0 else
+            torch.zeros(n, start + n).masked_fill_(
+                torch.arange(start + n).unsqueeze(0) > torch.arange(start, start + n).unsqueeze(1), float("-inf"))
+            for _, n, _, start in b.chunks
+        ]
+        x = self._layers_native(b, x, chunk_masks) if self._kernels else self._layers_torch(b, x, chunk_masks)
+        last = x[b.logit_rows]
+        h = F.rms_norm(last, (self.geo.hidden,), self.norm, self.geo.eps)
+        return self.lm_head(h.to(self.dtype)).float() if self.dtype != torch.float32 else self.lm_head(h)
+
+    def _layers_native(self, b: StepBatch, x: torch.Tensor, chunk_masks: list[torch.Tensor | None]) -> torch.Tensor:
+        """The decoder layers with the native kernels; ``x`` float32 ``[T, hidden]`` (updated in place, returned)."""
+        g, kn = self.geo, self._kernels
+        T = x.shape[0]
+        D, H, KVH, eps = g.head_dim, g.heads, g.kv_heads, g.eps
+        cd = self.dtype
+        lowp = cd != torch.float32
+        nd = b.n_decode
+        threads = torch.get_num_threads()
+        positions, slots = b.positions.contiguous(), b.slots.contiguous()
+        if nd:
+            dec_slots = torch.tensor(b.decode_slots, dtype=torch.int64)
+            dec_lens = b.decode_ctx.contiguous()
+        h = torch.empty(T, g.hidden, dtype=cd)  # each GEMM's normalised input, in the GEMM dtype
+        layers = self.layers
+        kn.add_rms_norm(x, None, layers[0]["ln1"], eps, h, threads)
+        for i, L in enumerate(layers):
+            kc, vc = self.cache.k[i], self.cache.v[i]
+            q = torch.empty(T, H, D)
+            kn.rope_kv_write(L["qkv"](h), self.cos, self.sin, positions, slots, H, kc, vc, q, threads)
+            if nd == T:
+                attn = kn.decode_attention(q.view(T, KVH, g.group, D), kc, vc, dec_slots, dec_lens, self.scale, threads)
+            else:
+                attn = torch.empty(T, H, D)
+                if nd:
+                    attn[:nd] = kn.decode_attention(q[:nd].view(nd, KVH, g.group, D), kc, vc, dec_slots, dec_lens,
+                                                    self.scale, threads).view(nd, H, D)
+                self._prefill_attention(q, kc, vc, b, chunk_masks, attn)
+            attn = attn.view(T, H * D)
+            kn.add_rms_norm(x, L["o"](attn.to(cd) if lowp else attn), L["ln2"], eps, h, threads)
+            gu = L["gate_up"](h)
+            inter = gu.shape[1] // 2
+            down = L["down"](F.silu(gu[:, :inter]) * gu[:, inter:])
+            if i + 1 < len(layers):
+                kn.add_rms_norm(x, down, layers[i + 1]["ln1"], eps, h, threads)
+            else:
+                x += down
+        return x
+
+    def _layers_torch(self, b: StepBatch, x: torch.Tensor, chunk_masks: list[torch.Tensor | None]) -> torch.Tensor:
+        """The decoder layers in torch ops (no native kernels); ``x`` float32 ``[T, hidden]``. RMSNorm is
+        ``F.rms_norm`` (bitwise equal to transformers' formula in float32)."""
         g = self.geo
-        T = b.tokens.shape[0]
+        T = x.shape[0]
         D, H, KVH = g.head_dim, g.heads, g.kv_heads
         cd = self.dtype
         lowp = cd != torch.float32  # float32 skips the casts below (each is a dispatch even when a no-op)
-        x = F.embedding(b.tokens, self.embed)
-        if lowp:
-            x = x.float()  # the residual stream is float32 in every compute dtype
         cos = self.cos[b.positions].unsqueeze(1)  # [T, 1, D]
         sin = self.sin[b.positions].unsqueeze(1)
         half = D // 2
@@ -385,12 +451,7 @@ class Decoder:
         nq, nkv = H * D, KVH * D
         nd = b.n_decode
         decode_only = nd == T
-        kernel = self._attn_kernel
-        if nd and kernel:
-            dec_slots = torch.tensor(b.decode_slots, dtype=torch.int64)
-            dec_lens = b.decode_ctx.contiguous()
-            threads = torch.get_num_threads()
-        elif nd:
+        if nd:
             n_slots = max(b.decode_slots) + 1
             ctx = int(b.decode_ctx.max())
             contiguous = b.decode_slots == list(range(nd))
@@ -399,12 +460,6 @@ class Decoder:
             dec_mask = torch.zeros(n_slots, 1, 1, ctx).masked_fill_(
                 (torch.arange(ctx).unsqueeze(0) >= lens.unsqueeze(1)).view(n_slots, 1, 1, ctx), float("-inf"))
             dec_slot_idx = torch.tensor(b.decode_slots, dtype=torch.int64)
-        chunk_masks = [
-            None if start == 0 else
-            torch.zeros(n, start + n).masked_fill_(
-                torch.arange(start + n).unsqueeze(0) > torch.arange(start, start + n).unsqueeze(1), float("-inf"))
-            for _, n, _, start in b.chunks
-        ]
         eps = g.eps
         for i, L in enumerate(self.layers):
             h = F.rms_norm(x, (g.hidden,), L["ln1"], eps)
@@ -415,18 +470,8 @@ class Decoder:
             kc, vc = self.cache.k[i], self.cache.v[i]
             kc[b.slots, :, b.positions] = k
             vc[b.slots, :, b.positions] = v
-            if decode_only:
-                attn = None
-            else:
-                attn = torch.empty(T, H, D)
-            if nd and kernel:
-                o = kernel(q[:nd].reshape(nd, KVH, g.group, D).contiguous(), kc, vc, dec_slots, dec_lens, self.scale,
-                           threads)
-                if decode_only:
-                    attn = o.view(T, nq)
-                else:
-                    attn[:nd] = o.view(nd, H, D)
-            elif nd:
+            attn = None if decode_only else torch.empty(T, H, D)
+            if nd:
                 qd = q[:nd].reshape(nd, KVH, g.group, D)
                 if not contiguous:
                     full = qd.new_zeros(n_slots, KVH, g.group, D)
@@ -439,18 +484,11 @@ class Decoder:
                     attn = o.reshape(T, nq)
                 else:
                     attn[:nd] = o.reshape(nd, H, D)
-            for (off, n, slot, start), m in zip(b.chunks, chunk_masks):
-                qc = q[off:off + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-                kk = kc[slot:slot + 1, :, :start + n]
-                vv = vc[slot:slot + 1, :, :start + n]
-                o = F.scaled_dot_product_attention(qc, kk, vv, attn_mask=m, is_causal=m is None, scale=self.scale,
-                                                   enable_gqa=True)
-                attn[off:off + n] = o[0].transpose(0, 1)
+            if b.chunks:
+                self._prefill_attention(q, kc, vc, b, chunk_masks, attn)
             x = x + L["o"](attn.view(T, nq).to(cd) if lowp else attn.view(T, nq))
             h = F.rms_norm(x, (g.hidden,), L["ln2"], eps)
             gu = L["gate_up"](h.to(cd) if lowp else h)
             inter = gu.shape[1] // 2
             x = x + L["down"](F.silu(gu[:, :inter]) * gu[:, inter:])
-        last = x[b.logit_rows]
-        h = F.rms_norm(last, (g.hidden,), self.norm, eps)
-        return self.lm_head(h.to(cd)).float() if lowp else self.lm_head(h)
+        return x

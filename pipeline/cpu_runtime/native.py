@@ -1,24 +1,29 @@
-"""The CPU engine's one native kernel, decode attention over the slot KV cache, built on first use.
+"""The CPU engine's native kernels (``kernels/decoder.c``), built on first use with the machine's C compiler.
 
-Why native: at 16 decoding sequences SmolLM2's decode attention as two batched GEMMs and a softmax
-(:meth:`~pipeline.cpu_runtime.model.Decoder._decode_attention_torch`) took ~10 ms of a ~28 ms step
-(bfloat16 GEMMs; 166 µs per ``bmm`` call), a third of what the memory allows: ``bmm`` over the strided
-slot cache, and every slot read up to the longest one. ``kernels/decode_attention.c`` reads each
-sequence's keys and values once, up to its own length, with AVX-512 when the CPU has it.
+What they replace, per layer of every step (measured on 2 AVX-512 cores, SmolLM2-135M):
 
-How it is built: the machine's C compiler (``$CC``, else ``cc``, else ``gcc``) with
-``-O3 -march=native -fopenmp``, into ``$TRTPIPE_KERNEL_CACHE`` (default
-``$XDG_CACHE_HOME/trtpipe/kernels``, else ``~/.cache/trtpipe/kernels``) under a key that hashes the
-source, the flags, the compiler's version and the CPU's flags — so nothing is rebuilt that did not
-change, and a cache shared between machines never serves a library built for another CPU. Written to
-a temporary name and renamed into place, so concurrent first loads (a test run and a server) are safe.
-~1.5 s once per machine; the engine stage builds it, so ``serve`` finds it ready.
+- **decode attention** over the slot KV cache: torch's two batched ``bmm`` + softmax read every slot up to
+  the longest one through strided views, ~10 ms of a ~28 ms step at 16 sequences (bfloat16 GEMMs). The
+  kernel reads each sequence's keys and values once, up to its own length (AVX-512 when the CPU has it):
+  122 µs per layer vs 368 µs at 16 sequences of ~200 tokens, K/V not in cache.
+- **the glue around the GEMMs**: residual add + RMSNorm (+ the cast to the GEMM dtype), and RoPE + the
+  K/V scatter into the cache — a dozen small torch ops per layer, each a dispatch of a few µs: at one
+  decoding sequence the step's non-GEMM time was ~3 ms of ~9. Same arithmetic in the same order (RoPE and
+  the K/V rows bitwise equal to the torch path; RMSNorm's sum of squares in another order, ~1 ulp).
 
-The library is loaded after torch, so its OpenMP calls resolve to torch's ``libgomp.so.1`` (same
-soname): one thread pool for the GEMMs and the attention, no second pool spinning against it.
+How they are built: ``$CC`` (else ``cc``, else ``gcc``) with :data:`FLAGS` (``-march=native``,
+``-ffp-contract=off`` so no multiply-add is fused where torch rounds twice), into
+``$TRTPIPE_KERNEL_CACHE`` (default ``$XDG_CACHE_HOME/trtpipe/kernels``, else ``~/.cache/trtpipe/kernels``)
+under a key hashing the source, the flags, the compiler's version and the CPU's flags: nothing is rebuilt
+that did not change, and a shared cache never serves a library built for another CPU. Written to a
+temporary name and renamed into place, so concurrent first loads are safe. ~2 s once per machine; the
+engine stage builds it, so ``serve`` finds it ready.
 
-Without a compiler, or when the build fails, or with ``TRTPIPE_CPU_ATTENTION=torch``, the engine
-uses the torch path and says so (``CpuEngine.runtime["attention"]``).
+The library is loaded after torch, so its OpenMP calls resolve to torch's ``libgomp.so.1`` (same soname):
+one thread pool for the GEMMs and the kernels, no second pool spinning against it.
+
+Without a compiler, when the build fails, or with ``TRTPIPE_CPU_KERNELS=torch``, the engine runs the
+torch path and says so (``CpuEngine.runtime["kernels"]``).
 """
 
 from __future__ import annotations
@@ -38,19 +43,19 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "kernels" / "decode_attention.c"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
-#: ``TRTPIPE_CPU_ATTENTION``: ``torch`` forces the torch path; ``native`` makes a missing kernel an error;
-#: unset (``auto``): native when it builds, else torch.
-ATTENTION_ENV = "TRTPIPE_CPU_ATTENTION"
-ATTENTION_CHOICES = ("auto", "native", "torch")
+SOURCE = Path(__file__).parent / "kernels" / "decoder.c"
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
+#: ``TRTPIPE_CPU_KERNELS``: ``torch`` forces the torch path; ``native`` makes missing kernels an error;
+#: unset (``auto``): native when they build, else torch.
+KERNELS_ENV = "TRTPIPE_CPU_KERNELS"
+KERNEL_CHOICES = ("auto", "native", "torch")
 #: Query heads per KV head the kernel handles (``MAX_GROUP`` in the source).
 MAX_GROUP = 8
 _COMPILE_TIMEOUT_S = 120
 
 
 class KernelUnavailable(RuntimeError):
-    """The native kernel cannot be built or loaded here (one line: why)."""
+    """The native kernels cannot be built or loaded here (one line: why)."""
 
 
 def cache_dir() -> Path:
@@ -88,7 +93,7 @@ def build(source: Path = SOURCE) -> Path:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise KernelUnavailable(f"{cc} --version failed: {e}") from None
-    key = hashlib.sha256("\0".join([source.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(source.read_bytes() + "\0".join(["", " ".join(FLAGS), version, _cpu_flags()]).encode()).hexdigest()[:16]
     out = cache_dir() / f"{source.stem}-{key}.so"
     if out.is_file():
         return out
@@ -110,71 +115,111 @@ def build(source: Path = SOURCE) -> Path:
     return out
 
 
+_ERRORS = {-1: "out of memory", -2: "unsupported shape", -3: "slot, position or length outside the KV cache"}
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"native {what} failed: {_ERRORS.get(rc, f'rc {rc}')}")
+
+
 @dataclass(frozen=True)
-class DecodeAttention:
-    """The loaded kernel: ``name`` is ``native-avx512`` or ``native`` (portable loops); ``path`` the library."""
+class Kernels:
+    """The loaded library: ``name`` is ``native-avx512`` or ``native`` (portable loops); ``path`` the file.
+
+    Every tensor argument must be contiguous (they are read through ``data_ptr``); ``threads``: OpenMP threads
+    (the engine passes ``torch.get_num_threads()``). Each method raises ``RuntimeError`` when the kernel fails.
+    """
 
     name: str
     path: Path
     _lib: ctypes.CDLL
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
-                 scale: float, threads: int) -> torch.Tensor:
+    def decode_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+                         lens: torch.Tensor, scale: float, threads: int) -> torch.Tensor:
         """``softmax(scale · q kᵀ) v`` per sequence over its own cache slot and length.
 
-        ``q``: float32 ``[n, kv_heads, group, head_dim]`` contiguous; ``k``/``v``: one layer's cache, float32 or
-        bfloat16 ``[num_slots, kv_heads, slot_len, head_dim]`` contiguous; ``slots``/``lens``: int64 ``[n]`` (the
-        slot of each query row and its context length in tokens, this step's token included, all ≤ slot_len).
-        Returns float32 ``[n, kv_heads, group, head_dim]``. Raises ``RuntimeError`` when the kernel fails.
+        ``q``: float32 ``[n, kv_heads, group, head_dim]`` (group ≤ :data:`MAX_GROUP`); ``k``/``v``: one layer's
+        cache, float32 or bfloat16 ``[num_slots, kv_heads, slot_len, head_dim]``; ``slots``/``lens``: int64 ``[n]``
+        (the slot of each query row and its context length in tokens, this step's token included, 1 ≤ len ≤
+        slot_len). Returns float32 ``[n, kv_heads, group, head_dim]``.
         """
         n, kvh, group, d = q.shape
         fn = self._lib.decode_attention_bf16 if k.dtype == torch.bfloat16 else self._lib.decode_attention_f32
         out = torch.empty_like(q)
-        rc = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr(), lens.data_ptr(), n, kvh, group, d,
-                k.shape[2], scale, out.data_ptr(), threads)
-        if rc != 0:
-            raise RuntimeError(f"decode attention kernel failed (rc {rc}) for q {tuple(q.shape)}")
+        _check(fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr(), lens.data_ptr(), n, kvh, group, d,
+                  k.shape[0], k.shape[2], scale, out.data_ptr(), threads), "decode attention")
         return out
 
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                     out: torch.Tensor, threads: int) -> None:
+        """``x += delta`` (in place; ``delta`` float32 or bfloat16 ``[T, hidden]``, or ``None``), then
+        ``out = RMSNorm(x) · weight`` in ``out``'s dtype (float32 or bfloat16, rounded to nearest even).
+        ``x``: float32 ``[T, hidden]``; ``weight``: float32 ``[hidden]``."""
+        rows, hidden = x.shape
+        _check(self._lib.add_rms_norm(
+            x.data_ptr(), None if delta is None else delta.data_ptr(), delta is not None and delta.dtype == torch.bfloat16,
+            weight.data_ptr(), rows, hidden, eps, out.data_ptr(), out.dtype == torch.bfloat16, threads), "add_rms_norm")
 
-def load(source: Path = SOURCE) -> DecodeAttention:
-    """Build (if needed) and load the kernel. Raises :class:`KernelUnavailable`."""
+    def rope_kv_write(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                      slots: torch.Tensor, heads: int, kc: torch.Tensor, vc: torch.Tensor, q_out: torch.Tensor,
+                      threads: int) -> None:
+        """RoPE on q and k of the fused projection's output and the K/V write into one layer's cache.
+
+        ``qkv``: float32 or bfloat16 ``[T, (heads + 2·kv_heads)·head_dim]``; ``cos``/``sin``: float32
+        ``[slot_len, head_dim]`` (by position); ``positions``/``slots``: int64 ``[T]``; ``kc``/``vc``: float32
+        ``[num_slots, kv_heads, slot_len, head_dim]``, written at ``(slots[t], :, positions[t])``; ``q_out``: float32
+        ``[T, heads, head_dim]``, the rotated queries.
+        """
+        num_slots, kvh, slot_len, d = kc.shape
+        if cos.shape[0] < slot_len:
+            raise ValueError(f"RoPE tables have {cos.shape[0]} positions, the cache {slot_len}")
+        _check(self._lib.rope_kv_write(
+            qkv.data_ptr(), qkv.dtype == torch.bfloat16, cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
+            slots.data_ptr(), qkv.shape[0], heads, kvh, d, num_slots, slot_len, q_out.data_ptr(), kc.data_ptr(),
+            vc.data_ptr(), threads), "rope_kv_write")
+
+
+def load(source: Path = SOURCE) -> Kernels:
+    """Build (if needed) and load the kernels. Raises :class:`KernelUnavailable`."""
     path = build(source)
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as e:
         raise KernelUnavailable(f"cannot load {path}: {e}") from None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    i64, ptr, flag, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     for name in ("decode_attention_f32", "decode_attention_bf16"):
-        fn = getattr(lib, name)
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ptr] * 5 + [i64] * 5 + [ctypes.c_float, ptr, ctypes.c_int]
-    lib.decode_attention_simd.restype = ctypes.c_int
-    return DecodeAttention("native-avx512" if lib.decode_attention_simd() else "native", path, lib)
+        getattr(lib, name).argtypes = [ptr] * 5 + [i64] * 6 + [f32, ptr, flag]
+    lib.add_rms_norm.argtypes = [ptr, ptr, flag, ptr, i64, i64, f32, ptr, flag, flag]
+    lib.rope_kv_write.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, flag]
+    for name in ("decode_attention_f32", "decode_attention_bf16", "add_rms_norm", "rope_kv_write", "decoder_simd"):
+        getattr(lib, name).restype = ctypes.c_int
+    return Kernels("native-avx512" if lib.decoder_simd() else "native", path, lib)
 
 
 @functools.cache
-def _load_cached() -> DecodeAttention | str:
+def _load_cached() -> Kernels | str:
     try:
         return load()
     except KernelUnavailable as e:
         return str(e)
+    except Exception as e:  # noqa: BLE001 - whatever breaks the native build, the engine still serves (torch path)
+        return f"{type(e).__name__}: {e}"
 
 
-def decode_attention(choice: str | None = None) -> DecodeAttention | None:
-    """The kernel to use for ``choice`` (default: ``$TRTPIPE_CPU_ATTENTION``, else ``auto``; see
-    :data:`ATTENTION_CHOICES`), or ``None`` for the torch path. ``auto`` logs one warning with the reason
-    when the kernel is unavailable; ``native`` raises :class:`KernelUnavailable` instead; an unknown choice
-    raises ``ValueError``."""
-    choice = choice or os.environ.get(ATTENTION_ENV) or "auto"
-    if choice not in ATTENTION_CHOICES:
-        raise ValueError(f"{ATTENTION_ENV}={choice!r} is not one of {', '.join(ATTENTION_CHOICES)}")
+def kernels(choice: str | None = None) -> Kernels | None:
+    """The kernels to use for ``choice`` (default: ``$TRTPIPE_CPU_KERNELS``, else ``auto``; see
+    :data:`KERNEL_CHOICES`), or ``None`` for the torch path. ``auto`` logs one warning with the reason when they
+    are unavailable; ``native`` raises :class:`KernelUnavailable` instead; an unknown choice raises ``ValueError``."""
+    choice = choice or os.environ.get(KERNELS_ENV) or "auto"
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"{KERNELS_ENV}={choice!r} is not one of {', '.join(KERNEL_CHOICES)}")
     if choice == "torch":
         return None
     got = _load_cached()
     if isinstance(got, str):
         if choice == "native":
             raise KernelUnavailable(got)
-        log.warning("decode attention: torch path (%s)", got)
+        log.warning("CPU engine kernels: torch path (%s)", got)
         return None
     return got

@@ -222,11 +222,11 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
 
     out_dir = layout.engine
     if not dry_run:
-        # the runtime's decode-attention kernel is built once per machine (pipeline/cpu_runtime/native.py), here so
-        # that `serve` finds it ready; where it cannot build, the engine runs its torch path and says so
+        # the runtime's native kernels are built once per machine (pipeline/cpu_runtime/native.py), here so that
+        # `serve` finds them ready; where they cannot be built, the engine runs its torch path and says so
         from pipeline.cpu_runtime import native
 
-        native.decode_attention()
+        native.kernels()
     key = _cache_key(recipe, quantized, dry_run)
     if not force:
         hit = EngineResult.load(out_dir, key)

@@ -117,7 +117,7 @@ class TritonPythonModel:
         self.engine = CpuEngine(p.engine_dir, num_threads=p.num_threads)
         rt = self.engine.runtime
         pb_utils.Logger.log_info(
-            f"tensorrt_llm (CPU): {rt['runtime']} {rt['gemm']} GEMMs, {rt['attention']} attention, {rt['dtype']}, "
+            f"tensorrt_llm (CPU): {rt['runtime']} {rt['gemm']} GEMMs, {rt['kernels']} kernels, {rt['dtype']}, "
             f"{rt['threads']} threads, KV "
             f"{rt['kv_slots']} slots × {rt['kv_slot_len']} tokens, loaded in {self.engine.load_time_s:.1f} s"
         )

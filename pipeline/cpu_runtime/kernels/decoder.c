@@ -1,23 +1,26 @@
-/* Decode attention over trtpipe's slot KV cache (pipeline/cpu_runtime/model.py SlotKvCache).
+/* trtpipe's CPU engine kernels (pipeline/cpu_runtime/native.py loads them; pipeline/cpu_runtime/model.py
+ * Decoder calls them once per layer). All tensors are row-major and contiguous; float32 unless noted.
  *
- * One query token per sequence, grouped-query attention: for every (sequence i, KV head h) the
- * `group` query heads that share KV head h attend over the first lens[i] positions of slot slots[i]:
+ * decode_attention_{f32,bf16}: one query token per sequence over the slot KV cache (SlotKvCache),
+ * grouped-query attention. For every (sequence i, KV head h) the `group` query heads that share KV
+ * head h attend over the first lens[i] positions of slot slots[i]:
  *
  *     out[i, h, g, :] = softmax_j(scale * q[i, h, g, :] . K[slots[i], h, j, :]) @ V[slots[i], h, :lens[i], :]
  *
- * Shapes (row-major, contiguous):
- *   q, out  float32 [n, kv_heads, group, head_dim]
- *   k, v    float32 or bfloat16 [num_slots, kv_heads, slot_len, head_dim]   (one layer of the cache)
+ *   q, out  [n, kv_heads, group, head_dim];  k, v  float32 or bfloat16 [num_slots, kv_heads, slot_len, head_dim]
  *   slots, lens  int64 [n]
  *
- * Each (i, h) reads its keys and values once, and only up to its own length (the batched GEMM this
- * replaces reads every slot up to the longest one): the group's scores go to a per-thread buffer,
- * then exp and sum, then the weighted sum of the values, divided by the sum. (i, h) pairs are spread
- * over the process's OpenMP threads (torch's libgomp when torch is loaded first).
+ *   Each (i, h) reads its keys and values once, and only up to its own length (the batched GEMM this
+ *   replaces reads every slot up to the longest one): the group's scores go to a per-thread buffer,
+ *   then exp and sum, then the weighted sum of the values, divided by the sum. (i, h) pairs are spread
+ *   over the process's OpenMP threads (torch's libgomp when torch is loaded first). With AVX-512
+ *   (head_dim a multiple of 16) intrinsics, otherwise portable loops. exp() of the (non-positive)
+ *   softmax arguments is a Cephes-style polynomial, max relative error ~2 ulp; arguments below -87 give 0.
  *
- * With AVX-512 (head_dim a multiple of 16, group <= 8) the kernel uses intrinsics; otherwise a
- * portable loop. exp() of the (non-positive) softmax arguments is a Cephes-style polynomial, max
- * relative error ~2 ulp; arguments below -87 give 0.
+ * add_rms_norm, rope_kv_write: the elementwise glue around a layer's GEMMs (see their comments).
+ *
+ * Every function returns 0, or: -1 a per-thread buffer could not be allocated, -2 a shape it does not
+ * handle, -3 a slot / position / length outside the cache (nothing is read or written out of bounds).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -197,12 +200,12 @@ static void attend_avx512(const float *Q, const void *K, const void *V, int kv_b
 }
 #endif
 
-/* Returns 0; -1 when a per-thread score buffer could not be allocated (the output is then incomplete);
-   -2 for a shape the kernel does not handle (group outside 1..MAX_GROUP, head_dim < 1). */
 static int decode_attention(const float *q, const void *k, const void *v, int kv_bf16, const int64_t *slots,
                             const int64_t *lens, int64_t n, int64_t kv_heads, int64_t group, int64_t d,
-                            int64_t slot_len, float scale, float *out, int threads) {
+                            int64_t num_slots, int64_t slot_len, float scale, float *out, int threads) {
     if (group > MAX_GROUP || group < 1 || d < 1) return -2;
+    for (int64_t i = 0; i < n; ++i)
+        if (slots[i] < 0 || slots[i] >= num_slots || lens[i] < 1 || lens[i] > slot_len) return -3;
     const size_t esize = kv_bf16 ? 2 : 4;
     int failed = 0;
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(dynamic, 1) reduction(|:failed)
@@ -224,22 +227,109 @@ static int decode_attention(const float *q, const void *k, const void *v, int kv
 }
 
 int decode_attention_f32(const float *q, const float *k, const float *v, const int64_t *slots, const int64_t *lens,
-                         int64_t n, int64_t kv_heads, int64_t group, int64_t d, int64_t slot_len, float scale,
-                         float *out, int threads) {
-    return decode_attention(q, k, v, 0, slots, lens, n, kv_heads, group, d, slot_len, scale, out, threads);
+                         int64_t n, int64_t kv_heads, int64_t group, int64_t d, int64_t num_slots, int64_t slot_len,
+                         float scale, float *out, int threads) {
+    return decode_attention(q, k, v, 0, slots, lens, n, kv_heads, group, d, num_slots, slot_len, scale, out, threads);
 }
 
 int decode_attention_bf16(const float *q, const uint16_t *k, const uint16_t *v, const int64_t *slots,
                           const int64_t *lens, int64_t n, int64_t kv_heads, int64_t group, int64_t d,
-                          int64_t slot_len, float scale, float *out, int threads) {
-    return decode_attention(q, k, v, 1, slots, lens, n, kv_heads, group, d, slot_len, scale, out, threads);
+                          int64_t num_slots, int64_t slot_len, float scale, float *out, int threads) {
+    return decode_attention(q, k, v, 1, slots, lens, n, kv_heads, group, d, num_slots, slot_len, scale, out, threads);
 }
 
-/* 1 when this build uses the AVX-512 path (for head_dim a multiple of 16), else 0. */
-int decode_attention_simd(void) {
+/* 1 when this build uses the AVX-512 attention path (head_dim a multiple of 16), else 0. */
+int decoder_simd(void) {
 #ifdef __AVX512F__
     return 1;
 #else
     return 0;
 #endif
+}
+
+/* ------------------------------------------------------------------ the layer's glue around the GEMMs
+ * Elementwise work that torch runs as several small ops per layer (each a dispatch of a few us, which
+ * at one decoding sequence is a third of the step). Same arithmetic as the torch ops they replace, in
+ * the same order; built with -ffp-contract=off so no multiply-add is fused where torch rounds twice. */
+
+static inline uint16_t f32_to_bf16(float f) {
+    /* round to nearest even, as torch's float -> bfloat16 conversion */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* x[T, H] float32 += delta (float32 or bfloat16, NULL: nothing added), then
+ * out[T, H] = (x * 1/sqrt(mean(x^2) + eps)) * w, written as float32 or bfloat16.
+ * transformers' LlamaRMSNorm in float32 (and F.rms_norm); the sum of squares in 16 lanes. */
+int add_rms_norm(float *x, const void *delta, int delta_bf16, const float *w, int64_t rows, int64_t hidden,
+                 float eps, void *out, int out_bf16, int threads) {
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (rows >= 16) schedule(static)
+    for (int64_t t = 0; t < rows; ++t) {
+        float *xr = x + t * hidden;
+        if (delta) {
+            if (delta_bf16) {
+                const uint16_t *dr = (const uint16_t *)delta + t * hidden;
+                for (int64_t i = 0; i < hidden; ++i) xr[i] += bf16_to_f32(dr[i]);
+            } else {
+                const float *dr = (const float *)delta + t * hidden;
+                for (int64_t i = 0; i < hidden; ++i) xr[i] += dr[i];
+            }
+        }
+        float lanes[16] = {0};
+        int64_t i = 0;
+        for (; i + 16 <= hidden; i += 16)
+            for (int l = 0; l < 16; ++l) lanes[l] += xr[i + l] * xr[i + l];
+        for (; i < hidden; ++i) lanes[i % 16] += xr[i] * xr[i];
+        float ss = 0.0f;
+        for (int l = 0; l < 16; ++l) ss += lanes[l];
+        const float r = 1.0f / __builtin_sqrtf(ss / (float)hidden + eps);
+        if (out_bf16) {
+            uint16_t *o = (uint16_t *)out + t * hidden;
+            for (int64_t j = 0; j < hidden; ++j) o[j] = f32_to_bf16((xr[j] * r) * w[j]);
+        } else {
+            float *o = (float *)out + t * hidden;
+            for (int64_t j = 0; j < hidden; ++j) o[j] = (xr[j] * r) * w[j];
+        }
+    }
+    return 0;
+}
+
+/* RoPE and the KV-cache write of one step. qkv: [T, (heads + 2 kv_heads) * d] float32 or bfloat16 (the fused
+ * projection's output: q heads, k heads, v heads); cos/sin: [slot_len, d] float32 tables indexed by position.
+ * Writes q rotated to q_out [T, heads, d] float32, and k rotated and v as they are into the cache
+ * kc/vc [num_slots, kv_heads, slot_len, d] float32 at (slots[t], :, positions[t]); cos/sin must have slot_len rows.
+ * Rotation: transformers' x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1). */
+int rope_kv_write(const void *qkv, int qkv_bf16, const float *cos, const float *sin, const int64_t *positions,
+                  const int64_t *slots, int64_t rows, int64_t heads, int64_t kv_heads, int64_t d, int64_t num_slots,
+                  int64_t slot_len, float *q_out, float *kc, float *vc, int threads) {
+    const int64_t width = (heads + 2 * kv_heads) * d, half = d / 2;
+    if (d % 2 || d < 2) return -2;
+    for (int64_t t = 0; t < rows; ++t)
+        if (slots[t] < 0 || slots[t] >= num_slots || positions[t] < 0 || positions[t] >= slot_len) return -3;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (rows >= 32) schedule(static)
+    for (int64_t t = 0; t < rows; ++t) {
+        const float *c = cos + positions[t] * d, *s = sin + positions[t] * d;
+        const int64_t cache_row = slots[t] * kv_heads * slot_len + positions[t];
+        float x[d];
+        for (int64_t hh = 0; hh < heads + 2 * kv_heads; ++hh) {
+            const int64_t off = t * width + hh * d;
+            if (qkv_bf16)
+                for (int64_t i = 0; i < d; ++i) x[i] = bf16_to_f32(((const uint16_t *)qkv)[off + i]);
+            else
+                memcpy(x, (const float *)qkv + off, (size_t)d * sizeof(float));
+            float *dst;
+            if (hh < heads) dst = q_out + (t * heads + hh) * d;
+            else if (hh < heads + kv_heads) dst = kc + (cache_row + (hh - heads) * slot_len) * d;
+            else {
+                memcpy(vc + (cache_row + (hh - heads - kv_heads) * slot_len) * d, x, (size_t)d * sizeof(float));
+                continue;
+            }
+            for (int64_t i = 0; i < half; ++i) dst[i] = x[i] * c[i] - x[i + half] * s[i];
+            for (int64_t i = half; i < d; ++i) dst[i] = x[i] * c[i] + x[i - half] * s[i];
+        }
+    }
+    return 0;
 }

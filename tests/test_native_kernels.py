@@ -1,0 +1,166 @@
+"""The CPU engine's native kernels (``pipeline/cpu_runtime/kernels/decoder.c``), built with this machine's C
+compiler: decode attention against softmax attention computed here in float64, RoPE + K/V write and
+add + RMSNorm against the torch ops they replace; the build cache; the torch fallback when they cannot be built."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+
+from pipeline.cpu_runtime import native
+
+needs_cc = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler on this machine")
+
+
+def _reference(q, k, v, slots, lens, scale):
+    """softmax(scale · q·K) V per (sequence, KV head, query row), in float64, from the cache slices directly."""
+    n, kvh, group, d = q.shape
+    out = torch.empty(n, kvh, group, d, dtype=torch.float64)
+    for i in range(n):
+        s, L = int(slots[i]), int(lens[i])
+        for h in range(kvh):
+            K = k[s, h, :L].double()  # [L, d]
+            V = v[s, h, :L].double()
+            for g in range(group):
+                w = torch.exp(scale * (K @ q[i, h, g].double()) - (scale * (K @ q[i, h, g].double())).max())
+                out[i, h, g] = (w / w.sum()) @ V
+    return out
+
+
+@needs_cc
+@pytest.mark.parametrize(
+    ("group", "d", "kv_dtype"),
+    [
+        (3, 64, torch.float32),    # SmolLM2-135M: 9 query heads over 3 KV heads of 64
+        (4, 128, torch.float32),   # Llama-3.1-8B: 32 over 8 of 128 (tiled: 4 × 8 accumulators > 24)
+        (1, 64, torch.bfloat16),   # multi-head attention, bfloat16 K/V
+        (8, 128, torch.bfloat16),  # the largest group the kernel takes
+        (2, 80, torch.float32),    # head_dim 80: a multiple of 16 outside the specialised shapes
+        (5, 48, torch.float32),    # head_dim 48 (also a multiple of 16), odd group
+        (3, 40, torch.float32),    # head_dim 40: the portable loops
+    ],
+)
+def test_kernel_matches_softmax_attention(group: int, d: int, kv_dtype: torch.dtype) -> None:
+    kernel = native.kernels("native")
+    g = torch.Generator().manual_seed(group * 1000 + d)
+    num_slots, kvh, slot_len = 7, 2, 300
+    k = (torch.randn(num_slots, kvh, slot_len, d, generator=g) * 2).to(kv_dtype)
+    v = torch.randn(num_slots, kvh, slot_len, d, generator=g).to(kv_dtype)
+    # slots out of order with gaps; lengths from 1 token to the whole slot, and lengths that are not multiples of 16
+    slots = torch.tensor([5, 0, 3, 6], dtype=torch.int64)
+    lens = torch.tensor([1, 17, 300, 129], dtype=torch.int64)
+    q = torch.randn(len(slots), kvh, group, d, generator=g)
+    scale = 1 / math.sqrt(d)
+    got = kernel.decode_attention(q, k, v, slots, lens, scale, threads=2)
+    want = _reference(q, k.float(), v.float(), slots, lens, scale)
+    assert got.dtype == torch.float32 and got.shape == q.shape
+    err = (got.double() - want).abs().max().item()
+    assert err < 2e-6 * want.abs().max().item() + 1e-7, err
+    # one token of context: the output is that token's value row, whatever the scores
+    assert torch.allclose(got[0], v[5, :, :1].float().expand(kvh, group, d), atol=1e-7)
+    # the same result on one thread (the work split does not change any item's arithmetic)
+    assert torch.equal(kernel.decode_attention(q, k, v, slots, lens, scale, threads=1), got)
+    # a length past the slot, or a slot past the cache, is refused (nothing read out of bounds)
+    with pytest.raises(RuntimeError, match="outside the KV cache"):
+        kernel.decode_attention(q, k, v, slots, torch.tensor([1, 17, 301, 129]), scale, threads=1)
+    with pytest.raises(RuntimeError, match="outside the KV cache"):
+        kernel.decode_attention(q, k, v, torch.tensor([5, 0, 7, 6]), lens, scale, threads=1)
+
+
+def _rope_reference(x, cos, sin):
+    """transformers' apply_rotary_pos_emb on one [T, heads, D] tensor: x * cos + rotate_half(x) * sin."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+
+
+@needs_cc
+@pytest.mark.parametrize("qkv_dtype", [torch.float32, torch.bfloat16])
+def test_rope_kv_write_matches_transformers_rotation(qkv_dtype: torch.dtype) -> None:
+    kn = native.kernels("native")
+    H, KVH, D, num_slots, slot_len = 9, 3, 64, 4, 40
+    g = torch.Generator().manual_seed(7)
+    inv = 1.0 / (100000.0 ** (torch.arange(0, D, 2).float() / D))
+    freqs = torch.outer(torch.arange(slot_len).float(), inv)
+    cos, sin = torch.cat((freqs, freqs), -1).cos(), torch.cat((freqs, freqs), -1).sin()
+    positions = torch.tensor([3, 7, 0, 39, 12])
+    slots = torch.tensor([0, 2, 3, 1, 2])
+    qkv = torch.randn(5, (H + 2 * KVH) * D, generator=g).to(qkv_dtype)
+    kc, vc = torch.zeros(num_slots, KVH, slot_len, D), torch.zeros(num_slots, KVH, slot_len, D)
+    q = torch.empty(5, H, D)
+    kn.rope_kv_write(qkv, cos, sin, positions, slots, H, kc, vc, q, threads=2)
+    x = qkv.float()
+    qr = _rope_reference(x[:, :H * D].view(5, H, D), cos[positions], sin[positions])
+    kr = _rope_reference(x[:, H * D:(H + KVH) * D].view(5, KVH, D), cos[positions], sin[positions])
+    assert torch.equal(q, qr)  # the same products and sums, so bitwise
+    want_k, want_v = torch.zeros_like(kc), torch.zeros_like(vc)
+    want_k[slots, :, positions] = kr
+    want_v[slots, :, positions] = x[:, (H + KVH) * D:].view(5, KVH, D)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)  # and nothing else in the cache touched
+    with pytest.raises(RuntimeError, match="outside the KV cache"):
+        kn.rope_kv_write(qkv, cos, sin, torch.tensor([3, 7, 0, 40, 12]), slots, H, kc, vc, q, threads=1)
+
+
+@needs_cc
+@pytest.mark.parametrize(("delta_dtype", "out_dtype"), [(None, torch.float32), (torch.float32, torch.float32),
+                                                        (torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)])
+def test_add_rms_norm_matches_transformers_rmsnorm(delta_dtype, out_dtype) -> None:
+    kn = native.kernels("native")
+    g = torch.Generator().manual_seed(3)
+    rows, hidden, eps = 17, 576, 1e-5
+    x = torch.randn(rows, hidden, generator=g) * 3
+    w = torch.rand(hidden, generator=g) + 0.5
+    delta = None if delta_dtype is None else torch.randn(rows, hidden, generator=g).to(delta_dtype)
+    want_x = x if delta is None else x + delta.float()
+    # transformers LlamaRMSNorm in float32, then the cast the GEMM input gets
+    want = (w * (want_x * torch.rsqrt(want_x.pow(2).mean(-1, keepdim=True) + eps))).to(out_dtype)
+    out = torch.empty(rows, hidden, dtype=out_dtype)
+    kn.add_rms_norm(x, delta, w, eps, out, threads=2)
+    assert torch.equal(x, want_x)  # the residual is updated in place, exactly
+    if out_dtype == torch.float32:  # the sum of squares in another order: within a few ulp
+        assert torch.allclose(out, want, rtol=4e-7, atol=1e-7), (out - want).abs().max()
+    else:  # bfloat16: the same rounding almost everywhere
+        assert (out != want).float().mean() < 0.01
+        assert torch.allclose(out.float(), want.float(), rtol=8e-3, atol=0)
+
+
+@needs_cc
+def test_kernel_is_built_once_per_source(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TRTPIPE_KERNEL_CACHE", str(tmp_path / "cache"))
+    first = native.build()
+    mtime = first.stat().st_mtime_ns
+    assert native.build() == first and first.stat().st_mtime_ns == mtime  # reused, not rebuilt
+    changed = tmp_path / native.SOURCE.name
+    changed.write_bytes(native.SOURCE.read_bytes() + b"\n/* changed */\n")
+    other = native.build(changed)
+    assert other != first and other.is_file()
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([first.name, other.name])  # no temp left
+
+
+def test_without_a_compiler_the_engine_takes_the_torch_path(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("TRTPIPE_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    native._load_cached.cache_clear()
+    try:
+        with pytest.raises(native.KernelUnavailable, match="no-such-cc"):
+            native.kernels("native")
+        with caplog.at_level("WARNING", logger=native.__name__):
+            assert native.kernels("auto") is None
+        assert "torch path" in caplog.text and "no-such-cc" in caplog.text
+        monkeypatch.setenv(native.KERNELS_ENV, "auto")
+        assert native.kernels() is None
+    finally:
+        native._load_cached.cache_clear()
+    broken = tmp_path / "broken.c"
+    broken.write_text("int f( {\n")
+    monkeypatch.delenv("CC")
+    if shutil.which("cc") or shutil.which("gcc"):
+        with pytest.raises(native.KernelUnavailable, match="could not build broken.c"):
+            native.build(broken)
+        assert not any((tmp_path / "cache").glob("*"))  # nothing half-written
+    assert native.kernels("torch") is None
+    with pytest.raises(ValueError, match="TRTPIPE_CPU_KERNELS='fast' is not one of auto, native, torch"):
+        native.kernels("fast")
