@@ -329,3 +329,41 @@ def test_kv_capacity_follows_the_recipe(engine_dir: Path) -> None:
                  max_tokens=None, free_memory_fraction=0.3)
     with CpuEngine(engine_dir, num_threads=1, kv_max_tokens=2048) as eng:
         assert eng.runtime["kv_slots"] == 2 and eng.runtime["kv_tokens"] == 2048
+
+
+def test_embedding_stays_file_backed_and_unread(engine_dir: Path) -> None:
+    """The (tied) embedding is not copied into the engine's memory and its pages are not all faulted in: only the
+    rows of looked-up tokens become resident. Measured in a fresh process (this one maps the file for other
+    engines) from /proc/self/smaps: the Rss of the mappings of model.safetensors, before and after 1 lookup."""
+    import subprocess
+    import sys
+
+    script = f"""
+import re, sys, torch
+from pathlib import Path
+sys.path.insert(0, {str(REPO)!r})
+from pipeline.cpu_runtime.model import Decoder, StepBatch
+path = {str(engine_dir / "model.safetensors")!r}
+def mapped_rss_kib():
+    total, on = 0, False
+    for line in open("/proc/self/smaps"):
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            on = line.rstrip().endswith(path)
+        elif on and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+dec = Decoder(Path(path).parent, slots=1, slot_len=16, kernels="torch")
+before = mapped_rss_kib()
+ids = torch.tensor([1, 2, 3])
+dec.forward(StepBatch(tokens=ids, positions=torch.arange(3), slots=torch.zeros(3, dtype=torch.int64), n_decode=0,
+                      decode_slots=[], decode_ctx=torch.zeros(0, dtype=torch.int64), chunks=[(0, 3, 0, 0)],
+                      logit_rows=torch.arange(3)))
+print(before, mapped_rss_kib(), dec.embed.numel() * dec.embed.element_size() // 1024)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=WAIT_S)
+    assert r.returncode == 0, r.stderr[-2000:]
+    before, after, embed_kib = map(int, r.stdout.split()[-3:])
+    assert embed_kib > 100_000  # SmolLM2: 49,152 × 576 float32
+    assert before < 0.02 * embed_kib, (before, embed_kib)
+    # 3 rows of 2.25 KiB: a page or two, each fault mapping up to 64 KiB around it (the kernel's fault-around)
+    assert after < before + 512, (before, after)

@@ -317,9 +317,12 @@ class Decoder:
         self.norm = w.get("model.norm.weight", f32)
         # the embedding stays file-backed in its stored dtype (only the rows looked up become resident);
         # forward() upcasts the looked-up rows into the float32 residual stream
-        self.embed = emb = w.mapped("model.embed_tokens.weight")
-        head = w.mapped("lm_head.weight") if "lm_head.weight" in w else emb
-        self.lm_head = Linear(head.to(cd), None, packed=self.packed)
+        self.embed = w.mapped("model.embed_tokens.weight")
+        # the lm_head (tied to the embedding in SmolLM2) is packed from a private copy: packing it through the
+        # mapping above would leave every page of the embedding resident in this process (113 MB for SmolLM2
+        # in float32) when lookups need only the rows of the tokens seen
+        head = "lm_head.weight" if "lm_head.weight" in w else "model.embed_tokens.weight"
+        self.lm_head = Linear(w.get(head, cd), None, packed=self.packed)
         inv = rope_inv_freq(cfg, geo.head_dim)
         pos = torch.arange(slot_len, dtype=torch.int64).float()
         freqs = torch.outer(pos, inv)  # == transformers' inv_freq @ position_ids (one-term products)
