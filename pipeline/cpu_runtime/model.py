@@ -410,9 +410,7 @@ class Decoder:
         nd = b.n_decode
         threads = torch.get_num_threads()
         positions, slots = b.positions.contiguous(), b.slots.contiguous()
-        if nd:
-            dec_slots = torch.tensor(b.decode_slots, dtype=torch.int64)
-            dec_lens = b.decode_ctx.contiguous()
+        dec_slots, dec_lens = slots[:nd], b.decode_ctx.contiguous()  # the decode tokens come first
         h = torch.empty(T, g.hidden, dtype=cd)  # each GEMM's normalised input, in the GEMM dtype
         layers = self.layers
         kn.add_rms_norm(x, None, layers[0]["ln1"], eps, h, threads)
@@ -420,13 +418,15 @@ class Decoder:
             kc, vc = self.cache.k[i], self.cache.v[i]
             q = torch.empty(T, H, D)
             kn.rope_kv_write(L["qkv"](h), self.cos, self.sin, positions, slots, H, kc, vc, q, threads)
+            if nd:
+                dec = kn.decode_attention(q[:nd].view(nd, KVH, g.group, D), kc, vc, dec_slots, dec_lens, self.scale,
+                                          threads).view(nd, H, D)
             if nd == T:
-                attn = kn.decode_attention(q.view(T, KVH, g.group, D), kc, vc, dec_slots, dec_lens, self.scale, threads)
+                attn = dec
             else:
                 attn = torch.empty(T, H, D)
                 if nd:
-                    attn[:nd] = kn.decode_attention(q[:nd].view(nd, KVH, g.group, D), kc, vc, dec_slots, dec_lens,
-                                                    self.scale, threads).view(nd, H, D)
+                    attn[:nd] = dec
                 self._prefill_attention(q, kc, vc, b, chunk_masks, attn)
             attn = attn.view(T, H * D)
             kn.add_rms_norm(x, L["o"](attn.to(cd) if lowp else attn), L["ln2"], eps, h, threads)
