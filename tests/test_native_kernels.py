@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pipeline.cpu_runtime import native
+from pipeline.errors import UserError
 
 needs_cc = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler on this machine")
 
@@ -145,8 +146,9 @@ def test_without_a_compiler_the_engine_takes_the_torch_path(tmp_path, monkeypatc
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     native._load_cached.cache_clear()
     try:
-        with pytest.raises(native.KernelUnavailable, match="no-such-cc"):
+        with pytest.raises(native.KernelUnavailable, match="TRTPIPE_CPU_KERNELS=native.*no-such-cc") as asked:
             native.kernels("native")
+        assert isinstance(asked.value, UserError)  # the CLI prints it as one line and exits 2
         with caplog.at_level("WARNING", logger=native.__name__):
             assert native.kernels("auto") is None
         assert "torch path" in caplog.text and "no-such-cc" in caplog.text
@@ -162,5 +164,6 @@ def test_without_a_compiler_the_engine_takes_the_torch_path(tmp_path, monkeypatc
             native.build(broken)
         assert not any((tmp_path / "cache").glob("*"))  # nothing half-written
     assert native.kernels("torch") is None
-    with pytest.raises(ValueError, match="TRTPIPE_CPU_KERNELS='fast' is not one of auto, native, torch"):
+    with pytest.raises(ValueError, match="TRTPIPE_CPU_KERNELS='fast' is not one of auto, native, torch") as bad:
         native.kernels("fast")
+    assert isinstance(bad.value, UserError)

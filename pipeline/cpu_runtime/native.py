@@ -41,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from pipeline.errors import UserError
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "kernels" / "decoder.c"
@@ -54,8 +56,13 @@ MAX_GROUP = 8
 _COMPILE_TIMEOUT_S = 120
 
 
-class KernelUnavailable(RuntimeError):
-    """The native kernels cannot be built or loaded here (one line: why)."""
+class KernelUnavailable(UserError, RuntimeError):
+    """The native kernels cannot be built or loaded here (one line: why). Reaches the user only where they were
+    asked for (``TRTPIPE_CPU_KERNELS=native``): a :class:`~pipeline.errors.UserError`, one line and exit 2."""
+
+
+class KernelChoiceError(UserError, ValueError):
+    """``TRTPIPE_CPU_KERNELS`` (or a ``kernels`` argument) names none of :data:`KERNEL_CHOICES`: one line, exit 2."""
 
 
 def cache_dir() -> Path:
@@ -210,16 +217,18 @@ def _load_cached() -> Kernels | str:
 def kernels(choice: str | None = None) -> Kernels | None:
     """The kernels to use for ``choice`` (default: ``$TRTPIPE_CPU_KERNELS``, else ``auto``; see
     :data:`KERNEL_CHOICES`), or ``None`` for the torch path. ``auto`` logs one warning with the reason when they
-    are unavailable; ``native`` raises :class:`KernelUnavailable` instead; an unknown choice raises ``ValueError``."""
+    are unavailable; ``native`` raises :class:`KernelUnavailable` instead; an unknown choice raises
+    :class:`KernelChoiceError` (a ``ValueError``)."""
     choice = choice or os.environ.get(KERNELS_ENV) or "auto"
     if choice not in KERNEL_CHOICES:
-        raise ValueError(f"{KERNELS_ENV}={choice!r} is not one of {', '.join(KERNEL_CHOICES)}")
+        raise KernelChoiceError(f"{KERNELS_ENV}={choice!r} is not one of {', '.join(KERNEL_CHOICES)}")
     if choice == "torch":
         return None
     got = _load_cached()
     if isinstance(got, str):
         if choice == "native":
-            raise KernelUnavailable(got)
+            raise KernelUnavailable(f"the native CPU kernels were asked for ({KERNELS_ENV}=native) but cannot be used: "
+                                    f"{got}")
         log.warning("CPU engine kernels: torch path (%s)", got)
         return None
     return got
