@@ -98,6 +98,8 @@ def test_greedy_matches_generate(engine: CpuEngine, engine_dir: Path, tok) -> No
     assert "Paris" in tok.decode(cols[0].tokens)
     if shutil.which("cc") or shutil.which("gcc"):  # the native kernels are what ran
         assert engine.runtime["kernels"].startswith("native"), engine.runtime
+        if engine.runtime["kernels"] == "native-avx512" and torch.backends.mkldnn.is_available():
+            assert engine.runtime["gemm"] == "native+onednn-packed", engine.runtime  # and the few-row GEMM kernel
 
 
 def test_native_and_torch_kernels_give_the_same_tokens(engine: CpuEngine, engine_dir: Path, tok,

@@ -167,3 +167,123 @@ def test_without_a_compiler_the_engine_takes_the_torch_path(tmp_path, monkeypatc
     with pytest.raises(ValueError, match="TRTPIPE_CPU_KERNELS='fast' is not one of auto, native, torch") as bad:
         native.kernels("fast")
     assert isinstance(bad.value, UserError)
+
+
+def _cpu_has(flag: str) -> bool:
+    return flag in native._cpu_flags().split()
+
+
+needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
+
+
+@needs_cc
+@needs_mkldnn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("n", "k", "bias"), [(960, 576, False), (576, 1536, True), (128, 96, True)])
+def test_packed_linear_matches_float64(dtype: torch.dtype, n: int, k: int, bias: bool) -> None:
+    """The few-row GEMM on oneDNN's packed weight against x·Wᵀ (+ b) in float64 of the same (rounded) inputs, for
+    1 row to past several row blocks; bound: γ_K·Σ|x||w| for float32 accumulation in any order (+ half an ulp of
+    the bfloat16 output)."""
+    kn = native.kernels("native")
+    if not _cpu_has("avx512f") or (dtype == torch.bfloat16 and not _cpu_has("avx512_bf16")):
+        pytest.skip("the GEMM kernel needs AVX-512 (and AVX512_BF16 for bfloat16)")
+    g = torch.Generator().manual_seed(n + k)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, 64)
+    assert kn.packed_layout_ok(packed, n, k, dtype, b)
+    ptr = torch.ops.mkldnn.data_ptr(packed)
+    for rows in (1, 5, 6, 7, 16, 128):
+        x = torch.randn(rows, k, generator=g).to(dtype)
+        got = kn.linear(x, ptr, n, k, b, threads=2)
+        assert got.dtype == dtype and got.shape == (rows, n)
+        want = x.double() @ w.double().T + (0 if b is None else b.double())
+        bound = k * 2**-24 / (1 - k * 2**-24) * ((x.double().abs() @ w.double().abs().T) + (0 if b is None else b.double().abs()))
+        if dtype == torch.bfloat16:
+            bound = bound * (1 + 2**-8) + want.abs() * 2**-8
+        err = (got.double() - want).abs()
+        assert (err <= bound).all(), (rows, (err - bound).max().item())
+        assert torch.equal(kn.linear(x, ptr, n, k, b, threads=1), got)  # the split over threads changes no sum
+
+
+@needs_cc
+@needs_mkldnn
+def test_packed_layout_check_refuses_what_the_kernel_would_misread() -> None:
+    kn = native.kernels("native")
+    if not _cpu_has("avx512f"):
+        pytest.skip("the GEMM kernel needs AVX-512")
+    w = torch.randn(576, 1536)
+    assert kn.packed_layout_ok(torch.ops.mkldnn._reorder_linear_weight(w, 64), 576, 1536, torch.float32, None)
+    # the same weight as a oneDNN tensor in its plain [out, in] layout: as many bytes, other places (oneDNN
+    # itself reads it right)
+    plain = w.to_mkldnn()
+    assert torch.ops.mkldnn._nbytes(plain) == w.numel() * 4
+    assert not kn.packed_layout_ok(plain, 576, 1536, torch.float32, None)
+    # in-features not a multiple of 16: oneDNN pads the packed weight
+    assert not kn.packed_layout_ok(torch.ops.mkldnn._reorder_linear_weight(torch.randn(64, 18), 64), 64, 18,
+                                   torch.float32, None)
+    # out-features not a multiple of 64: the kernel declines, and refuses a direct call
+    odd = torch.ops.mkldnn._reorder_linear_weight(torch.randn(100, 64), 64)
+    assert not kn.packed_layout_ok(odd, 100, 64, torch.float32, None)
+    with pytest.raises(RuntimeError, match="unsupported shape"):
+        kn.linear(torch.randn(2, 64), torch.ops.mkldnn.data_ptr(odd), 100, 64, None, threads=1)
+    with pytest.raises(ValueError, match="does not match a weight of 1536 inputs"):  # would read past the weight
+        kn.linear(torch.randn(2, 2048), torch.ops.mkldnn.data_ptr(plain), 576, 1536, None, threads=1)
+
+
+@needs_cc
+@needs_mkldnn
+def test_portable_build_keeps_onednn_for_every_gemm(tmp_path, monkeypatch) -> None:
+    """Built without AVX-512 the GEMM kernel declines (-2) and the layout check says no, so the engine keeps
+    oneDNN for every size (decode attention and the glue still run their portable loops)."""
+    monkeypatch.setenv("TRTPIPE_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "FLAGS", (*native.FLAGS, "-mno-avx512f"))
+    kn = native.load()
+    assert kn.name == "native"
+    packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(128, 64), 64)
+    assert not kn.packed_layout_ok(packed, 128, 64, torch.float32, None)
+
+
+@needs_cc
+@needs_mkldnn
+def test_engine_linear_runs_the_kernel_up_to_its_row_limit_and_onednn_above() -> None:
+    from pipeline.cpu_runtime.model import NATIVE_GEMM_MAX_ROWS, Linear
+
+    kn = native.kernels("native")
+    if not _cpu_has("avx512f"):
+        pytest.skip("the GEMM kernel needs AVX-512")
+    g = torch.Generator().manual_seed(11)
+    lin = Linear(torch.randn(192, 256, generator=g), None, packed=True)
+    assert lin.use_native(kn)
+    ptr = torch.ops.mkldnn.data_ptr(lin.weight)
+    for rows in (1, NATIVE_GEMM_MAX_ROWS):
+        x = torch.randn(rows, 256, generator=g)
+        assert torch.equal(lin(x), kn.linear(x, ptr, 192, 256, None, torch.get_num_threads()))
+    x = torch.randn(NATIVE_GEMM_MAX_ROWS + 1, 256, generator=g)
+    assert torch.equal(lin(x), torch.ops.mkldnn._linear_pointwise(x, lin.weight, None, "none", [], ""))
+    assert not lin.use_native(None)  # back to oneDNN for every size
+    x = torch.randn(3, 256, generator=g)
+    assert torch.equal(lin(x), torch.ops.mkldnn._linear_pointwise(x, lin.weight, None, "none", [], ""))
+
+
+def test_build_refuses_a_bad_kernel_choice_before_quantize(tmp_path) -> None:
+    """`trtpipe build` of the CPU recipe with a bad $TRTPIPE_CPU_KERNELS: one line naming the variable, exit 2, before
+    any stage (nothing written; no calibration run: well under the ~50 s of a first quantize)."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "build"
+    env = {**os.environ, native.KERNELS_ENV: "fast"}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "build", str(repo / "recipes" / "smollm2_135m_cpu_fp8.yaml"),
+                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    assert any("TRTPIPE_CPU_KERNELS='fast' is not one of auto, native, torch" in ln for ln in lines), lines
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+    assert time.perf_counter() - t0 < 30

@@ -182,7 +182,7 @@ class CpuEngine:
         """What serves: runtime name, GEMM kernels, the other kernels (:attr:`Decoder.kernels`), dtype, threads,
         KV slots × slot length, KV tokens."""
         return {
-            "runtime": RUNTIME, "gemm": "onednn-packed" if self.model.packed else "torch-linear",
+            "runtime": RUNTIME, "gemm": self.model.gemm,
             "kernels": self.model.kernels,
             "dtype": str(self.dtype).removeprefix("torch."), "threads": self.threads, "kv_slots": self.model.cache.slots,
             "kv_slot_len": self.model.cache.slot_len, "kv_tokens": self.kv_tokens,

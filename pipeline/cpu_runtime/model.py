@@ -3,12 +3,13 @@
 What makes it fast on a few CPU cores (measured on 2 AVX-512 cores, SmolLM2-135M fp32; see
 ``scripts/bench_cpu.py``):
 
-- **Prepacked oneDNN GEMMs.** Every Linear weight is reordered once into oneDNN's blocked layout
-  (``torch.ops.mkldnn._reorder_linear_weight``) and run with ``torch.ops.mkldnn._linear_pointwise``
-  — the kernels torch's own inductor uses for CPU linears. For the 540 MB of SmolLM2 weights one
-  decode step's GEMMs take ~14 ms at 1–4 tokens and ~20 ms at 16 (near the ~45 GB/s memory roofline),
-  where ``F.linear`` (MKL) takes 33–50 ms on this AMD CPU. Without mkldnn, :class:`Linear` falls back
-  to ``F.linear``.
+- **Prepacked GEMMs, one copy of each weight.** Every Linear weight is reordered once into oneDNN's blocked
+  layout (``torch.ops.mkldnn._reorder_linear_weight``). Steps of up to :data:`NATIVE_GEMM_MAX_ROWS` tokens (every
+  decode step) run the native few-row kernel on that packed weight (``linear_packed_*`` in ``kernels/decoder.c``:
+  each k's 64 outputs loaded once and multiply-added into every row): it streams the weights at the memory's
+  speed where oneDNN's ``_linear_pointwise`` reaches ~2/3 of it at 1–4 rows (measured, the 540 MB of SmolLM2
+  float32 weights: 16.7 vs 23.2 ms at 1 row). Larger steps (prefill) run oneDNN on the same weight.
+  ``F.linear`` (MKL) takes 33–50 ms on this AMD CPU; it remains the fallback without mkldnn.
 - **Fused projections**: q/k/v → one GEMM, gate/up → one GEMM; the lm_head runs only on the rows
   that need logits.
 - **Slot KV cache** (:class:`SlotKvCache`): per layer ``[slots, kv_heads, slot_len, head_dim]``, so
@@ -50,6 +51,11 @@ SUPPORTED_ROPE_TYPES = ("default", "llama3")
 #: Batch-size hint for the oneDNN weight reorder. Measured on 2 AVX-512 cores, one SmolLM2 step's
 #: GEMMs with hint 64 vs 1/4/16/128: within noise from 1 to 100 rows, best at 4–16 rows.
 PACK_BATCH_HINT = 64
+#: Most rows (tokens) a GEMM hands to the native kernel (``linear_packed_*`` in ``kernels/decoder.c``) instead of
+#: oneDNN, on the same packed weights. Measured on 2 AVX-512 cores (Zen 4), the 121 GEMMs of one SmolLM2 step,
+#: native vs oneDNN: float32 16.7 vs 23.2 ms at 1 row, 27.8 vs 30.9 at 16, 165 vs 166 at 128, 341 vs 330 at
+#: 256; bfloat16 8.7 vs 12.8 at 1, 13.5 vs 17.1 at 16, 82 vs 85 at 128.
+NATIVE_GEMM_MAX_ROWS = 128
 
 
 class UnsupportedModelError(ValueError):
@@ -116,19 +122,35 @@ class Linear:
     weight's dtype (float32 or bfloat16; oneDNN accumulates bfloat16 products in float32).
 
     With ``packed`` the weight is reordered into oneDNN's blocked layout (the dense copy is dropped);
-    otherwise ``F.linear`` runs on the dense weight.
+    otherwise ``F.linear`` runs on the dense weight. After :meth:`use_native` accepted the kernels, inputs of
+    at most :data:`NATIVE_GEMM_MAX_ROWS` rows run the native kernel on the same packed weight.
     """
 
-    __slots__ = ("weight", "bias", "packed", "out_features")
+    __slots__ = ("weight", "bias", "packed", "out_features", "in_features", "_native", "_weight_ptr")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, packed: bool):
-        self.out_features = weight.shape[0]
+        self.out_features, self.in_features = weight.shape
         self.packed = packed
         w = weight.contiguous()
         self.weight = torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT) if packed else w
         self.bias = None if bias is None else bias.contiguous()
+        self._native: native.Kernels | None = None
+        self._weight_ptr = 0
+
+    def use_native(self, kernels: native.Kernels | None) -> bool:
+        """Run inputs of up to :data:`NATIVE_GEMM_MAX_ROWS` rows with ``kernels`` when they read this packed
+        weight as oneDNN does (:meth:`~pipeline.cpu_runtime.native.Kernels.packed_layout_ok`); returns whether.
+        ``None``: oneDNN (or ``F.linear``) for every size again."""
+        self._native, self._weight_ptr = None, 0
+        if kernels is not None and self.packed and kernels.packed_layout_ok(
+                self.weight, self.out_features, self.in_features, self.weight.dtype, self.bias):
+            self._native, self._weight_ptr = kernels, torch.ops.mkldnn.data_ptr(self.weight)
+        return self._native is not None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._native is not None and x.shape[0] <= NATIVE_GEMM_MAX_ROWS and x.dtype == self.weight.dtype:
+            return self._native.linear(x, self._weight_ptr, self.out_features, self.in_features, self.bias,
+                                       torch.get_num_threads())
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
@@ -339,6 +361,14 @@ class Decoder:
         self._kernels = kn
         #: kernels in use: ``native-avx512`` / ``native`` (:mod:`pipeline.cpu_runtime.native`) or ``torch``
         self.kernels = kn.name if kn else "torch"
+        linears = [L[n] for L in self.layers for n in ("qkv", "o", "gate_up", "down")] + [self.lm_head]
+        native_gemms = bool(kn) and self.packed and all(lin.use_native(kn) for lin in linears)
+        if not native_gemms:
+            for lin in linears:  # all or none: one GEMM path per step size
+                lin.use_native(None)
+        #: GEMMs in use: ``native+onednn-packed`` (the native kernel up to :data:`NATIVE_GEMM_MAX_ROWS` rows, oneDNN
+        #: above, on one packed copy), ``onednn-packed`` or ``torch-linear``
+        self.gemm = "native+onednn-packed" if native_gemms else "onednn-packed" if self.packed else "torch-linear"
 
     # ------------------------------------------------------------------ forward
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:

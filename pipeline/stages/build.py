@@ -80,8 +80,9 @@ def run(
         warn: receives planner warnings (one line each).
 
     Raises:
-        UserError: unknown ``until``, or the planner (:func:`pipeline.plan.check_fits`) finds that
-            the recipe cannot fit its target; any stage's own errors propagate unchanged.
+        UserError: unknown ``until``, the planner (:func:`pipeline.plan.check_fits`) finds that
+            the recipe cannot fit its target, or a CPU recipe meets a bad ``$TRTPIPE_CPU_KERNELS``
+            (before any stage runs); any stage's own errors propagate unchanged.
     """
     from pipeline.plan import check_fits
 
@@ -96,6 +97,10 @@ def run(
         )
     for w in verdict.warnings:
         warn(f"plan: {w}")
+    if recipe.build.engine == "cpu" and not dry_run:
+        from pipeline.cpu_runtime import native
+
+        native.checked_choice()  # a bad $TRTPIPE_CPU_KERNELS fails here, not after quantize
     layout = BuildLayout(Path(build_dir))
     created = _first_missing(layout.root.absolute())
     results: dict[str, StageResult] = {}

@@ -333,3 +333,124 @@ int rope_kv_write(const void *qkv, int qkv_bf16, const float *cos, const float *
     }
     return 0;
 }
+
+/* linear_packed_{f32,bf16}: y[M, N] = x[M, K] . W^T (+ bias) for few rows (decode steps), reading the weight
+ * in the blocked layout oneDNN gave it (torch.ops.mkldnn._reorder_linear_weight), so the engine keeps one copy
+ * of every weight and oneDNN still runs the large-M GEMMs (prefill) on it:
+ *
+ *   float32:  W[o, k] at (o / 64) * K * 64 + k * 64 + o % 64                  (64 outputs per k, per block)
+ *   bfloat16: W[o, k] at (o / 64) * K * 64 + (k / 2) * 128 + (o % 64) * 2 + k % 2   (k pairs interleaved, K even)
+ *
+ * The engine checks this layout on every weight shape before it uses these (native.Kernels.linear_layout_ok):
+ * oneDNN picks its layout per shape and CPU. Per 64-output block and up to MR rows of x, 4 x MR accumulators
+ * of 16 outputs; each k (each k pair in bfloat16: vdpbf16ps) loads the block's 64 weights once and
+ * multiply-adds them into every row (fused multiply-add, products summed in k order per output).
+ * The weight streams from memory once per call; the blocks are spread over the OpenMP threads.
+ *   x, y: float32 (bfloat16 in the bf16 kernel, y rounded to nearest even); bias: NULL or [N] in x's dtype.
+ * Returns -2 when N is not a multiple of 64, K of 2 (bfloat16), or the CPU lacks AVX-512 (AVX512_BF16). */
+#define GEMM_NB 64
+#define GEMM_MR 6
+#ifdef __AVX512F__
+static inline __attribute__((always_inline)) void gemm_block_f32(const float *x, int64_t K, const float *P,
+                                                                 const float *bias, float *y, int64_t ldy, int mr) {
+    __m512 acc[GEMM_MR][4];
+    for (int m = 0; m < mr; ++m)
+        for (int j = 0; j < 4; ++j) acc[m][j] = bias ? _mm512_loadu_ps(bias + 16 * j) : _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; ++k) {
+        const float *p = P + k * GEMM_NB;
+        __m512 w0 = _mm512_loadu_ps(p), w1 = _mm512_loadu_ps(p + 16);
+        __m512 w2 = _mm512_loadu_ps(p + 32), w3 = _mm512_loadu_ps(p + 48);
+        for (int m = 0; m < mr; ++m) {
+            __m512 b = _mm512_set1_ps(x[m * K + k]);
+            acc[m][0] = _mm512_fmadd_ps(b, w0, acc[m][0]);
+            acc[m][1] = _mm512_fmadd_ps(b, w1, acc[m][1]);
+            acc[m][2] = _mm512_fmadd_ps(b, w2, acc[m][2]);
+            acc[m][3] = _mm512_fmadd_ps(b, w3, acc[m][3]);
+        }
+    }
+    for (int m = 0; m < mr; ++m)
+        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(y + m * ldy + 16 * j, acc[m][j]);
+}
+#define GEMM_F32(MR) \
+    static void gemm_f32_##MR(const float *x, int64_t K, const float *P, const float *bias, float *y, int64_t ldy) { \
+        gemm_block_f32(x, K, P, bias, y, ldy, MR); }
+GEMM_F32(1) GEMM_F32(2) GEMM_F32(3) GEMM_F32(4) GEMM_F32(5) GEMM_F32(6)
+typedef void (*gemm_f32_fn)(const float *, int64_t, const float *, const float *, float *, int64_t);
+static const gemm_f32_fn GEMM_F32_MR[GEMM_MR + 1] = {0, gemm_f32_1, gemm_f32_2, gemm_f32_3, gemm_f32_4, gemm_f32_5,
+                                                      gemm_f32_6};
+#endif
+
+int linear_packed_f32(const float *x, const float *w, const float *bias, int64_t M, int64_t N, int64_t K, float *y,
+                      int threads) {
+#ifdef __AVX512F__
+    if (N % GEMM_NB || M < 0 || K < 1) return -2;
+    int64_t blocks = N / GEMM_NB;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
+    for (int64_t b = 0; b < blocks; ++b)
+        for (int64_t m0 = 0; m0 < M; m0 += GEMM_MR) {
+            int mr = M - m0 < GEMM_MR ? (int)(M - m0) : GEMM_MR;
+            GEMM_F32_MR[mr](x + m0 * K, K, w + b * K * GEMM_NB, bias ? bias + b * GEMM_NB : NULL,
+                            y + m0 * N + b * GEMM_NB, N);
+        }
+    return 0;
+#else
+    (void)x; (void)w; (void)bias; (void)M; (void)N; (void)K; (void)y; (void)threads;
+    return -2;
+#endif
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+static inline __attribute__((always_inline)) void gemm_block_bf16(const uint16_t *x, int64_t K, const uint16_t *P,
+                                                                  const uint16_t *bias, uint16_t *y, int64_t ldy,
+                                                                  int mr) {
+    __m512 acc[GEMM_MR][4];
+    for (int m = 0; m < mr; ++m)
+        for (int j = 0; j < 4; ++j)
+            acc[m][j] = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                   _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(bias + 16 * j))), 16))
+                             : _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 2) {
+        const uint16_t *p = P + k * GEMM_NB;
+        __m512bh w0 = (__m512bh)_mm512_loadu_si512(p), w1 = (__m512bh)_mm512_loadu_si512(p + 32);
+        __m512bh w2 = (__m512bh)_mm512_loadu_si512(p + 64), w3 = (__m512bh)_mm512_loadu_si512(p + 96);
+        for (int m = 0; m < mr; ++m) {
+            int32_t pair;
+            memcpy(&pair, x + m * K + k, sizeof pair);
+            __m512bh b = (__m512bh)_mm512_set1_epi32(pair);
+            acc[m][0] = _mm512_dpbf16_ps(acc[m][0], b, w0);
+            acc[m][1] = _mm512_dpbf16_ps(acc[m][1], b, w1);
+            acc[m][2] = _mm512_dpbf16_ps(acc[m][2], b, w2);
+            acc[m][3] = _mm512_dpbf16_ps(acc[m][3], b, w3);
+        }
+    }
+    for (int m = 0; m < mr; ++m)
+        for (int j = 0; j < 4; ++j)
+            _mm256_storeu_si256((__m256i *)(y + m * ldy + 16 * j), (__m256i)_mm512_cvtneps_pbh(acc[m][j]));
+}
+#define GEMM_BF16(MR) \
+    static void gemm_bf16_##MR(const uint16_t *x, int64_t K, const uint16_t *P, const uint16_t *bias, uint16_t *y, \
+                               int64_t ldy) { gemm_block_bf16(x, K, P, bias, y, ldy, MR); }
+GEMM_BF16(1) GEMM_BF16(2) GEMM_BF16(3) GEMM_BF16(4) GEMM_BF16(5) GEMM_BF16(6)
+typedef void (*gemm_bf16_fn)(const uint16_t *, int64_t, const uint16_t *, const uint16_t *, uint16_t *, int64_t);
+static const gemm_bf16_fn GEMM_BF16_MR[GEMM_MR + 1] = {0, gemm_bf16_1, gemm_bf16_2, gemm_bf16_3, gemm_bf16_4,
+                                                        gemm_bf16_5, gemm_bf16_6};
+#endif
+
+int linear_packed_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int64_t M, int64_t N, int64_t K,
+                       uint16_t *y, int threads) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    if (N % GEMM_NB || K % 2 || M < 0 || K < 2) return -2;
+    int64_t blocks = N / GEMM_NB;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
+    for (int64_t b = 0; b < blocks; ++b)
+        for (int64_t m0 = 0; m0 < M; m0 += GEMM_MR) {
+            int mr = M - m0 < GEMM_MR ? (int)(M - m0) : GEMM_MR;
+            GEMM_BF16_MR[mr](x + m0 * K, K, w + b * K * GEMM_NB, bias ? bias + b * GEMM_NB : NULL,
+                             y + m0 * N + b * GEMM_NB, N);
+        }
+    return 0;
+#else
+    (void)x; (void)w; (void)bias; (void)M; (void)N; (void)K; (void)y; (void)threads;
+    return -2;
+#endif
+}
