@@ -4,8 +4,8 @@
 What it measures (torch, all the cores this process may use, best of several repeats — the machine may be
 shared, and the best run is the closest to what the hardware does):
 
-- ``read_bandwidth_gbs``: GB/s (10^9 B/s) at which the CPU engine's GEMMs (prepacked oneDNN,
-  :class:`pipeline.cpu_runtime.model.Linear`) stream a weight set the size and shapes of SmolLM2's (30 layers ×
+- ``read_bandwidth_gbs``: GB/s (10^9 B/s) at which the CPU engine's GEMMs (:class:`pipeline.cpu_runtime.model.Linear`
+  as the engine runs them: the native few-row kernel on oneDNN-packed weights where available) stream a weight set the size and shapes of SmolLM2's (30 layers ×
   7 Linear + lm_head, 538 MB fp32, far beyond the caches) for one token: the rate at which a decode step reads
   its weights on this machine (not a bare stream);
   ``stream_bandwidth_gbs``: ``tensor.sum()`` over 1 GiB, the bare streaming rate, for reference;
@@ -79,16 +79,21 @@ def _model_weights(dtype_name: str) -> list:
 
 
 def linear_rates(dtype_name: str, tokens: int, repeats: int = 5) -> tuple[float, float]:
-    """(GB/s of weights read, GFLOP/s) of ``F.linear`` over the SmolLM2-shaped weights for ``tokens`` tokens."""
+    """(GB/s of weights read, GFLOP/s) of the engine's GEMMs over the SmolLM2-shaped weights for ``tokens`` tokens."""
     import torch
 
+    from pipeline.cpu_runtime import native
     from pipeline.cpu_runtime.model import Linear, mkldnn_linear_available
 
     ws = _model_weights(dtype_name)
     dt = getattr(torch, dtype_name)
     inputs = {w.shape[1]: torch.randn(tokens, w.shape[1]).to(dt) for w in ws}
-    # the CPU engine's own GEMMs (prepacked oneDNN for float32, as it serves); F.linear for bfloat16
-    layers = [Linear(w, None, packed=dt == torch.float32 and mkldnn_linear_available()) for w in ws]
+    # the CPU engine's own GEMMs, as it serves: prepacked oneDNN weights, the native kernel up to its row limit
+    layers = [Linear(w, None, packed=mkldnn_linear_available()) for w in ws]
+    kernels = native.kernels()
+    if kernels is not None:
+        for lin in layers:
+            lin.use_native(kernels)
 
     def run():
         for w, lin in zip(ws, layers):
@@ -241,11 +246,11 @@ def main(argv: list[str] | None = None) -> int:
         "engine_step_overhead_ms": round(step_ms, 3),
         "engine_seq_overhead_us": round(seq_us, 1),
         "sources": {
-            "read_bandwidth_gbs": "best of 5: the CPU engine's prepacked oneDNN Linear of 1 token through SmolLM2-shaped fp32 weights (30 × 7 Linear + "
+            "read_bandwidth_gbs": "best of 5: the CPU engine's Linear (native kernel on oneDNN-packed weights) of 1 token through SmolLM2-shaped fp32 weights (30 × 7 Linear + "
                                   "lm_head, 538 MB), weight bytes / time",
             "stream_bandwidth_gbs": "best of 7 torch.sum over a 1 GiB fp32 tensor (reference, not used)",
             "fp32_gflops": "best of 5: the same Linear layers for 64 tokens through the same weights, 2 × tokens × params / time",
-            "bf16_gflops": "as fp32_gflops with bfloat16 weights and inputs (F.linear)",
+            "bf16_gflops": "as fp32_gflops with bfloat16 weights and inputs",
             "engine_step_overhead_ms": "CpuEngine decode step with a 30-layer width-64 SmolLM2-vocabulary model at "
                                        f"{', '.join(map(str, CONCURRENCIES))} requests, minus its modelled bytes/FLOPs: intercept "
                                        f"of a line in the request count (measured {', '.join(f'{t:.2f}' for t in steps.values())} ms)",

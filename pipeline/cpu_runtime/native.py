@@ -9,10 +9,14 @@ What they replace, per layer of every step (measured on 2 AVX-512 cores, SmolLM2
 - **the GEMMs of steps of up to 128 tokens** (every decode step): y = x·Wᵀ on the weight oneDNN packed, so the
   engine keeps one copy (``Kernels.linear``; ``Kernels.packed_layout_ok`` checks oneDNN's layout per weight
   before it is used). One SmolLM2 float32 step's GEMMs: 16.7 vs 23.2 ms for oneDNN at 1 row, 27.8 vs 30.9 at 16.
-- **the glue around the GEMMs**: residual add + RMSNorm (+ the cast to the GEMM dtype), and RoPE + the
-  K/V scatter into the cache — a dozen small torch ops per layer, each a dispatch of a few µs: at one
-  decoding sequence the step's non-GEMM time was ~3 ms of ~9. Same arithmetic in the same order (RoPE and
-  the K/V rows bitwise equal to the torch path; RMSNorm's sum of squares in another order, ~1 ulp).
+- **the glue around the GEMMs**: residual add + RMSNorm (+ the cast to the GEMM dtype), RoPE + the K/V
+  scatter into the cache, and the MLP's silu(gate) · up — a dozen small torch ops per layer, each a dispatch
+  of a few µs: at one decoding sequence the step's non-GEMM time was ~3 ms of ~9. Same arithmetic in the same
+  order where it can be (RoPE and the K/V rows bitwise equal to the torch path; RMSNorm's sum of squares in
+  another order, ~1 ulp; SiLU's exponential a polynomial, ~2 ulp).
+- **the whole decode step**: ``decode_layers`` runs every layer of a decode-only step in one call, the kernels
+  above in the order the engine's Python calls them (bit-identical results), so a step no longer returns to
+  Python ~10 times per layer.
 
 How they are built: ``$CC`` (else ``cc``, else ``gcc``) with :data:`FLAGS` (``-march=native``,
 ``-ffp-contract=off`` so no multiply-add is fused where torch rounds twice), into
@@ -207,6 +211,27 @@ class Kernels:
                   x.shape[1], y.data_ptr(), threads), "linear")
         return y
 
+    def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
+        """``silu(gu[:, :inter]) * gu[:, inter:]`` for the fused gate/up output ``gu`` float32 or bfloat16 ``[T, 2·inter]``
+        (contiguous) → ``[T, inter]`` in its dtype; bfloat16 rounds where torch does on bfloat16 tensors. Within ~2 ulp
+        of ``F.silu(g) * u``."""
+        rows, inter = gu.shape[0], gu.shape[1] // 2
+        out = torch.empty(rows, inter, dtype=gu.dtype)
+        _check(self._lib.silu_mul(gu.data_ptr(), gu.dtype == torch.bfloat16, rows, inter, out.data_ptr()), "silu_mul")
+        return out
+
+    def decode_layers(self, table: torch.Tensor, bf16: bool, x: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
+                      inter: int, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      lens: torch.Tensor, num_slots: int, slot_len: int, eps: float, scale: float, threads: int) -> None:
+        """Every decoder layer of a decode-only step in one call (``decode_layers`` in the source): ``x`` float32
+        ``[n, hidden]`` updated in place. ``table``: int64 ``[layers, 10]`` addresses (see the source) that the caller
+        keeps valid; ``positions``/``slots``/``lens``: int64 ``[n]``; ``cos``/``sin`` as for :meth:`rope_kv_write`."""
+        n, hidden = x.shape
+        _check(self._lib.decode_layers(
+            table.data_ptr(), table.shape[0], bf16, x.data_ptr(), n, hidden, heads, kv_heads, head_dim, inter,
+            cos.data_ptr(), sin.data_ptr(), positions.data_ptr(), slots.data_ptr(), lens.data_ptr(), num_slots,
+            slot_len, eps, scale, threads), "decode_layers")
+
     def packed_layout_ok(self, packed: torch.Tensor, out_features: int, in_features: int, dtype: torch.dtype,
                          bias: torch.Tensor | None) -> bool:
         """Whether :meth:`linear` reads ``packed`` (a ``_reorder_linear_weight`` result) as oneDNN does.
@@ -245,8 +270,10 @@ def load(source: Path = SOURCE) -> Kernels:
     lib.rope_kv_write.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, flag]
     for name in ("linear_packed_f32", "linear_packed_bf16"):
         getattr(lib, name).argtypes = [ptr] * 3 + [i64] * 3 + [ptr, flag]
+    lib.silu_mul.argtypes = [ptr, flag, i64, i64, ptr]
+    lib.decode_layers.argtypes = [ptr, i64, flag, ptr] + [i64] * 6 + [ptr] * 5 + [i64, i64, f32, f32, flag]
     for name in ("decode_attention_f32", "decode_attention_bf16", "add_rms_norm", "rope_kv_write", "decoder_simd",
-                 "linear_packed_f32", "linear_packed_bf16"):
+                 "linear_packed_f32", "linear_packed_bf16", "silu_mul", "decode_layers"):
         getattr(lib, name).restype = ctypes.c_int
     return Kernels("native-avx512" if lib.decoder_simd() else "native", path, lib)
 

@@ -454,3 +454,121 @@ int linear_packed_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bia
     return -2;
 #endif
 }
+
+/* silu_mul: out[T, inter] = silu(gu[:, :inter]) * gu[:, inter:] for the fused gate/up output gu [T, 2 * inter],
+ * float32 or bfloat16 (out in the same dtype). silu(g) = g * sigmoid(g), sigmoid from exp(-|g|) (no overflow):
+ * 1 / (1 + e) for g >= 0, e / (1 + e) below; within ~2 ulp of torch's g / (1 + exp(-g)). bfloat16 rounds where
+ * torch does on bfloat16 tensors: silu(g) to bfloat16, then the product to bfloat16. */
+static inline float silu_f32(float g) {
+    float e = exp_nonpos(g < 0.0f ? g : -g);
+    return g * ((g >= 0.0f ? 1.0f : e) / (1.0f + e));
+}
+
+#ifdef __AVX512F__
+/* float32 lanes rounded to the nearest bfloat16 (even on ties; NaN stays NaN), as float32 bits */
+static inline __m512i round_bf16_bits(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+    return _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
+}
+#endif
+
+int silu_mul(const void *gu, int bf16, int64_t rows, int64_t inter, void *out) {
+    for (int64_t t = 0; t < rows; ++t) {
+        const int64_t g0 = t * 2 * inter, u0 = g0 + inter, o0 = t * inter;
+        int64_t j = 0;
+#ifdef __AVX512F__
+        const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+        for (; j + 16 <= inter; j += 16) {
+            __m512 x = load16(gu, bf16, g0 + j), u = load16(gu, bf16, u0 + j);
+            __m512 e = exp16_nonpos(_mm512_sub_ps(zero, _mm512_abs_ps(x)));
+            __mmask16 pos = _mm512_cmp_ps_mask(x, zero, _CMP_GE_OQ);
+            __m512 s = _mm512_mul_ps(x, _mm512_div_ps(_mm512_mask_blend_ps(pos, e, one), _mm512_add_ps(one, e)));
+            if (bf16) {
+                __m512i r = round_bf16_bits(_mm512_mul_ps(_mm512_castsi512_ps(round_bf16_bits(s)), u));
+                _mm256_storeu_si256((__m256i *)((uint16_t *)out + o0 + j), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+            } else {
+                _mm512_storeu_ps((float *)out + o0 + j, _mm512_mul_ps(s, u));
+            }
+        }
+#endif
+        if (bf16) {
+            const uint16_t *g = (const uint16_t *)gu;
+            for (; j < inter; ++j)
+                ((uint16_t *)out)[o0 + j] = f32_to_bf16(bf16_to_f32(f32_to_bf16(silu_f32(bf16_to_f32(g[g0 + j])))) *
+                                                        bf16_to_f32(g[u0 + j]));
+        } else {
+            const float *g = (const float *)gu;
+            for (; j < inter; ++j) ((float *)out)[o0 + j] = silu_f32(g[g0 + j]) * g[u0 + j];
+        }
+    }
+    return 0;
+}
+
+/* decode_layers: every decoder layer of a step whose tokens all fit the few-row GEMM (the engine calls it for
+ * decode-only steps of up to 128 sequences), the same kernels in the same order as Decoder._layers_native
+ * (pipeline/cpu_runtime/model.py) without a return to Python between them:
+ *
+ *   h = RMSNorm(x) (ln1);  per layer: qkv = h Wqkv (+b); RoPE + K/V write; attn = decode_attention;
+ *   x += attn Wo (+b), h = RMSNorm(x) (ln2); gu = h Wgu; act = silu(gate) * up; x += act Wdown, h = RMSNorm(x)
+ *   (next layer's ln1; after the last layer only the add).
+ *
+ * w: int64 [layers, 10] addresses per layer: ln1, ln2 (float32 [hidden]), qkv weight, qkv bias, o weight, o bias,
+ * gate/up weight, down weight (packed as linear_packed_* reads them, in the GEMM dtype; a bias 0 when absent),
+ * K cache, V cache (float32 [num_slots, kv_heads, slot_len, d]). bf16: GEMM dtype bfloat16 (inputs, outputs and
+ * the SiLU product; attention's output rounded to bfloat16 before Wo), else float32. x: float32 [n, hidden],
+ * updated in place. Returns 0 or the first failing kernel's code. */
+int decode_layers(const int64_t *w, int64_t layers, int bf16, float *x, int64_t n, int64_t hidden, int64_t heads,
+                  int64_t kv_heads, int64_t d, int64_t inter, const float *cos, const float *sin,
+                  const int64_t *positions, const int64_t *slots, const int64_t *lens, int64_t num_slots,
+                  int64_t slot_len, float eps, float scale, int threads) {
+    const size_t es = bf16 ? 2 : 4;
+    const int64_t width = (heads + 2 * kv_heads) * d, hd = heads * d;
+    void *h = malloc((size_t)(n * hidden) * es), *qkv = malloc((size_t)(n * width) * es);
+    void *attn_lp = bf16 ? malloc((size_t)(n * hd) * es) : NULL, *proj = malloc((size_t)(n * hidden) * es);
+    void *gu = malloc((size_t)(n * 2 * inter) * es), *act = malloc((size_t)(n * inter) * es);
+    float *q = (float *)malloc((size_t)(n * hd) * 4), *attn = (float *)malloc((size_t)(n * hd) * 4);
+    int rc = -1;
+    if (!h || !qkv || (bf16 && !attn_lp) || !proj || !gu || !act || !q || !attn) goto done;
+#define LINEAR(in, W, B, N, K, out)                                                                                \
+    (bf16 ? linear_packed_bf16((const uint16_t *)(in), (const uint16_t *)(W), (const uint16_t *)(B), n, N, K,     \
+                               (uint16_t *)(out), threads)                                                         \
+          : linear_packed_f32((const float *)(in), (const float *)(W), (const float *)(B), n, N, K, (float *)(out), \
+                              threads))
+#define P(i, j) ((const void *)(intptr_t)w[(i) * 10 + (j)])
+    if ((rc = add_rms_norm(x, NULL, 0, (const float *)P(0, 0), n, hidden, eps, h, bf16, threads))) goto done;
+    for (int64_t i = 0; i < layers; ++i) {
+        if ((rc = LINEAR(h, P(i, 2), P(i, 3), width, hidden, qkv))) goto done;
+        if ((rc = rope_kv_write(qkv, bf16, cos, sin, positions, slots, n, heads, kv_heads, d, num_slots, slot_len, q,
+                                (float *)P(i, 8), (float *)P(i, 9), threads))) goto done;
+        if ((rc = decode_attention(q, P(i, 8), P(i, 9), 0, slots, lens, n, kv_heads, heads / kv_heads, d, num_slots,
+                                   slot_len, scale, attn, threads))) goto done;
+        const void *o_in = attn;
+        if (bf16) {
+            for (int64_t j = 0; j < n * hd; ++j) ((uint16_t *)attn_lp)[j] = f32_to_bf16(attn[j]);
+            o_in = attn_lp;
+        }
+        if ((rc = LINEAR(o_in, P(i, 4), P(i, 5), hidden, hd, proj))) goto done;
+        if ((rc = add_rms_norm(x, proj, bf16, (const float *)P(i, 1), n, hidden, eps, h, bf16, threads))) goto done;
+        if ((rc = LINEAR(h, P(i, 6), NULL, 2 * inter, hidden, gu))) goto done;
+        silu_mul(gu, bf16, n, inter, act);
+        if ((rc = LINEAR(act, P(i, 7), NULL, hidden, inter, proj))) goto done;
+        if (i + 1 < layers) {
+            if ((rc = add_rms_norm(x, proj, bf16, (const float *)P(i + 1, 0), n, hidden, eps, h, bf16, threads)))
+                goto done;
+        } else if (bf16) {
+            for (int64_t j = 0; j < n * hidden; ++j) x[j] += bf16_to_f32(((const uint16_t *)proj)[j]);
+        } else {
+            for (int64_t j = 0; j < n * hidden; ++j) x[j] += ((const float *)proj)[j];
+        }
+    }
+#undef P
+#undef LINEAR
+    rc = 0;
+done:
+    free(h); free(qkv); free(attn_lp); free(proj); free(gu); free(act); free(q); free(attn);
+    return rc;
+}
