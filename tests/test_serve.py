@@ -417,3 +417,24 @@ def test_cpu_deployment_health_metadata_and_streams(tmp_path, cpu_build):
         client.close()
     _assert_gone(pids, server.shm_prefix)
     print(f"\nCPU repo: ready {server.ready_s:.1f} s, RSS {rss_mib:.0f} MiB")
+
+
+def test_bench_takes_the_detached_servers_build_not_the_last_one_built(tmp_path: Path) -> None:
+    """`trtpipe serve A --detach` after building B: the server at A's URL serves A, so bench's tokenizer and provenance
+    come from A (srv.detached_build), for its gRPC or HTTP URL spelled either way; another URL or a dead server: None."""
+    build = tmp_path / "served-build"
+    build.mkdir()
+    me = psutil.Process()
+    state = {"pid": me.pid, "create_time": me.create_time(), "grpc_url": "localhost:18001", "http_url": "localhost:18000",
+             "build_dir": str(build)}
+    srv.state_path(tmp_path).write_text(json.dumps(state))
+    for url in ("localhost:18001", "127.0.0.1:18001", "http://localhost:18000", "http://127.0.0.1:18000/"):
+        assert srv.detached_build(url, tmp_path) == build, url
+    for url in ("localhost:8001", "otherhost:18001", "http://localhost:8000", "not a url"):
+        assert srv.detached_build(url, tmp_path) is None, url
+    srv.state_path(tmp_path).write_text(json.dumps({**state, "create_time": me.create_time() - 100}))  # PID reused
+    assert srv.detached_build("localhost:18001", tmp_path) is None
+    srv.state_path(tmp_path).write_text(json.dumps({**state, "build_dir": str(tmp_path / "gone")}))
+    assert srv.detached_build("localhost:18001", tmp_path) is None
+    srv.state_path(tmp_path).unlink()
+    assert srv.detached_build("localhost:18001", tmp_path) is None

@@ -2,7 +2,7 @@
 
 Examples::
 
-    trtpipe bench --isl 100 --osl 2000                      # last build's model, concurrency 1,8,64,256
+    trtpipe bench --isl 100 --osl 2000                      # the served (else last) build's model, concurrency 1,8,64,256
     trtpipe bench --model tensorrt_llm --scenario 100:2000 --scenario 100:100 --concurrency 1,8
     trtpipe bench --request-rate 2,4 --arrival constant --duration 60 --goodput ttft:200,itl:20
     trtpipe bench --recipe recipes/smollm2.yaml              # the recipe's bench section
@@ -161,6 +161,11 @@ def bench(
     if recipe is not None:
         candidate = artifacts.default_build_dir(recipe.stem)
         build = candidate if candidate.is_dir() else build
+    elif api != "openai":  # the build a detached `trtpipe serve` runs at this URL, rather than the last one built
+        from pipeline.bench.apis import DEFAULT_URLS
+        from pipeline.stages import serve as srv
+
+        build = srv.detached_build(url or DEFAULT_URLS[api]) or build
     layout = BuildLayout(build) if build is not None else None
     scenarios = [parse_scenario(s) for s in scenario or []]
     if isl is not None and osl is not None:

@@ -341,6 +341,38 @@ def state_alive(state: dict[str, Any]) -> bool:
         return False
 
 
+_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
+
+
+def _host_port(url: str) -> tuple[str, int] | None:
+    """(host, port) of ``host:port`` or ``scheme://host:port/…``, local names folded into ``localhost``; None when
+    it names no port."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url if "://" in url else f"//{url}")
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    if port is None or not parts.hostname:
+        return None
+    return ("localhost" if parts.hostname in _LOCAL_HOSTS else parts.hostname), port
+
+
+def detached_build(url: str, root: Path = artifacts.DEFAULT_ARTIFACTS_ROOT) -> Path | None:
+    """The build directory the detached server (``trtpipe serve --detach``, ``artifacts/serve.json`` under ``root``)
+    serves, when that server is still running and ``url`` (gRPC ``host:port`` or ``http://host:port``) reaches it;
+    else ``None``. ``trtpipe bench`` takes its tokenizer and provenance from it: the last build need not be the one
+    being served."""
+    state = read_state(state_path(root))
+    if not state or not state.get("build_dir") or not state_alive(state):
+        return None
+    target = _host_port(url)
+    ours = {_host_port(state.get("grpc_url") or ""), _host_port(f"http://{state.get('http_url') or ''}")}
+    build = Path(state["build_dir"])
+    return build if target is not None and target in ours and build.is_dir() else None
+
+
 def state_ready(state: dict[str, Any]) -> bool:
     """One readiness probe of the recorded server's HTTP endpoint."""
     return http_ok(f"http://{state['http_url']}/v2/health/ready")
