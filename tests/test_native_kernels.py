@@ -173,6 +173,13 @@ def _cpu_has(flag: str) -> bool:
     return flag in native._cpu_flags().split()
 
 
+def _gemm_kernels(dtype: torch.dtype = torch.float32) -> native.Kernels:
+    """The kernels, or a skip where the CPU cannot run the GEMM kernel in ``dtype``."""
+    if not _cpu_has("avx512f") or (dtype == torch.bfloat16 and not _cpu_has("avx512_bf16")):
+        pytest.skip("the GEMM kernel needs AVX-512 (and AVX512_BF16 for bfloat16)")
+    return native.kernels("native")
+
+
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
 
 
@@ -184,9 +191,7 @@ def test_packed_linear_matches_float64(dtype: torch.dtype, n: int, k: int, bias:
     """The few-row GEMM on oneDNN's packed weight against x·Wᵀ (+ b) in float64 of the same (rounded) inputs, for
     1 row to past several row blocks; bound: γ_K·Σ|x||w| for float32 accumulation in any order (+ half an ulp of
     the bfloat16 output)."""
-    kn = native.kernels("native")
-    if not _cpu_has("avx512f") or (dtype == torch.bfloat16 and not _cpu_has("avx512_bf16")):
-        pytest.skip("the GEMM kernel needs AVX-512 (and AVX512_BF16 for bfloat16)")
+    kn = _gemm_kernels(dtype)
     g = torch.Generator().manual_seed(n + k)
     w = (torch.randn(n, k, generator=g) * 0.05).to(dtype)
     b = torch.randn(n, generator=g).to(dtype) if bias else None
@@ -209,9 +214,7 @@ def test_packed_linear_matches_float64(dtype: torch.dtype, n: int, k: int, bias:
 @needs_cc
 @needs_mkldnn
 def test_packed_layout_check_refuses_what_the_kernel_would_misread() -> None:
-    kn = native.kernels("native")
-    if not _cpu_has("avx512f"):
-        pytest.skip("the GEMM kernel needs AVX-512")
+    kn = _gemm_kernels()
     w = torch.randn(576, 1536)
     assert kn.packed_layout_ok(torch.ops.mkldnn._reorder_linear_weight(w, 64), 576, 1536, torch.float32, None)
     # the same weight as a oneDNN tensor in its plain [out, in] layout: as many bytes, other places (oneDNN
@@ -249,9 +252,7 @@ def test_portable_build_keeps_onednn_for_every_gemm(tmp_path, monkeypatch) -> No
 def test_engine_linear_runs_the_kernel_up_to_its_row_limit_and_onednn_above() -> None:
     from pipeline.cpu_runtime.model import NATIVE_GEMM_MAX_ROWS, Linear
 
-    kn = native.kernels("native")
-    if not _cpu_has("avx512f"):
-        pytest.skip("the GEMM kernel needs AVX-512")
+    kn = _gemm_kernels()
     g = torch.Generator().manual_seed(11)
     lin = Linear(torch.randn(192, 256, generator=g), None, packed=True)
     assert lin.use_native(kn)

@@ -350,6 +350,15 @@ int rope_kv_write(const void *qkv, int qkv_bf16, const float *cos, const float *
  * Returns -2 when N is not a multiple of 64, K of 2 (bfloat16), or the CPU lacks AVX-512 (AVX512_BF16). */
 #define GEMM_NB 64
 #define GEMM_MR 6
+/* both linear_packed_*: the 64-output blocks spread over the threads, each in row blocks of up to GEMM_MR rows
+ * (TABLE[mr]: the block kernel for mr rows; x, w, bias, y, M, N, K and threads from the caller) */
+#define GEMM_BLOCKS(TABLE)                                                                                        \
+    _Pragma("omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)")                          \
+    for (int64_t b = 0; b < N / GEMM_NB; ++b)                                                                     \
+        for (int64_t m0 = 0; m0 < M; m0 += GEMM_MR)                                                               \
+            TABLE[M - m0 < GEMM_MR ? (int)(M - m0) : GEMM_MR](x + m0 * K, K, w + b * K * GEMM_NB,                  \
+                                                              bias ? bias + b * GEMM_NB : NULL,                   \
+                                                              y + m0 * N + b * GEMM_NB, N)
 #ifdef __AVX512F__
 static inline __attribute__((always_inline)) void gemm_block_f32(const float *x, int64_t K, const float *P,
                                                                  const float *bias, float *y, int64_t ldy, int mr) {
@@ -384,14 +393,7 @@ int linear_packed_f32(const float *x, const float *w, const float *bias, int64_t
                       int threads) {
 #ifdef __AVX512F__
     if (N % GEMM_NB || M < 0 || K < 1) return -2;
-    int64_t blocks = N / GEMM_NB;
-#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
-    for (int64_t b = 0; b < blocks; ++b)
-        for (int64_t m0 = 0; m0 < M; m0 += GEMM_MR) {
-            int mr = M - m0 < GEMM_MR ? (int)(M - m0) : GEMM_MR;
-            GEMM_F32_MR[mr](x + m0 * K, K, w + b * K * GEMM_NB, bias ? bias + b * GEMM_NB : NULL,
-                            y + m0 * N + b * GEMM_NB, N);
-        }
+    GEMM_BLOCKS(GEMM_F32_MR);
     return 0;
 #else
     (void)x; (void)w; (void)bias; (void)M; (void)N; (void)K; (void)y; (void)threads;
@@ -440,14 +442,7 @@ int linear_packed_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bia
                        uint16_t *y, int threads) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
     if (N % GEMM_NB || K % 2 || M < 0 || K < 2) return -2;
-    int64_t blocks = N / GEMM_NB;
-#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
-    for (int64_t b = 0; b < blocks; ++b)
-        for (int64_t m0 = 0; m0 < M; m0 += GEMM_MR) {
-            int mr = M - m0 < GEMM_MR ? (int)(M - m0) : GEMM_MR;
-            GEMM_BF16_MR[mr](x + m0 * K, K, w + b * K * GEMM_NB, bias ? bias + b * GEMM_NB : NULL,
-                             y + m0 * N + b * GEMM_NB, N);
-        }
+    GEMM_BLOCKS(GEMM_BF16_MR);
     return 0;
 #else
     (void)x; (void)w; (void)bias; (void)M; (void)N; (void)K; (void)y; (void)threads;
