@@ -434,8 +434,9 @@ class Decoder:
         Per layer: residual add + RMSNorm, fused qkv GEMM, RoPE on q and k, K/V write into the slot cache,
         attention (decode tokens: one call over their slots and lengths; prefill chunks: causal SDPA over the
         slot's cache), o-proj, residual add + RMSNorm, fused gate/up GEMM, SiLU·up, down. The native kernels
-        (:mod:`pipeline.cpu_runtime.native`) do the add + RMSNorm, RoPE + K/V write and decode attention in one
-        call each; the torch path (:meth:`_layers_torch`) in torch ops.
+        (:mod:`pipeline.cpu_runtime.native`) do the add + RMSNorm, RoPE + K/V write, decode attention and SiLU·up in
+        one call each (:meth:`_layers_native`), and a decode-only step of up to :data:`NATIVE_GEMM_MAX_ROWS` tokens
+        runs all layers in one call (:attr:`fused_decode`); the torch path (:meth:`_layers_torch`) in torch ops.
         """
         x = F.embedding(b.tokens, self.embed)
         if self.dtype != torch.float32:
