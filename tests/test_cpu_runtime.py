@@ -126,7 +126,6 @@ def test_native_and_torch_kernels_give_the_same_tokens(engine: CpuEngine, engine
     assert [len(t) for t in want] == lengths
 
 
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_decode_step_equals_the_layer_by_layer_kernels(engine_dir: Path, dtype: torch.dtype) -> None:
     """A decode-only step through Kernels.decode_layers (every layer in one native call) gives bit-identical logits
@@ -151,6 +150,7 @@ def test_fused_decode_step_equals_the_layer_by_layer_kernels(engine_dir: Path, d
     got = dec.forward(b)
     assert torch.equal(got, want)
     assert all(torch.equal(a, w) for a, w in zip(dec.cache.k, want_k))
+
 
 def test_bfloat16_engine_runs_bf16_gemms_around_float32_attention(engine_dir: Path, tok) -> None:
     """``build.cpu.dtype: bfloat16``: bfloat16 weights on disk and in the GEMMs, float32 KV cache and logits. Its

@@ -380,12 +380,11 @@ class Decoder:
             def addr(t: torch.Tensor | None) -> int:
                 return 0 if t is None else t.data_ptr()
 
-            def packed(lin: Linear) -> int:
-                return torch.ops.mkldnn.data_ptr(lin.weight)
-
+            # the packed weights' addresses as use_native() took them
             self._layer_table = torch.tensor([
-                [addr(L["ln1"]), addr(L["ln2"]), packed(L["qkv"]), addr(L["qkv"].bias), packed(L["o"]), addr(L["o"].bias),
-                 packed(L["gate_up"]), packed(L["down"]), addr(self.cache.k[i]), addr(self.cache.v[i])]
+                [addr(L["ln1"]), addr(L["ln2"]), L["qkv"]._weight_ptr, addr(L["qkv"].bias), L["o"]._weight_ptr,
+                 addr(L["o"].bias), L["gate_up"]._weight_ptr, L["down"]._weight_ptr, addr(self.cache.k[i]),
+                 addr(self.cache.v[i])]
                 for i, L in enumerate(self.layers)], dtype=torch.int64)
         #: whether decode-only steps go through :meth:`~pipeline.cpu_runtime.native.Kernels.decode_layers` (same
         #: kernels and order as :meth:`_layers_native`; tests switch it off to compare the two)

@@ -341,7 +341,7 @@ int rope_kv_write(const void *qkv, int qkv_bf16, const float *cos, const float *
  *   float32:  W[o, k] at (o / 64) * K * 64 + k * 64 + o % 64                  (64 outputs per k, per block)
  *   bfloat16: W[o, k] at (o / 64) * K * 64 + (k / 2) * 128 + (o % 64) * 2 + k % 2   (k pairs interleaved, K even)
  *
- * The engine checks this layout on every weight shape before it uses these (native.Kernels.linear_layout_ok):
+ * The engine checks this layout on every weight shape before it uses these (native.Kernels.packed_layout_ok):
  * oneDNN picks its layout per shape and CPU. Per 64-output block and up to MR rows of x, 4 x MR accumulators
  * of 16 outputs; each k (each k pair in bfloat16: vdpbf16ps) loads the block's 64 weights once and
  * multiply-adds them into every row (fused multiply-add, products summed in k order per output).
