@@ -11,8 +11,11 @@ measured read bandwidth (prefill not counted). Also: serve-ready time, the deplo
 (server + every stub) at ready and at peak, the CPU seconds of the server and of each python stub over the
 served bench, and the cores each process (server, stubs, the bench client) kept busy in the steady state of
 the last concurrency: on a 2-core host what the others take, the engine's two OpenMP threads lose about twice.
+With ``--direct``, the same load on the served ``tensorrt_llm`` model itself (token ids in and out), after the
+ensemble on the same server: direct/raw is the engine's own Triton path, ensemble/direct what the ensemble
+(preprocessing, postprocessing's detokenization, the ensemble's routing) costs.
 
-    .venv/bin/python scripts/bench_cpu.py [BUILD_DIR] [--concurrency 1,4,16] [--waves 2] [--skip-triton] [--side-load 0.2]
+    .venv/bin/python scripts/bench_cpu.py [BUILD_DIR] [--concurrency 1,4,16] [--waves 2] [--skip-triton] [--direct] [--side-load 0.2]
 
 BUILD_DIR defaults to artifacts/smollm2_135m_cpu_fp8 (``trtpipe build recipes/smollm2_135m_cpu_fp8.yaml``).
 Run it on a quiet machine: both measurements use every core.
@@ -141,8 +144,24 @@ def tree_cpu_s(pid: int) -> dict[str, float]:
     return out
 
 
-def served(build: Path, concurrency: list[int], waves: int) -> tuple[dict[int, dict], dict]:
-    """``trtpipe serve --detach`` + ``trtpipe bench`` on the build; ({conc: metrics}, deployment facts)."""
+def load_points(doc: dict) -> dict[int, dict]:
+    """{conc: {tok_s, ttft_ms, itl_ms, exact_osl}} of a ``trtpipe bench`` run's ``bench.json``."""
+    out = {}
+    for p in doc["load_points"]:
+        m = p["summary"]["metrics"]
+        recs = [r for r in doc["requests"] if r["load"] == p["load"] and not r["warmup"]]
+        out[int(p["concurrency"])] = {
+            "tok_s": m["output_token_throughput"],
+            "ttft_ms": m["time_to_first_token"]["avg"], "itl_ms": m["inter_token_latency"]["avg"],
+            "exact_osl": all(r["output_tokens"] == OSL for r in recs),
+        }
+    return out
+
+
+def served(build: Path, concurrency: list[int], waves: int, direct: bool = False) -> tuple[dict[int, dict], dict]:
+    """``trtpipe serve --detach`` + ``trtpipe bench`` on the build's ``ensemble``; ({conc: metrics}, deployment facts).
+    ``direct``: then the same load on the ``tensorrt_llm`` model of the same server (token ids in and out: no
+    preprocessing, postprocessing or ensemble), its {conc: metrics} in ``facts["direct"]``."""
     from pipeline.layout import BuildLayout
     from pipeline.triton.process import pick_free_port as free_port
     from pipeline.triton.process import tree_rss
@@ -213,20 +232,20 @@ def served(build: Path, concurrency: list[int], waves: int) -> tuple[dict[int, d
                 (ta, a), (tb, b) = window[0], window[-1]
                 facts["steady_cores"] = {k: (v - a.get(k, 0.0)) / (tb - ta) for k, v in b.items()}
                 facts["steady_s"] = tb - ta
+        facts["rss_peak_mib"] = max(peak)
+        if direct:
+            with tempfile.TemporaryDirectory() as tmp:
+                run = subprocess.run(
+                    [trtpipe, "bench", "--url", f"127.0.0.1:{ports[1]}", "--model", "tensorrt_llm", "--isl", str(ISL),
+                     "--osl", str(OSL), "--concurrency", ",".join(map(str, concurrency)), "--out", f"{tmp}/run"],
+                    cwd=work, capture_output=True, text=True, env=env)
+                if run.returncode != 0:
+                    raise RuntimeError(f"trtpipe bench --model tensorrt_llm failed: {run.stdout[-3000:]}{run.stderr[-2000:]}")
+                facts["direct"] = load_points(json.loads(Path(f"{tmp}/run/bench.json").read_text()))
     finally:
         stop.set()
         subprocess.run([trtpipe, "serve", "--stop"], cwd=work, capture_output=True, env=env)
-    facts["rss_peak_mib"] = max(peak)
-    out = {}
-    for p in doc["load_points"]:
-        m = p["summary"]["metrics"]
-        recs = [r for r in doc["requests"] if r["load"] == p["load"] and not r["warmup"]]
-        out[int(p["concurrency"])] = {
-            "tok_s": m["output_token_throughput"],
-            "ttft_ms": m["time_to_first_token"]["avg"], "itl_ms": m["inter_token_latency"]["avg"],
-            "exact_osl": all(r["output_tokens"] == OSL for r in recs),
-        }
-    return out, facts
+    return load_points(doc), facts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--waves", type=int, default=2, help="requests per load point = waves × concurrency (default 2)")
     ap.add_argument("--skip-triton", action="store_true", help="raw engine and roofline only")
+    ap.add_argument("--direct", action="store_true",
+                    help="also bench the served tensorrt_llm model directly (token ids: no ensemble, pre- or "
+                         "postprocessing), after the ensemble, on the same server: what the ensemble costs")
     ap.add_argument("--side-load", type=float, metavar="CORES",
                     help="also run the raw engine at the highest concurrency 3 times alone and 3 times beside a process "
                          "keeping CORES (e.g. 0.2) of one core busy in 2 ms bursts, interleaved: what the server, stubs "
@@ -255,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 if burner is not None:
                     burner.kill()
-    srv, facts = ({}, {}) if args.skip_triton else served(build, conc, args.waves)
+    srv, facts = ({}, {}) if args.skip_triton else served(build, conc, args.waves, args.direct)
     bw = read_bandwidth_gbs()
     print(f"\nISL/OSL {ISL}/{OSL}, every request exactly {OSL} tokens; memory read bandwidth {bw:.0f} GB/s")
     print(f"{'conc':>4} | {'raw tok/s':>9} {'TTFT ms':>8} {'ITL ms':>7} | {'Triton tok/s':>12} {'TTFT ms':>8} {'ITL ms':>7} "
@@ -268,6 +290,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             line += f"{'-':>12} {'-':>8} {'-':>7} {'-':>5} | {'-':>10} | "
         print(line + f"{roofline(engine_dir, c, bw):>14.0f}")
+    if facts.get("direct"):
+        print("the tensorrt_llm model served directly (no ensemble), same server, after the ensemble run:")
+        for c in conc:
+            d = facts["direct"][c]
+            print(f"{c:>4} | Triton direct {d['tok_s']:.1f} tok/s, TTFT {d['ttft_ms']:.0f} ms, ITL {d['itl_ms']:.1f} ms, "
+                  f"exact {d['exact_osl']} | direct/raw {d['tok_s'] / raw[c]['tok_s']:.2f}, "
+                  f"ensemble/direct {srv[c]['tok_s'] / d['tok_s']:.2f}")
     if side["alone"]:
         a, b = statistics.mean(side["alone"]), statistics.mean(side["side load"])
         print(f"raw engine at c={conc[-1]}, 3 runs each, interleaved: alone {a:.1f} tok/s "
