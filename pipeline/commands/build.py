@@ -24,6 +24,7 @@ def build(
     from pipeline import artifacts
     from pipeline.recipe import load_recipe
     from pipeline.stages import build as build_stage
+    from pipeline.stages.seed import local_builds
     from pipeline.stages.results import StageResult
 
     recipe = load_recipe(recipe_file, set_)
@@ -52,6 +53,9 @@ def build(
 
     result = build_stage.run(
         recipe, build_dir, recipe_dir=recipe_file.resolve().parent, until=stage, force=force, dry_run=dry_run,
-        on_stage=on_stage, warn=warn,
+        on_stage=on_stage, warn=warn, donors=local_builds(),
     )
+    for name, donor in result.seeded.items():
+        if result.stages.get(name) is not None and result.stages[name].cached:
+            console.print(f"  [dim]{name} hard-linked from {donor} (same inputs)[/]", highlight=False)
     console.print(f"[bold green]done[/] in {time.perf_counter() - t0:.1f} s: {result.build_dir}", highlight=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipeline import artifacts
@@ -33,6 +33,9 @@ class BuildResult:
     #: for each stage that was rebuilt over an earlier result: the consumed recipe fields that changed
     #: (``["build.max_batch_size 2048 → 512"]``; empty when only an upstream stage or a library changed)
     changes: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    #: stages hard-linked in from another build before the run ({stage: that build directory},
+    #: :func:`pipeline.stages.seed.seed_build`); a seeded stage whose content key matched shows ``cached``
+    seeded: dict[str, Path] = dataclasses.field(default_factory=dict)
 
     @property
     def build_dir(self) -> Path:
@@ -65,6 +68,7 @@ def run(
     dry_run: bool = False,
     on_stage: Callable[[str, StageResult, list[str]], None] | None = None,
     warn: Callable[[str], None] = print,
+    donors: Sequence[Path] = (),
 ) -> BuildResult:
     """Run quantize → engine → triton_repo for ``recipe`` into ``build_dir``.
 
@@ -78,6 +82,10 @@ def run(
         on_stage: called after each stage with its name, result and the consumed recipe fields that changed
             since the stage's previous result (for the CLI's progress lines).
         warn: receives planner warnings (one line each).
+        donors: other build directories whose finished quantize/engine stages may be hard-linked in when this
+            build lacks them and their recipes feed those stages the same inputs
+            (:func:`pipeline.stages.seed.seed_build`; not with ``force`` or ``dry_run``); reused only when
+            their content keys match, else rebuilt.
 
     Raises:
         UserError: unknown ``until``, the planner (:func:`pipeline.plan.check_fits`) finds that
@@ -105,16 +113,24 @@ def run(
     created = _first_missing(layout.root.absolute())
     results: dict[str, StageResult] = {}
     changes: dict[str, list[str]] = {}
+    seeded: dict[str, Path] = {}
     try:
+        if donors and not (force or dry_run):
+            from pipeline.stages.seed import seed_build
+
+            seeded = seed_build(layout.root, recipe, list(donors))
         _run_stages(recipe, layout, recipe_dir, last, force, dry_run, results, changes, on_stage)
     except BaseException:
-        if created is not None and created.is_dir() and not any(p.is_file() for p in created.rglob("*")):
-            shutil.rmtree(created, ignore_errors=True)  # a failed first build leaves nothing behind
+        linked = [layout.stage_dir(s).absolute() for s in seeded]
+        if created is not None and created.is_dir() and not any(
+            p.is_file() and not any(p.is_relative_to(d) for d in linked) for p in created.rglob("*")
+        ):
+            shutil.rmtree(created, ignore_errors=True)  # a failed first build leaves nothing behind (nor links)
         raise
     _write_text_atomic(layout.recipe_file, dump_recipe(recipe))
     if last == "triton_repo" and not dry_run:
         artifacts.record_last_build(layout.root)
-    return BuildResult(layout, results, changes)
+    return BuildResult(layout, results, changes, seeded)
 
 
 def _run_stages(

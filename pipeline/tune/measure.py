@@ -26,13 +26,13 @@ from typing import Any
 
 from pipeline import artifacts
 from pipeline.errors import TrtpipeError
-from pipeline.layout import STAGES, BuildLayout
+from pipeline.layout import BuildLayout
+from pipeline.stages.seed import seed_build
 from pipeline.tune.points import (
     Point,
     is_full_precision,
     numerics_changed,
     plan_point,
-    stage_inputs,
 )
 
 POINT_JSON = "point.json"
@@ -60,66 +60,6 @@ def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     tmp.replace(path)
-
-
-def seed_build(build_dir: Path, recipe: Any, donors: list[Path]) -> list[str]:
-    """Hard-link the quantize and engine stage directories of a donor build whose recipe feeds them the same
-    inputs into ``build_dir`` (when it lacks them). ``build.run`` then reuses them only if their content keys
-    match (library versions included), so a wrong guess costs a rebuild, never a stale stage. Returns the
-    seeded stages.
-
-    When the quantized checkpoint was seeded but no donor's engine inputs match, the engine of a donor with the
-    same quantize inputs is linked in anyway (not reported as seeded): its content key will not match, so the
-    engine stage rebuilds, and the CPU builder keeps that engine's weight files when they come from the same
-    checkpoint (pipeline.engine.cpu), so a runtime knob costs no new copy of the weights."""
-    seeded = []
-    for stage in STAGES[:2]:
-        if (build_dir / stage).exists():
-            continue
-        d = _donor(build_dir, donors, stage, match=stage, inputs=stage_inputs(recipe, stage))
-        if d is not None:
-            _link_in(d / stage, build_dir / stage)
-            seeded.append(stage)
-            continue
-        if stage == STAGES[1] and STAGES[0] in seeded:
-            d = _donor(build_dir, donors, stage, match=STAGES[0], inputs=stage_inputs(recipe, STAGES[0]))
-            if d is not None:
-                _link_in(d / stage, build_dir / stage)
-        break  # a later stage cannot be reused without its upstream
-    return seeded
-
-
-def _donor(build_dir: Path, donors: list[Path], stage: str, *, match: str, inputs: Any) -> Path | None:
-    """The first donor (other than ``build_dir``) with a finished ``stage`` directory whose recipe feeds the
-    ``match`` stage ``inputs``; ``None`` when there is none."""
-    for d in donors:
-        if d.resolve() == build_dir.resolve() or not (d / stage / artifacts.MANIFEST).is_file():
-            continue
-        other = _donor_recipe(d)
-        if other is not None and stage_inputs(other, match) == inputs:
-            return d
-    return None
-
-
-def _link_in(src: Path, target: Path) -> None:
-    """Hard-link the directory ``src`` to ``target`` (through a temp dir next to it, renamed into place)."""
-    tmp = target.parent / f".{target.name}.seed-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(src, tmp, copy_function=os.link)
-    tmp.rename(target)
-
-
-def _donor_recipe(d: Path) -> Any:
-    """The recipe a donor build was made from, or ``None`` when it is unreadable (that donor is then not used)."""
-    import yaml
-
-    from pipeline.recipe import Recipe
-
-    try:
-        return Recipe.model_validate(yaml.safe_load((d / "recipe.yaml").read_text()))
-    except Exception:  # noqa: BLE001 - an unreadable donor is simply not used
-        return None
 
 
 def donors(out: Path) -> list[Path]:

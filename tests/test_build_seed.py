@@ -1,0 +1,53 @@
+"""``trtpipe build --out NEW`` of a variant reuses another build's quantize stage through hard links
+(pipeline/stages/seed.py), on the real CPU default built once per session (``cpu_build``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline import artifacts
+from pipeline.recipe import load_recipe
+from pipeline.stages.seed import local_builds, seed_build
+
+TRTPIPE = str(Path(sys.executable).parent / "trtpipe")
+REPO = Path(__file__).resolve().parents[1]
+CPU_RECIPE = REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"
+
+
+def _files(stage: Path) -> dict[str, os.stat_result]:
+    return {str(p.relative_to(stage)): p.stat() for p in stage.rglob("*") if p.is_file()}
+
+
+def test_a_variant_build_hard_links_the_quantize_stage_of_an_earlier_build(cpu_build: Path, tmp_path: Path):
+    # a working directory of its own (its artifacts/.last_build changes), the session build linked into its root
+    (tmp_path / "artifacts").mkdir()
+    (tmp_path / "artifacts" / "base").symlink_to(cpu_build, target_is_directory=True)
+    out = tmp_path / "artifacts" / "variant"
+    res = subprocess.run([TRTPIPE, "build", str(CPU_RECIPE), "--set", "build.max_batch_size=8", "--out", str(out)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "quantize" in res.stdout and "reused (inputs unchanged)" in res.stdout
+    assert "quantize hard-linked from artifacts/base (same inputs)" in res.stdout
+    donor, mine = _files(cpu_build / "quantize"), _files(out / "quantize")
+    assert mine.keys() == donor.keys() and mine
+    assert all(mine[k].st_ino == donor[k].st_ino for k in mine)  # the same files, not copies
+    assert artifacts.read_manifest(out / "quantize")["cache_key"] == artifacts.read_manifest(cpu_build / "quantize")["cache_key"]
+    # the engine consumed the new max_batch_size: rebuilt, not taken over
+    assert artifacts.read_manifest(out / "engine")["cache_key"] != artifacts.read_manifest(cpu_build / "engine")["cache_key"]
+    assert artifacts.last_build(tmp_path / "artifacts").resolve() == out.resolve()
+    assert [p.resolve() for p in local_builds(tmp_path / "artifacts")] == [out.resolve(), cpu_build.resolve()]
+
+
+def test_a_recipe_whose_quantize_inputs_differ_seeds_nothing(cpu_build: Path, tmp_path: Path):
+    other = load_recipe(CPU_RECIPE, ["quantization.calibration.size=32"])
+    assert seed_build(tmp_path / "b", other, [cpu_build]) == {}
+    assert not (tmp_path / "b").exists()
+    same = load_recipe(CPU_RECIPE, ["build.max_batch_size=8"])  # the same quantize inputs, another engine
+    seeded = seed_build(tmp_path / "c", same, [cpu_build])
+    assert seeded == {"quantize": cpu_build}
+    # the engine of the same-checkpoint donor is linked in (not reported): its key will not match, the CPU builder
+    # keeps its weight files
+    assert (tmp_path / "c" / "engine" / artifacts.MANIFEST).is_file()
