@@ -51,3 +51,6 @@ def test_a_recipe_whose_quantize_inputs_differ_seeds_nothing(cpu_build: Path, tm
     # the engine of the same-checkpoint donor is linked in (not reported): its key will not match, the CPU builder
     # keeps its weight files
     assert (tmp_path / "c" / "engine" / artifacts.MANIFEST).is_file()
+    # a build stopped after quantize (--stage quantize) gets no engine
+    assert seed_build(tmp_path / "d", same, [cpu_build], until="quantize") == {"quantize": cpu_build}
+    assert not (tmp_path / "d" / "engine").exists()

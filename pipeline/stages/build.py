@@ -118,7 +118,7 @@ def run(
         if donors and not (force or dry_run):
             from pipeline.stages.seed import seed_build
 
-            seeded = seed_build(layout.root, recipe, list(donors))
+            seeded = seed_build(layout.root, recipe, list(donors), until=last)
         _run_stages(recipe, layout, recipe_dir, last, force, dry_run, results, changes, on_stage)
     except BaseException:
         linked = [layout.stage_dir(s).absolute() for s in seeded]

@@ -36,9 +36,10 @@ def stage_inputs(recipe: Any, stage: str) -> dict[str, Any]:
     return consumed(recipe, *classes)
 
 
-def seed_build(build_dir: Path, recipe: Any, donors: list[Path]) -> dict[str, Path]:
+def seed_build(build_dir: Path, recipe: Any, donors: list[Path], *, until: str = "engine") -> dict[str, Path]:
     """Hard-link the quantize and engine stage directories of a donor build whose recipe feeds them the same
-    inputs into ``build_dir`` (only stages it lacks). Returns {stage: donor build directory} of what was seeded.
+    inputs into ``build_dir`` (only stages it lacks; none after ``until``, a stage name). Returns {stage: donor
+    build directory} of what was seeded.
 
     When the quantized checkpoint was seeded but no donor's engine inputs match, the engine of a donor with the
     same quantize inputs is linked in anyway (not reported as seeded): its content key will not match, so the
@@ -46,7 +47,7 @@ def seed_build(build_dir: Path, recipe: Any, donors: list[Path]) -> dict[str, Pa
     checkpoint (pipeline.engine.cpu), so a runtime knob costs no new copy of the weights. A donor on another file
     system (no hard links) seeds nothing."""
     seeded: dict[str, Path] = {}
-    for stage in STAGES[:2]:
+    for stage in STAGES[: min(2, STAGES.index(until) + 1)]:
         if (build_dir / stage).exists():
             continue
         d = _donor(build_dir, donors, stage, match=stage, inputs=stage_inputs(recipe, stage))
