@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipeline import artifacts
 from pipeline.recipe import load_recipe
 from pipeline.stages.seed import local_builds, seed_build
@@ -54,3 +56,17 @@ def test_a_recipe_whose_quantize_inputs_differ_seeds_nothing(cpu_build: Path, tm
     # a build stopped after quantize (--stage quantize) gets no engine
     assert seed_build(tmp_path / "d", same, [cpu_build], until="quantize") == {"quantize": cpu_build}
     assert not (tmp_path / "d" / "engine").exists()
+
+
+def test_a_failed_first_build_removes_what_it_linked_in(cpu_build: Path, tmp_path: Path, monkeypatch):
+    from pipeline.stages import build, engine
+
+    def engine_fails(*args, **kwargs):
+        raise RuntimeError("engine stage failed")
+
+    monkeypatch.setattr(engine, "run", engine_fails)  # the stage after the seeded quantize fails
+    recipe = load_recipe(CPU_RECIPE, ["build.max_batch_size=8"])
+    with pytest.raises(RuntimeError, match="engine stage failed"):
+        build.run(recipe, tmp_path / "new" / "b", recipe_dir=CPU_RECIPE.parent, donors=[cpu_build])
+    assert not (tmp_path / "new").exists()  # nothing behind, not even the links
+    assert (cpu_build / "quantize" / artifacts.MANIFEST).is_file() and (cpu_build / "engine" / artifacts.MANIFEST).is_file()

@@ -114,23 +114,27 @@ def run(
     results: dict[str, StageResult] = {}
     changes: dict[str, list[str]] = {}
     seeded: dict[str, Path] = {}
+    linked: set[tuple[Path, int]] = set()  # (file, inode) hard-linked in from another build
     try:
         if donors and not (force or dry_run):
             from pipeline.stages.seed import seed_build
 
             seeded = seed_build(layout.root, recipe, list(donors), until=last)
+            linked = _files(created) if created is not None else set()
         _run_stages(recipe, layout, recipe_dir, last, force, dry_run, results, changes, on_stage)
     except BaseException:
-        linked = [layout.stage_dir(s).absolute() for s in seeded]
-        if created is not None and created.is_dir() and not any(
-            p.is_file() and not any(p.is_relative_to(d) for d in linked) for p in created.rglob("*")
-        ):
+        if created is not None and created.is_dir() and not _files(created) - linked:
             shutil.rmtree(created, ignore_errors=True)  # a failed first build leaves nothing behind (nor links)
         raise
     _write_text_atomic(layout.recipe_file, dump_recipe(recipe))
     if last == "triton_repo" and not dry_run:
         artifacts.record_last_build(layout.root)
     return BuildResult(layout, results, changes, seeded)
+
+
+def _files(root: Path) -> set[tuple[Path, int]]:
+    """(path, inode) of every file under ``root`` (a rebuilt stage's files are new inodes)."""
+    return {(p, p.stat().st_ino) for p in root.rglob("*") if p.is_file()}
 
 
 def _run_stages(
