@@ -201,15 +201,17 @@ def served(build: Path, concurrency: list[int], waves: int, direct: bool = False
             except Exception:
                 pass
 
+    def bench_cmd(out: str, *extra: str) -> list[str]:
+        return [trtpipe, "bench", "--url", f"127.0.0.1:{ports[1]}", "--isl", str(ISL), "--osl", str(OSL),
+                "--concurrency", ",".join(map(str, concurrency)), "--out", out, *extra]
+
     threading.Thread(target=sample, daemon=True).start()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             cpu0, t_bench = tree_cpu_s(pid), time.perf_counter()
             proc = subprocess.Popen(
-                [trtpipe, "bench", "--url", f"127.0.0.1:{ports[1]}", "--isl", str(ISL), "--osl", str(OSL),
-                 "--concurrency", ",".join(map(str, concurrency)), "--out", f"{tmp}/run",
-                 # the served build's tokenizer, not the last build's
-                 "--tokenizer", str(BuildLayout(build).tokenizer_dir())],
+                # the served build's tokenizer, not the last build's
+                bench_cmd(f"{tmp}/run", "--tokenizer", str(BuildLayout(build).tokenizer_dir())),
                 cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             client.append(proc)
             stdout, stderr = proc.communicate()
@@ -235,10 +237,8 @@ def served(build: Path, concurrency: list[int], waves: int, direct: bool = False
         facts["rss_peak_mib"] = max(peak)
         if direct:
             with tempfile.TemporaryDirectory() as tmp:
-                run = subprocess.run(
-                    [trtpipe, "bench", "--url", f"127.0.0.1:{ports[1]}", "--model", "tensorrt_llm", "--isl", str(ISL),
-                     "--osl", str(OSL), "--concurrency", ",".join(map(str, concurrency)), "--out", f"{tmp}/run"],
-                    cwd=work, capture_output=True, text=True, env=env)
+                run = subprocess.run(bench_cmd(f"{tmp}/run", "--model", "tensorrt_llm"), cwd=work, capture_output=True,
+                                     text=True, env=env)
                 if run.returncode != 0:
                     raise RuntimeError(f"trtpipe bench --model tensorrt_llm failed: {run.stdout[-3000:]}{run.stderr[-2000:]}")
                 facts["direct"] = load_points(json.loads(Path(f"{tmp}/run/bench.json").read_text()))

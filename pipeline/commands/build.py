@@ -24,8 +24,8 @@ def build(
     from pipeline import artifacts
     from pipeline.recipe import load_recipe
     from pipeline.stages import build as build_stage
-    from pipeline.stages.seed import local_builds
     from pipeline.stages.results import StageResult
+    from pipeline.stages.seed import local_builds
 
     recipe = load_recipe(recipe_file, set_)
     build_dir = out or artifacts.default_build_dir(recipe.name or recipe_file.stem)

@@ -68,7 +68,7 @@ def local_builds(root: Path = artifacts.DEFAULT_ARTIFACTS_ROOT) -> list[Path]:
     """Donors for a plain ``trtpipe build``: the last build, then every build directory directly under ``root``
     (a directory with a ``recipe.yaml``), in name order."""
     last = artifacts.last_build(root)
-    found = sorted(p for p in Path(root).glob("*/") if (p / "recipe.yaml").is_file()) if Path(root).is_dir() else []
+    found = sorted(p for p in Path(root).glob("*/") if (p / "recipe.yaml").is_file())  # none when root is missing
     return [*([last] if last is not None else []), *(p for p in found if last is None or p.resolve() != last.resolve())]
 
 
