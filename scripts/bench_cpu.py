@@ -15,7 +15,10 @@ With ``--direct``, the same load on the served ``tensorrt_llm`` model itself (to
 ensemble on the same server: direct/raw is the engine's own Triton path, ensemble/direct what the ensemble
 (preprocessing, postprocessing's detokenization, the ensemble's routing) costs.
 
-    .venv/bin/python scripts/bench_cpu.py [BUILD_DIR] [--concurrency 1,4,16] [--waves 2] [--skip-triton] [--direct] [--side-load 0.2]
+    .venv/bin/python scripts/bench_cpu.py [BUILD_DIR] [--concurrency 1,4,16] [--waves 2] [--repeats 3] [--skip-triton] [--direct] [--side-load 0.2]
+
+With ``--repeats N`` the raw engine and the served deployment alternate N times; the table gives the means,
+then each round's Triton/raw (this host's speed drifts over minutes, so one raw/served pair is one sample).
 
 BUILD_DIR defaults to artifacts/smollm2_135m_cpu_fp8 (``trtpipe build recipes/smollm2_135m_cpu_fp8.yaml``).
 Run it on a quiet machine: both measurements use every core.
@@ -248,6 +251,18 @@ def served(build: Path, concurrency: list[int], waves: int, direct: bool = False
     return load_points(doc), facts
 
 
+def _mean_points(runs: list[dict[int, dict]]) -> dict[int, dict]:
+    """Per concurrency, the mean of each figure over ``runs`` (``exact_osl``: true only if true in every run)."""
+    if not runs:
+        return {}
+    out = {}
+    for c in runs[0]:
+        pts = [r[c] for r in runs]
+        out[c] = {k: (all(p[k] for p in pts) if isinstance(pts[0][k], bool) else statistics.mean(p[k] for p in pts))
+                  for k in pts[0]}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("build", nargs="?", default=str(REPO / "artifacts" / "smollm2_135m_cpu_fp8"))
@@ -257,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--direct", action="store_true",
                     help="also bench the served tensorrt_llm model directly (token ids: no ensemble, pre- or "
                          "postprocessing), after the ensemble, on the same server: what the ensemble costs")
+    ap.add_argument("--repeats", type=int, default=1, metavar="N",
+                    help="alternate the raw engine and the served deployment N times (raw, served, raw, served, …): "
+                         "the table shows means with their range and the ratio of the means, then each round's ratio "
+                         "(this host's speed drifts over minutes; one pair is one sample)")
     ap.add_argument("--side-load", type=float, metavar="CORES",
                     help="also run the raw engine at the highest concurrency 3 times alone and 3 times beside a process "
                          "keeping CORES (e.g. 0.2) of one core busy in 2 ms bursts, interleaved: what the server, stubs "
@@ -267,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     engine_dir = build / "engine"
     # the raw engine first: once this process has allocated and freed a large tensor (the bandwidth probe), the
     # engine's steps in it run ~1.8 × slower (measured: 377 → 212 tok/s at 16 after a freed 1 GiB tensor)
-    raw = raw_engine(engine_dir, conc, args.waves)
+    raws = [raw_engine(engine_dir, conc, args.waves)]
     side: dict[str, list[float]] = {"alone": [], "side load": []}
     if args.side_load:  # A B B A A B at the highest concurrency: this host's speed drifts over minutes
         for kind in ("alone", "side load", "side load", "alone", "alone", "side load"):
@@ -277,7 +296,14 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 if burner is not None:
                     burner.kill()
-    srv, facts = ({}, {}) if args.skip_triton else served(build, conc, args.waves, args.direct)
+    srvs, facts = [], {}
+    if not args.skip_triton:
+        for i in range(max(1, args.repeats)):
+            if i:
+                raws.append(raw_engine(engine_dir, conc, args.waves))
+            srv_i, facts = served(build, conc, args.waves, args.direct)
+            srvs.append(srv_i)
+    raw, srv = _mean_points(raws), _mean_points(srvs)
     bw = read_bandwidth_gbs()
     print(f"\nISL/OSL {ISL}/{OSL}, every request exactly {OSL} tokens; memory read bandwidth {bw:.0f} GB/s")
     print(f"{'conc':>4} | {'raw tok/s':>9} {'TTFT ms':>8} {'ITL ms':>7} | {'Triton tok/s':>12} {'TTFT ms':>8} {'ITL ms':>7} "
@@ -290,13 +316,20 @@ def main(argv: list[str] | None = None) -> int:
         else:
             line += f"{'-':>12} {'-':>8} {'-':>7} {'-':>5} | {'-':>10} | "
         print(line + f"{roofline(engine_dir, c, bw):>14.0f}")
+    if len(srvs) > 1:
+        print(f"means of {len(srvs)} rounds (raw, served, raw, served, …); per concurrency, tok/s range and each round's Triton/raw:")
+        for c in conc:
+            rr, ss = [x[c]["tok_s"] for x in raws], [x[c]["tok_s"] for x in srvs]
+            print(f"{c:>4} | raw {min(rr):.1f}–{max(rr):.1f} | Triton {min(ss):.1f}–{max(ss):.1f} | Triton/raw per round "
+                  + " ".join(f"{b / a:.2f}" for a, b in zip(rr, ss)))
     if facts.get("direct"):
-        print("the tensorrt_llm model served directly (no ensemble), same server, after the ensemble run:")
+        last = " (the last round)" if len(srvs) > 1 else ""
+        print(f"the tensorrt_llm model served directly (no ensemble), same server, after the ensemble run{last}:")
         for c in conc:
             d = facts["direct"][c]
             print(f"{c:>4} | Triton direct {d['tok_s']:.1f} tok/s, TTFT {d['ttft_ms']:.0f} ms, ITL {d['itl_ms']:.1f} ms, "
-                  f"exact {d['exact_osl']} | direct/raw {d['tok_s'] / raw[c]['tok_s']:.2f}, "
-                  f"ensemble/direct {srv[c]['tok_s'] / d['tok_s']:.2f}")
+                  f"exact {d['exact_osl']} | direct/raw {d['tok_s'] / raws[-1][c]['tok_s']:.2f}, "
+                  f"ensemble/direct {srvs[-1][c]['tok_s'] / d['tok_s']:.2f}")
     if side["alone"]:
         a, b = statistics.mean(side["alone"]), statistics.mean(side["side load"])
         print(f"raw engine at c={conc[-1]}, 3 runs each, interleaved: alone {a:.1f} tok/s "

@@ -133,6 +133,14 @@ def test_tensor_names_and_types_match_reference(built):
         "input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN", "request_output_len": "_REQUEST_OUTPUT_LEN",
         "streaming": "stream", "min_tokens": "min_tokens", "end_id": "_PREPROCESSOR_END_ID", "runtime_top_k": "top_k",
     }.items() <= dict(steps["tensorrt_llm"].input_map).items()
+    if kind == "cpu":  # build.cpu.detokenize: engine (default): the CPU model writes the ensemble's text
+        assert recipe.build.cpu.detokenize == "engine"
+        assert [s.model_name for s in ens.ensemble_scheduling.step] == ["preprocessing", "tensorrt_llm"]
+        assert dict(steps["tensorrt_llm"].output_map)["text_output"] == "text_output"
+        assert tensors(trt.output)["text_output"] == ("TYPE_STRING", [-1])
+        assert {"tokenizer_dir": "../preprocessing/tokenizer", "skip_special_tokens": "true"}.items() <= params(trt).items()
+        return
+    assert "text_output" not in tensors(trt.output)  # not an output of the C++ tensorrtllm backend
     assert dict(steps["tensorrt_llm"].output_map)["output_ids"] == "_TOKENS_BATCH"
     assert dict(steps["postprocessing"].output_map) == {"OUTPUT": "text_output"}
     # every tensor postprocessing gets originates from tensorrt_llm (Triton rule for decoupled steps)
@@ -264,7 +272,10 @@ def _in(name, arr, dtype):
 
 @pytest.mark.triton
 @pytest.mark.timeout(900)
-def test_real_triton_streams_through_all_three_models(tmp_path):
+@pytest.mark.parametrize("detokenize", ["engine", "postprocessing"])
+def test_real_triton_streams_through_all_three_models(tmp_path, detokenize):
+    """The ensemble's streamed text equals the BLS's whether the CPU engine model decodes it (two-step
+    ensemble) or postprocessing does (the GPU layout's three steps)."""
     from transformers import AutoTokenizer
 
     from support import quantized_stage
@@ -272,10 +283,14 @@ def test_real_triton_streams_through_all_three_models(tmp_path):
     from pipeline.triton.server import TritonServer
 
     cache = Path(os.environ["TRTPIPE_CACHE_DIR"])
-    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.cpu.num_threads=1"])
+    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml",
+                         ["build.cpu.num_threads=1", f"build.cpu.detokenize={detokenize}"])
     q = quantized_stage(cache)
     e = engine_cpu.run(recipe, BuildLayout(cache / "triton-test-build"), quantized=q)
     repo = triton_repo.run(recipe, BuildLayout(tmp_path), quantized=q, engine=e).path
+    steps = [st.model_name for st in model_config.load_model_config(repo / "ensemble" / "config.pbtxt").ensemble_scheduling.step]
+    assert steps == (["preprocessing", "tensorrt_llm"] if detokenize == "engine"
+                     else ["preprocessing", "tensorrt_llm", "postprocessing"])
     tok = AutoTokenizer.from_pretrained(repo / "preprocessing" / "tokenizer")
     prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     with TritonServer(repo, log_file=tmp_path / "triton.log", ready_timeout_s=300, http_port=None, grpc_port=None,

@@ -123,3 +123,24 @@ def test_only_the_release_matrix_spells_container_tags_and_tensorrt_versions():
     assert offenders == []
     from pipeline.release import default_release
     assert default_release().image.endswith(":26.04-trtllm-python-py3") and default_release().tensorrt_llm == "1.2.1"
+
+
+def test_the_cpu_models_text_output_is_the_only_extension_allowed(tmp_path: Path):
+    """trtpipe's CPU tensorrt_llm model may add text_output (STRING [-1], build.cpu.detokenize: engine) and
+    nothing else; the C++ backend's contract never allows it."""
+    from tritonclient.grpc import model_config_pb2
+
+    configs, _ = _repo(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", tmp_path)
+    assert "text_output" in {o.name for o in configs["tensorrt_llm"].output}
+    assert upstream.repository_problems(configs, "cpu") == []
+    trt = configs["tensorrt_llm"]
+    assert any("'text_output' does not exist in upstream tensorrt_llm" in p
+               for p in upstream.tensor_problems("tensorrt_llm", "tensorrt_llm", trt))
+    bad = copy.deepcopy(configs)
+    next(o for o in bad["tensorrt_llm"].output if o.name == "text_output").data_type = model_config_pb2.TYPE_INT32
+    extra = bad["tensorrt_llm"].output.add()
+    extra.name, extra.data_type, extra.dims[:] = "text_len", model_config_pb2.TYPE_INT32, [1]
+    problems = upstream.repository_problems(bad, "cpu")
+    assert len(problems) == 2, problems
+    assert problems[0] == "tensorrt_llm: output 'text_output' must be TYPE_STRING dims [-1] (trtpipe's CPU model)"
+    assert problems[1].startswith("tensorrt_llm: output 'text_len' does not exist in upstream tensorrt_llm ")

@@ -63,6 +63,11 @@ class IncrementalDetokenizer:
         self._held.clear()
         return piece
 
+    @property
+    def pending(self) -> bool:
+        """Whether ids added since the last emitted piece are held back (an incomplete character)."""
+        return bool(self._held)
+
     def flush(self) -> str:
         """Return whatever is still held back (possibly ending in U+FFFD) and mark it emitted."""
         if not self._held:

@@ -6,7 +6,11 @@ as a complete Triton model repository for ``build.engine``:
 - ``tensorrt``: ``ensemble``, ``preprocessing``, ``tensorrt_llm`` (C++ ``tensorrtllm`` backend, empty
   ``1/``), ``postprocessing``, ``tensorrt_llm_bls`` — the TensorRT-LLM ≤1.2 ``inflight_batcher_llm`` layout.
 - ``cpu``: the same layout and tensors; ``tensorrt_llm`` is a decoupled python model that runs
-  :class:`pipeline.cpu_runtime.engine.CpuEngine` on ``engine.path``.
+  :class:`pipeline.cpu_runtime.engine.CpuEngine` on ``engine.path``. With ``build.cpu.detokenize: engine``
+  (default) it also outputs ``text_output`` and the ``ensemble`` maps it straight to its own
+  ``text_output``: preprocessing → tensorrt_llm, the same ensemble inputs and outputs, one
+  python-backend round trip less per streamed token; ``postprocessing`` stays in the repository (the
+  three-step ensemble of the GPU path with ``detokenize: postprocessing``).
 - ``pytorch``: the LLM-API layout: one python ``tensorrt_llm`` model configured by ``1/model.yaml``
   (``LLM()`` kwargs from the engine stage's ``llm_api_config.yaml``). Its ``model.py``/``helpers.py``
   are symlinks to the TensorRT-LLM Triton container's copies (``/app/all_models/llmapi/…``), so they
@@ -18,8 +22,8 @@ back with ``text_format``. The recipe → Triton parameter-name translation live
 :func:`tensorrt_llm_parameters`. The tokenizer files are copied into ``preprocessing/tokenizer/`` and
 every python model's ``tokenizer_dir`` is ``../preprocessing/tokenizer`` (relative to its model dir).
 
-Streaming text: ``tensorrt_llm_bls`` detokenizes incrementally per request in its own process. The
-``ensemble``'s ``postprocessing`` sees every streamed step as a separate request, so it keeps one
+Streaming text: ``tensorrt_llm_bls`` detokenizes incrementally per request in its own process, and so
+does the CPU ``tensorrt_llm`` model when it writes ``text_output``. The three-step ``ensemble``'s ``postprocessing`` sees every streamed step as a separate request, so it keeps one
 incremental detokenizer per stream keyed by the request id (copied by the ensemble scheduler onto
 each composing request; clients must set a unique ``request_id``) and runs as ONE instance when
 ``serving.decoupled_mode`` (state must live in one process; its dynamic batching keeps throughput).
@@ -88,6 +92,9 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
         }
         if b.cpu.num_threads is not None:
             params["cpu_num_threads"] = str(b.cpu.num_threads)
+        if b.cpu.detokenize == "engine":  # the model also writes text_output (the ensemble skips postprocessing)
+            params["tokenizer_dir"] = layouts()["tokenizer"]["param_value"]
+            params["skip_special_tokens"] = _bool(s.skip_special_tokens)
         return params
     params: dict[str, str] = {
         "max_beam_width": str(b.max_beam_width),
@@ -139,14 +146,16 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
     tok = lay["tokenizer"]["param_value"]
     post_count = lay["streaming_postprocessing_instance_count"] if s.decoupled_mode else s.postprocessing_instance_count
     backend = lay["cpp"]["triton_backend"] if kind == "tensorrt" else "python"
+    engine_text = kind == "cpu" and recipe.build.cpu.detokenize == "engine"
     return {
-        "ensemble": render_model_config("ensemble", **common),
+        "ensemble": render_model_config("ensemble", **common, engine_text=engine_text),
         "preprocessing": render_model_config(
             "preprocessing", **common, instance_count=s.preprocessing_instance_count,
             parameters={"tokenizer_dir": tok, "add_special_tokens": _bool(s.add_special_tokens)},
         ),
         "tensorrt_llm": render_model_config(
-            "tensorrt_llm", **common, backend=backend, parameters=tensorrt_llm_parameters(recipe, engine_dir, paged_context_fmha=paged_context_fmha)
+            "tensorrt_llm", **common, backend=backend, engine_text=engine_text,
+            parameters=tensorrt_llm_parameters(recipe, engine_dir, paged_context_fmha=paged_context_fmha),
         ),
         "postprocessing": render_model_config(
             "postprocessing", **common, instance_count=post_count,

@@ -97,13 +97,19 @@ def _type_problem(kind: str, value: str) -> str | None:
     return "is negative" if kind.startswith("uint") and number < 0 else None
 
 
-def tensor_problems(model: str, template: str, cfg: Any) -> list[str]:
+#: Tensors trtpipe's CPU ``tensorrt_llm`` python model adds to the upstream interface: {model: {output: (dtype, dims)}}.
+#: ``text_output`` is written only with ``build.cpu.detokenize: engine`` (the ensemble then maps it directly).
+CPU_EXTRA_OUTPUTS: dict[str, dict[str, tuple[str, list[int]]]] = {"tensorrt_llm": {"text_output": ("TYPE_STRING", [-1])}}
+
+
+def tensor_problems(model: str, template: str, cfg: Any, extra_outputs: dict[str, tuple[str, list[int]]] | None = None) -> list[str]:
     """Tensors of our ``ModelConfig`` ``cfg`` that differ from upstream template ``template``.
 
     Every input and output we declare must exist upstream with the same data type (an upstream
     ``${…}`` type, e.g. the logits dtype, accepts any) and dims; inputs keep upstream's ``optional``.
     Outputs the backend always writes, and those a declared ``return_*`` flag makes it write, must be
     declared; the LLM-API model must declare every output upstream's ``model.py`` emits.
+    ``extra_outputs`` ({name: (dtype, dims)}) are outputs allowed beyond upstream's, with exactly that type and dims.
     """
     from tritonclient.grpc import model_config_pb2
 
@@ -114,6 +120,11 @@ def tensor_problems(model: str, template: str, cfg: Any) -> list[str]:
         up = {x["name"]: x for x in theirs}
         for x in ours:
             u = up.get(x.name)
+            if u is None and kind == "output" and x.name in (extra_outputs or {}):
+                dtype, dims = extra_outputs[x.name]
+                if name_of(x.data_type) != dtype or list(x.dims) != dims:
+                    out.append(f"{model}: output {x.name!r} must be {dtype} dims {dims} (trtpipe's CPU model)")
+                continue
             if u is None:
                 out.append(f"{model}: {kind} {x.name!r} does not exist in upstream {template} ({t['source']})")
                 continue
@@ -156,7 +167,8 @@ def repository_problems(configs: dict[str, Any], implementation: str) -> list[st
         if template is None:
             out.append(f"{model}: not a model of the upstream {implementation} repository")
             continue
-        out += tensor_problems(model, template, cfg)
+        extra = CPU_EXTRA_OUTPUTS.get(model) if implementation == "cpu" else None
+        out += tensor_problems(model, template, cfg, extra)
         if implementation == "cpp" and model == "tensorrt_llm":
             if cfg.backend != "tensorrtllm":
                 out.append(f"tensorrt_llm: backend {cfg.backend!r}, upstream uses 'tensorrtllm'")

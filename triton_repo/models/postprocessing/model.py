@@ -3,8 +3,9 @@
 Inputs TOKENS_BATCH [-1,-1] (beams × tokens), SEQUENCE_LENGTH [-1]. Output OUTPUT [-1] STRING (one
 text per beam). Parameters: tokenizer_dir, skip_special_tokens.
 
-Streaming: in the ensemble every streamed step of tensorrt_llm reaches this model as a separate
-request, and Triton cannot also pass it the ensemble's ``stream`` input (a step may not mix a
+Streaming: in the three-step ensemble (the GPU layout; on CPU with ``build.cpu.detokenize:
+postprocessing``, where the default decodes in the engine's own model) every streamed step of
+tensorrt_llm reaches this model as a separate request, and Triton cannot also pass it the ensemble's ``stream`` input (a step may not mix a
 decoupled model's outputs with ensemble inputs). So every request that carries a request id (or a
 correlation id) goes to an incremental detokenizer kept per (id, beam) — the ensemble scheduler
 copies the client's ids onto each composing request — and its pieces keep spaces and multi-byte

@@ -17,15 +17,23 @@ watcher thread cancels requests whose client went away (``request.is_cancelled()
 ``cancellation_check_period_ms``. Every error becomes a ``TritonError`` response with the final
 flag: a client is never left waiting.
 
-Text stays with the ensemble's postprocessing model. Writing a BYTES ``text_output`` from this model's
-delivery thread (to save one python-backend round trip per token) crashed the stub: SIGSEGV in pymalloc
-(Triton 2.51 python backend) in 4 of 5 runs at c = 16 with ``sys.setswitchinterval(2e-4)``, with object and
-with fixed-width bytes arrays; this model without it survived 256 requests under the same setting.
+Text (``build.cpu.detokenize: engine``, the parameter ``tokenizer_dir``): the model also outputs
+``text_output`` (BYTES [1, 1]), decoded per request by an incremental detokenizer (detokenize.py: spaces
+and multi-byte characters intact; what an incomplete UTF-8 sequence held back is flushed into the final
+response), and the ensemble maps it directly instead of calling postprocessing for every streamed step.
+
+Only the outputs the request asked for are built (``request.requested_output_names()``), and the tensors
+of a response stay referenced until ``send`` returns. The python backend prunes unrequested outputs after
+releasing the GIL (python_backend src/response_sender.cc@a2564ea:124-129, ``ResponseSender::Send``): a
+pruned tensor whose last owner was the response frees its numpy array there, without the GIL. Sending
+output_ids + sequence_length + text_output to an ensemble that asked for text_output only killed the stub
+in the first of three runs at c = 16 with ``sys.setswitchinterval(2e-4)`` (2026-11-26); building only the
+requested outputs, it served 4 × 32 requests under the same setting.
 
 Parameters (strict: every one listed here is read, and any other key fails the load, so the
 generated config.pbtxt carries only what this model honours): gpt_model_path (engine dir),
 max_beam_width (must be 1), exclude_input_in_output, cancellation_check_period_ms, cpu_num_threads
-(optional). The KV cache, scheduler and chunked-prefill settings are the engine directory's
+(optional), tokenizer_dir (optional: without it the model has no text) and skip_special_tokens. The KV cache, scheduler and chunked-prefill settings are the engine directory's
 ``engine_config.json`` (pipeline/engine/cpu.py), sized at load by pipeline.cpu_runtime.kv.kv_slots.
 """
 
@@ -39,13 +47,15 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from _common import (ParameterError, apply_pythonpath, array, get_param, parse_bool, parse_int, parse_word_list,
-                     raw_parameters, scalar)
+from _common import (ParameterError, apply_pythonpath, array, get_param, load_tokenizer, parse_bool, parse_int,
+                     parse_word_list, raw_parameters, resolve_dir, scalar)
+from detokenize import IncrementalDetokenizer
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: Every parameter this model reads (anything else in config.pbtxt is refused).
 PARAMETERS = (
     "gpt_model_path", "max_beam_width", "exclude_input_in_output", "cancellation_check_period_ms", "cpu_num_threads",
+    "tokenizer_dir", "skip_special_tokens",
 )
 
 
@@ -57,6 +67,9 @@ class Params:
     exclude_input_in_output: bool
     cancellation_check_period_ms: int
     num_threads: int | None
+    #: set: the model writes ``text_output`` (relative to the model directory, like every tokenizer_dir)
+    tokenizer_dir: str | None
+    skip_special_tokens: bool
 
     @classmethod
     def parse(cls, raw: dict[str, str]) -> "Params":
@@ -74,6 +87,8 @@ class Params:
                 raw, "cancellation_check_period_ms", lambda n, v: parse_int(n, v, minimum=1), 100
             ),
             num_threads=get_param(raw, "cpu_num_threads", lambda n, v: parse_int(n, v, minimum=1), None),
+            tokenizer_dir=get_param(raw, "tokenizer_dir", lambda n, v: v, None),
+            skip_special_tokens=get_param(raw, "skip_special_tokens", parse_bool, True),
         )
 
 
@@ -91,6 +106,10 @@ class Job:
     want_out: bool
     want_perf: bool
     arrival_ns: int
+    #: the output names the request asked for (only these are built: see the module docstring)
+    wanted: frozenset[str] = frozenset()
+    #: incremental detokenizer of ``text_output`` (created on the first response that asks for text)
+    detok: object = None
     engine_id: str | None = None
     generated: list[int] = dataclasses.field(default_factory=list)
     #: held while the final response is sent and while the watcher asks ``is_cancelled()``: once the final
@@ -114,6 +133,9 @@ class TritonPythonModel:
         from pipeline.cpu_runtime.engine import CpuEngine
 
         p = self.params
+        self.tokenizer = None
+        if p.tokenizer_dir is not None:
+            self.tokenizer = load_tokenizer(resolve_dir(args["model_repository"], p.tokenizer_dir))
         self.engine = CpuEngine(p.engine_dir, num_threads=p.num_threads)
         rt = self.engine.runtime
         pb_utils.Logger.log_info(
@@ -150,23 +172,33 @@ class TritonPythonModel:
         except Exception as e:  # client gone: nothing else to do
             pb_utils.Logger.log_warn(f"tensorrt_llm: could not send final response: {e}")
 
-    def _tensors(self, job: Job, new: list[int]):
+    def _tensors(self, job: Job, new: list[int], final: bool = False):
+        """The requested outputs of one response carrying ``new`` tokens (the caller keeps the list
+        referenced until ``send`` returns: see the module docstring)."""
         ids = new
         if not job.exclude_input and not job.sent_any:
             ids = job.input_ids + new
-        out = [
-            pb_utils.Tensor("output_ids", np.array([[ids]], dtype=np.int32)),
-            pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)),
-        ]
-        if job.want_out:
+        want = job.wanted
+        out = []
+        if "output_ids" in want:
+            out.append(pb_utils.Tensor("output_ids", np.array([[ids]], dtype=np.int32)))
+        if "sequence_length" in want:
+            out.append(pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)))
+        if "text_output" in want and self.tokenizer is not None:
+            if job.detok is None:
+                job.detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=self.params.skip_special_tokens)
+            text = job.detok.add(ids) + (job.detok.flush() if final else "")
+            out.append(pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=object)))
+        if job.want_out and "num_output_tokens" in want:
             out.append(pb_utils.Tensor("num_output_tokens", np.array([[len(new)]], dtype=np.int32)))
-        if job.want_in:
+        if job.want_in and "num_input_tokens" in want:
             out.append(pb_utils.Tensor("num_input_tokens", np.array([[len(job.input_ids)]], dtype=np.int32)))
         if job.want_perf:
             now = time.time_ns()
             for name, value in (("arrival_time_ns", job.arrival_ns), ("first_scheduled_time_ns", job.arrival_ns),
                                 ("first_token_time_ns", job.first_token_ns or now), ("last_token_time_ns", now)):
-                out.append(pb_utils.Tensor(name, np.array([[value]], dtype=np.int64)))
+                if name in want:
+                    out.append(pb_utils.Tensor(name, np.array([[value]], dtype=np.int64)))
         job.sent_any = True
         return out
 
@@ -178,16 +210,18 @@ class TritonPythonModel:
             job.first_token_ns = time.time_ns()
         if job.streaming:
             if finished:
-                self._finish(job, self._tensors(job, new) if new else None)
+                held = job.detok is not None and job.detok.pending
+                self._finish(job, self._tensors(job, new, final=True) if new or held else None)
             elif new:
+                tensors = self._tensors(job, new)
                 try:
-                    job.sender.send(pb_utils.InferenceResponse(output_tensors=self._tensors(job, new)))
+                    job.sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
                 except Exception as e:
                     self._cancel(job, f"send failed: {e}")
         else:
             job.generated.extend(new)
             if finished:
-                self._finish(job, self._tensors(job, job.generated))
+                self._finish(job, self._tensors(job, job.generated, final=True))
 
     def _cancel(self, job: Job, why: str | None = None) -> None:
         if job.engine_id is not None:
@@ -228,6 +262,7 @@ class TritonPythonModel:
                 want_out=bool(scalar(request, "return_num_output_tokens", False)),
                 want_perf=bool(scalar(request, "return_perf_metrics", False)),
                 arrival_ns=time.time_ns(),
+                wanted=frozenset(request.requested_output_names()),
             )
             with self.lock:
                 self.jobs[id(job)] = job
