@@ -91,8 +91,7 @@ class CpuEngineSpec(StrictModel):
             "Where the ensemble's streamed text is decoded. engine (default): the CPU tensorrt_llm model also "
             "outputs text_output (incremental per request) and the ensemble is preprocessing → tensorrt_llm, one "
             "python-backend round trip less per streamed token; postprocessing: the TensorRT-LLM layout's three "
-            "steps, as the GPU ensemble runs them. The ensemble's inputs and outputs are the same either way (a "
-            "setting of the model repository)."
+            "steps, as the GPU ensemble runs them. The ensemble's inputs and outputs are the same either way."
         ),
     )
 

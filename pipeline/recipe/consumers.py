@@ -40,7 +40,6 @@ CONSUMERS: dict[str, str] = {
     "build.workers": "engine",
     "build.plugins": "engine",
     "build.cpu": "engine_cpu",      # only the CPU engine reads it
-    "build.cpu.detokenize": "runtime",  # where the ensemble decodes text: the model repository
     "build.kv_cache_config": "runtime",
     "build.scheduler_config": "runtime",
     "build.enable_chunked_prefill": "runtime",
