@@ -336,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({', '.join(f'{x:.0f}' for x in side['alone'])}), beside a {args.side_load:g}-core side load {b:.1f} tok/s "
               f"({', '.join(f'{x:.0f}' for x in side['side load'])}): {b / a:.2f} ×")
     if facts:
+        if len(srvs) > 1:
+            print("the last round's server:")
         print(f"serve ready in {facts['ready_s']:.1f} s; deployment RSS {facts['rss_ready_mib']:.0f} MiB at ready, "
               f"{facts['rss_peak_mib']:.0f} MiB peak under load")
         cores = len(os.sched_getaffinity(0))

@@ -321,3 +321,29 @@ def test_real_triton_streams_through_all_three_models(tmp_path, detokenize):
         assert len(got) == 12 and len(out) == 12  # min_tokens = request_output_len, end_id -1: exact length
         print("tensorrt_llm", out, repr(tok.decode(out)))
         assert tok.decode(out, skip_special_tokens=True).startswith(texts["ensemble"][:10])
+
+
+@pytest.mark.triton
+@pytest.mark.timeout(300)
+def test_cpu_model_with_text_output_but_no_tokenizer_refuses_to_load(tmp_path):
+    """A hand-edited CPU repository that declares text_output without tokenizer_dir fails the model load with
+    a message naming the parameter, instead of streams that silently lack their text."""
+    from support import quantized_stage
+    from pipeline.engine import cpu as engine_cpu
+    from pipeline.errors import StageError
+    from pipeline.triton.server import TritonServer
+
+    cache = Path(os.environ["TRTPIPE_CACHE_DIR"])
+    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.cpu.num_threads=1"])
+    q = quantized_stage(cache)
+    e = engine_cpu.run(recipe, BuildLayout(cache / "triton-test-build"), quantized=q)
+    repo = triton_repo.run(recipe, BuildLayout(tmp_path), quantized=q, engine=e).path
+    cfg = model_config.load_model_config(repo / "tensorrt_llm")
+    assert "text_output" in tensors(cfg.output)
+    del cfg.parameters["tokenizer_dir"]
+    model_config.write_model_config(repo / "tensorrt_llm" / "config.pbtxt", cfg)
+    with pytest.raises(StageError) as exc:
+        with TritonServer(repo, log_file=tmp_path / "triton.log", ready_timeout_s=120, http_port=None, grpc_port=None,
+                          metrics_port=None):
+            pass
+    assert "output text_output needs the parameter tokenizer_dir" in str(exc.value)

@@ -23,9 +23,10 @@ back with ``text_format``. The recipe → Triton parameter-name translation live
 every python model's ``tokenizer_dir`` is ``../preprocessing/tokenizer`` (relative to its model dir).
 
 Streaming text: ``tensorrt_llm_bls`` detokenizes incrementally per request in its own process, and so
-does the CPU ``tensorrt_llm`` model when it writes ``text_output``. The three-step ``ensemble``'s ``postprocessing`` sees every streamed step as a separate request, so it keeps one
-incremental detokenizer per stream keyed by the request id (copied by the ensemble scheduler onto
-each composing request; clients must set a unique ``request_id``) and runs as ONE instance when
+does the CPU ``tensorrt_llm`` model when it writes ``text_output``. The three-step ``ensemble``'s
+``postprocessing`` sees every streamed step as a separate request, so it keeps one incremental
+detokenizer per stream keyed by the request id (copied by the ensemble scheduler onto each composing
+request; clients must set a unique ``request_id``) and runs as ONE instance when
 ``serving.decoupled_mode`` (state must live in one process; its dynamic batching keeps throughput).
 """
 
@@ -55,6 +56,11 @@ STAGE = RepoResult.STAGE
 
 def _bool(value: bool) -> str:
     return "true" if value else "false"
+
+
+def _engine_writes_text(recipe: Recipe) -> bool:
+    """The CPU ``tensorrt_llm`` model writes ``text_output`` and the ensemble skips postprocessing."""
+    return recipe.build.engine == "cpu" and recipe.build.cpu.detokenize == "engine"
 
 
 def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool = True) -> dict[str, str]:
@@ -92,7 +98,7 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
         }
         if b.cpu.num_threads is not None:
             params["cpu_num_threads"] = str(b.cpu.num_threads)
-        if b.cpu.detokenize == "engine":  # the model also writes text_output (the ensemble skips postprocessing)
+        if _engine_writes_text(recipe):  # the model also writes text_output (the ensemble skips postprocessing)
             params["tokenizer_dir"] = layouts()["tokenizer"]["param_value"]
             params["skip_special_tokens"] = _bool(s.skip_special_tokens)
         return params
@@ -146,7 +152,7 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
     tok = lay["tokenizer"]["param_value"]
     post_count = lay["streaming_postprocessing_instance_count"] if s.decoupled_mode else s.postprocessing_instance_count
     backend = lay["cpp"]["triton_backend"] if kind == "tensorrt" else "python"
-    engine_text = kind == "cpu" and recipe.build.cpu.detokenize == "engine"
+    engine_text = _engine_writes_text(recipe)
     return {
         "ensemble": render_model_config("ensemble", **common, engine_text=engine_text),
         "preprocessing": render_model_config(

@@ -5,15 +5,15 @@ text per beam). Parameters: tokenizer_dir, skip_special_tokens.
 
 Streaming: in the three-step ensemble (the GPU layout; on CPU with ``build.cpu.detokenize:
 postprocessing``, where the default decodes in the engine's own model) every streamed step of
-tensorrt_llm reaches this model as a separate request, and Triton cannot also pass it the ensemble's ``stream`` input (a step may not mix a
-decoupled model's outputs with ensemble inputs). So every request that carries a request id (or a
-correlation id) goes to an incremental detokenizer kept per (id, beam) — the ensemble scheduler
-copies the client's ids onto each composing request — and its pieces keep spaces and multi-byte
-characters; a non-streamed response is simply the first and only piece of its id. The repository
-runs ONE instance of this model in decoupled mode (the state lives in this process); idle streams
-are dropped after 5 minutes. A request without any id is decoded statelessly (a warning is logged
-once): clients that stream through the ensemble must set a unique request id per request. Text of
-an incomplete trailing UTF-8 sequence is held back and never sent (the BLS flushes it).
+tensorrt_llm reaches this model as a separate request, and Triton cannot also pass it the ensemble's
+``stream`` input (a step may not mix a decoupled model's outputs with ensemble inputs). So every request
+that carries a request id (or a correlation id) goes to an incremental detokenizer kept per (id, beam) —
+the ensemble scheduler copies the client's ids onto each composing request — and its pieces keep spaces
+and multi-byte characters; a non-streamed response is simply the first and only piece of its id. The
+repository runs ONE instance of this model in decoupled mode (the state lives in this process); idle
+streams are dropped after 5 minutes. A request without any id is decoded statelessly (a warning is logged
+once): clients that stream through the ensemble must set a unique request id per request. Text of an
+incomplete trailing UTF-8 sequence is held back and never sent (the BLS flushes it).
 """
 
 from __future__ import annotations

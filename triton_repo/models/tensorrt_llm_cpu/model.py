@@ -33,7 +33,8 @@ requested outputs, it served 4 × 32 requests under the same setting.
 Parameters (strict: every one listed here is read, and any other key fails the load, so the
 generated config.pbtxt carries only what this model honours): gpt_model_path (engine dir),
 max_beam_width (must be 1), exclude_input_in_output, cancellation_check_period_ms, cpu_num_threads
-(optional), tokenizer_dir (optional: without it the model has no text) and skip_special_tokens. The KV cache, scheduler and chunked-prefill settings are the engine directory's
+(optional), tokenizer_dir (optional; required when the config declares text_output) and
+skip_special_tokens. The KV cache, scheduler and chunked-prefill settings are the engine directory's
 ``engine_config.json`` (pipeline/engine/cpu.py), sized at load by pipeline.cpu_runtime.kv.kv_slots.
 """
 
@@ -129,6 +130,8 @@ class TritonPythonModel:
         self.params = Params.parse(raw_parameters(config))
         if not pb_utils.using_decoupled_model_transaction_policy(config):
             raise ParameterError("the CPU tensorrt_llm model needs model_transaction_policy { decoupled: true }")
+        if any(o["name"] == "text_output" for o in config.get("output", [])) and self.params.tokenizer_dir is None:
+            raise ParameterError("output text_output needs the parameter tokenizer_dir (the tokenizer that decodes it)")
         apply_pythonpath()
         from pipeline.cpu_runtime.engine import CpuEngine
 
@@ -184,7 +187,7 @@ class TritonPythonModel:
             out.append(pb_utils.Tensor("output_ids", np.array([[ids]], dtype=np.int32)))
         if "sequence_length" in want:
             out.append(pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)))
-        if "text_output" in want and self.tokenizer is not None:
+        if "text_output" in want:  # declared only with tokenizer_dir (checked at load)
             if job.detok is None:
                 job.detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=self.params.skip_special_tokens)
             text = job.detok.add(ids) + (job.detok.flush() if final else "")
