@@ -22,7 +22,8 @@ Text (``build.cpu.detokenize: engine``, the parameter ``tokenizer_dir``): the mo
 and multi-byte characters intact; what an incomplete UTF-8 sequence held back is flushed into the final
 response), and the ensemble maps it directly instead of calling postprocessing for every streamed step.
 
-Only the outputs the request asked for are built (``request.requested_output_names()``), and the tensors
+Only the outputs the request asked for are built (``request.requested_output_names()``, python_backend
+src/pb_stub.cc@a2564ea:1844), and the tensors
 of a response stay referenced until ``send`` returns. The python backend prunes unrequested outputs after
 releasing the GIL (python_backend src/response_sender.cc@a2564ea:124-129, ``ResponseSender::Send``): a
 pruned tensor whose last owner was the response frees its numpy array there, without the GIL. Sending
