@@ -6,7 +6,7 @@ A build (``trtpipe build RECIPE --out OUT``, default ``artifacts/<recipe name>``
     OUT/engine/                 engine stage: TensorRT engine / LLM-API config / CPU engine + manifest.json
     OUT/triton_repo/            the Triton model repository + manifest.json
     OUT/recipe.yaml             the resolved recipe of the last successful build
-    OUT/triton_server-<port>.log   server logs of ``trtpipe serve`` (one per gRPC port)
+    OUT/triton_server-<port>.log   server logs of ``trtpipe serve`` (one per gRPC port; the newest 8 are kept)
     OUT/eval_outputs/<key>.jsonl   outputs ``trtpipe eval`` generated on this build (cached by content key)
 
 No other module spells these names; stages, ``serve``, ``bench``, ``eval`` and ``deploy`` ask the layout.
@@ -77,6 +77,10 @@ class BuildLayout:
     def server_log(self, grpc_port: int) -> Path:
         """Log of a ``trtpipe serve`` of this build on ``grpc_port``."""
         return self.root / f"triton_server-{int(grpc_port)}.log"
+
+    def server_logs(self) -> list[Path]:
+        """Every server log of this build (:meth:`server_log` of any port), in no particular order."""
+        return [p for p in self.root.glob("triton_server-*.log") if p.stem.removeprefix("triton_server-").isdigit()]
 
     def eval_outputs(self, key: str) -> Path:
         """Generated outputs of ``trtpipe eval`` on this build for one content key (repo key, data, params)."""

@@ -55,8 +55,14 @@ def test_build_serve_bench_stop_on_the_cpu_default(cpu_build: Path, tmp_path: Pa
     # serve and bench through the stage functions (what `trtpipe serve` / `trtpipe bench` and a sweep call)
     layout = BuildLayout(cpu_build)
     options = serve.ServeOptions(http_port=None, grpc_port=None, metrics_port=None, ready_timeout_s=240)
+    stale = [layout.server_log(30000 + i) for i in range(serve.SERVER_LOGS_KEPT)]  # earlier free-port servers' logs
+    for i, p in enumerate(stale):
+        p.write_text("old\n")
+        os.utime(p, (1_000_000 + i, 1_000_000 + i))
     with serve.run(layout, options) as handle:
         pid = handle.server.pid
+        logs = layout.server_logs()  # the new server's log is kept, the oldest goes
+        assert handle.server.log_file in logs and len(logs) <= serve.SERVER_LOGS_KEPT and not stale[0].exists()
         assert {m["name"] for m in handle.models()} >= {"ensemble", "tensorrt_llm"}
         spec = bench.with_overrides(bench.spec_for(None, layout), {
             "scenarios": [{"isl": ISL, "osl": OSL}], "concurrency": [1, 4], "num_requests": 4, "warmup_requests": 1})

@@ -186,7 +186,7 @@ needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reas
 @needs_cc
 @needs_mkldnn
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("n", "k", "bias"), [(960, 576, False), (576, 1536, True), (128, 96, True)])
+@pytest.mark.parametrize(("n", "k", "bias"), [(960, 576, False), (576, 1536, True), (128, 96, True), (320, 64, True)])
 def test_packed_linear_matches_float64(dtype: torch.dtype, n: int, k: int, bias: bool) -> None:
     """The few-row GEMM on oneDNN's packed weight against x·Wᵀ (+ b) in float64 of the same (rounded) inputs, for
     1 row to past several row blocks; bound: γ_K·Σ|x||w| for float32 accumulation in any order (+ half an ulp of
@@ -208,7 +208,9 @@ def test_packed_linear_matches_float64(dtype: torch.dtype, n: int, k: int, bias:
             bound = bound * (1 + 2**-8) + want.abs() * 2**-8
         err = (got.double() - want).abs()
         assert (err <= bound).all(), (rows, (err - bound).max().item())
-        assert torch.equal(kn.linear(x, ptr, n, k, b, threads=1), got)  # the split over threads changes no sum
+        # the split over threads (whole blocks and, where they do not divide evenly, half blocks) changes no sum
+        for threads in (1, 3):
+            assert torch.equal(kn.linear(x, ptr, n, k, b, threads=threads), got), threads
 
 
 @needs_cc

@@ -438,3 +438,33 @@ def test_bench_takes_the_detached_servers_build_not_the_last_one_built(tmp_path:
     assert srv.detached_build("localhost:18001", tmp_path) is None
     srv.state_path(tmp_path).unlink()
     assert srv.detached_build("localhost:18001", tmp_path) is None
+
+
+def test_old_server_logs_are_pruned_but_not_one_a_running_server_writes(tmp_path):
+    """Free-port servers (tune, eval, bench_cpu.py) leave one log per port: a server start keeps the newest
+    SERVER_LOGS_KEPT, and never removes a log that a live process named tritonserver holds open."""
+    layout = BuildLayout(tmp_path)
+    logs = [layout.server_log(40000 + i) for i in range(12)]
+    for i, p in enumerate(logs):  # logs[0] oldest
+        p.write_text(f"log {i}\n")
+        os.utime(p, (1_000_000 + i, 1_000_000 + i))
+    other = tmp_path / "triton_server-notes.log"  # not a server log name: never touched
+    other.write_text("mine\n")
+    fake_server = tmp_path / "bin" / "tritonserver"  # a long-running server: its log is the oldest
+    fake_server.parent.mkdir()
+    shutil.copy(shutil.which("sleep"), fake_server)
+    with open(logs[0], "ab") as out:
+        proc = subprocess.Popen([str(fake_server), "60"], stdout=out)
+    try:
+        deadline = time.monotonic() + 10
+        while psutil.Process(proc.pid).name() != "tritonserver" and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the exec
+        removed = srv.prune_server_logs(layout)
+    finally:
+        proc.kill()
+        proc.wait()
+    kept = sorted(p for p in logs if p.exists())
+    assert kept == sorted([logs[0], *logs[-srv.SERVER_LOGS_KEPT:]])
+    assert sorted(removed) == sorted(logs[1:12 - srv.SERVER_LOGS_KEPT])
+    assert other.exists()
+    assert srv.prune_server_logs(layout) == [logs[0]]  # no longer held: now the oldest beyond the newest 8 goes

@@ -28,7 +28,7 @@ def serve(
     admin_key: Annotated[str | None, typer.Option("--admin-key", envvar="TRTPIPE_ADMIN_KEY", show_envvar=True, help="Off loopback: Triton's model-repository, shared-memory, logging and trace APIs answer only requests with the key (HTTP header triton-admin-key, gRPC metadata triton-grpc-protocol-triton-admin-key).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the server to be ready.")] = 120.0,
     exit_timeout: Annotated[int, typer.Option("--exit-timeout", help="Seconds Triton waits for in-flight requests on stop.")] = 5,
-    log_file: Annotated[Path | None, typer.Option("--log-file", help="Server log (default: <build dir>/triton_server-<grpc port>.log).")] = None,
+    log_file: Annotated[Path | None, typer.Option("--log-file", help="Server log (default: <build dir>/triton_server-<grpc port>.log; a build keeps its newest 8 of those).")] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Run in the background once ready (state in artifacts/serve.json).")] = False,
     status: Annotated[bool, typer.Option("--status", help="Show the detached server: running/ready and endpoints.")] = False,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the detached server (graceful, then kill).")] = False,

@@ -38,6 +38,10 @@ ADMIN_APIS = ("model-repository", "shared-memory", "logging", "trace")
 ADMIN_HEADER = "triton-admin-key"
 GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+#: server logs a build directory keeps: every start of a server on a build removes its oldest
+#: ``triton_server-<port>.log`` files beyond this many (``tune``, ``eval`` and scripts/bench_cpu.py serve on free
+#: ports, one new log each), never one that a running ``tritonserver`` still writes
+SERVER_LOGS_KEPT = 8
 _TRTLLM_BACKEND = re.compile(r'^\s*backend\s*:\s*"tensorrtllm"', re.M)
 
 
@@ -149,7 +153,8 @@ class ServeOptions:
 
     Ports ``None`` are picked free at start. ``exit_timeout_s`` is Triton's ``--exit-timeout-secs``
     (how long it waits for in-flight requests on stop); ``ready_timeout_s`` bounds the readiness wait.
-    ``log_file`` defaults to ``<build>/triton_server-<grpc port>.log``. ``admin_key``: on a non-loopback
+    ``log_file`` defaults to ``<build>/triton_server-<grpc port>.log`` (the build keeps the newest
+    :data:`SERVER_LOGS_KEPT` of those: :func:`prune_server_logs`). ``admin_key``: on a non-loopback
     ``host`` Triton's administrative APIs (:data:`ADMIN_APIS`) answer only requests carrying this key in the
     :data:`ADMIN_HEADER` header; inference, health and metadata stay open. Required off loopback.
     """
@@ -278,6 +283,8 @@ def run(
     )
     server.log_file = options.log_file or resolved.log_file(server.grpc_port)
     server.start()  # checks the ports first: nothing is launched when one is taken
+    if options.log_file is None:  # this server's log is now the newest
+        prune_server_logs(resolved.layout or BuildLayout(resolved.repo.parent))
     try:
         if on_start is not None:
             on_start(server)
@@ -286,6 +293,38 @@ def run(
         server.stop(grace_s=0)
         raise
     return ServeHandle(server, resolved, ready_s=ready_s, warnings=warnings)
+
+
+def prune_server_logs(layout: BuildLayout, keep: int = SERVER_LOGS_KEPT) -> list[Path]:
+    """Remove the build's server logs beyond the ``keep`` most recently written, except any that a running
+    ``tritonserver`` process holds open (a long-running server's log may be old). Returns the removed paths."""
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    old = sorted(layout.server_logs(), key=mtime, reverse=True)[keep:]
+    if not old:
+        return []
+    import psutil
+
+    held: set[Path] = set()
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] == "tritonserver":
+            try:
+                held.update(Path(f.path) for f in proc.open_files())
+            except psutil.Error:
+                pass
+    removed = []
+    for p in old:
+        if p.resolve() not in held:
+            try:
+                p.unlink(missing_ok=True)
+            except OSError:  # not ours to remove: left as it is
+                continue
+            removed.append(p)
+    return removed
 
 
 # ---------------------------------------------------------------------- detached servers

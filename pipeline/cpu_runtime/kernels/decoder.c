@@ -350,50 +350,75 @@ int rope_kv_write(const void *qkv, int qkv_bf16, const float *cos, const float *
  * Returns -2 when N is not a multiple of 64, K of 2 (bfloat16), or the CPU lacks AVX-512 (AVX512_BF16). */
 #define GEMM_NB 64
 #define GEMM_MR 6
-/* both linear_packed_*: the 64-output blocks spread over the threads, each in row blocks of up to GEMM_MR rows
- * (TABLE[mr]: the block kernel for mr rows; x, w, bias, y, M, N, K and threads from the caller) */
-#define GEMM_BLOCKS(TABLE)                                                                                        \
-    _Pragma("omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)")                          \
-    for (int64_t b = 0; b < N / GEMM_NB; ++b)                                                                     \
-        for (int64_t m0 = 0; m0 < M; m0 += GEMM_MR)                                                               \
-            TABLE[M - m0 < GEMM_MR ? (int)(M - m0) : GEMM_MR](x + m0 * K, K, w + b * K * GEMM_NB,                  \
-                                                              bias ? bias + b * GEMM_NB : NULL,                   \
-                                                              y + m0 * N + b * GEMM_NB, N)
+/* both linear_packed_*: below GEMM_DYNAMIC_ROWS rows (the GEMM streams its weight from memory) the N / 64 output
+ * blocks are split statically, each thread one contiguous run of whole blocks (one sequential stretch of the weight
+ * per core). From GEMM_DYNAMIC_ROWS rows (arithmetic-bound) the blocks are handed out one at a time (OpenMP's dynamic
+ * schedule), the last (N / 64) % threads of them as two halves of 32 outputs (HALF[mr]: the kernel for mr rows of 32
+ * outputs, TABLE[mr] of 64), so every thread gets the same number of outputs (o_proj and down_proj of a 576-wide
+ * model are 9 blocks: 5 against 4 on 2 threads left one idle a tenth of those GEMMs), and a thread that the OS
+ * preempts for another process's wakeup no longer holds the other at the barrier while blocks are left. Rows go in
+ * blocks of up to GEMM_MR; an output's products are summed in the same order whichever thread and item compute it,
+ * so neither split changes a bit. x, w, bias, y, M, N, K, threads from the caller; PER_OUT: weight elements per
+ * output in a block's k step (1 float32, 2 bfloat16 k pairs). */
+#define GEMM_DYNAMIC_ROWS 8
+#define GEMM_ITEM(TABLE, HALF, PER_OUT, b, off, half)                                                             \
+    for (int64_t m0 = 0; m0 < M; m0 += GEMM_MR) {                                                                  \
+        const int mr = M - m0 < GEMM_MR ? (int)(M - m0) : GEMM_MR;                                                  \
+        ((half) ? HALF : TABLE)[mr](x + m0 * K, K, w + (b) * K * GEMM_NB + (PER_OUT) * (off),                       \
+                                    bias ? bias + (b) * GEMM_NB + (off) : NULL, y + m0 * N + (b) * GEMM_NB + (off), N); \
+    }
+#define GEMM_BLOCKS(TABLE, HALF, PER_OUT)                                                                         \
+    const int64_t nb_ = N / GEMM_NB, nt_ = threads > 1 ? threads : 1;                                             \
+    if (M < GEMM_DYNAMIC_ROWS) {                                                                                   \
+        _Pragma("omp parallel for num_threads(nt_) schedule(static)")                                              \
+        for (int64_t b = 0; b < nb_; ++b) GEMM_ITEM(TABLE, HALF, PER_OUT, b, 0, 0)                                 \
+    } else {                                                                                                       \
+        const int64_t split_ = nb_ % nt_, whole_ = nb_ - split_;                                                   \
+        _Pragma("omp parallel for num_threads(nt_) schedule(dynamic, 1)")                                          \
+        for (int64_t it = 0; it < whole_ + 2 * split_; ++it) {                                                     \
+            const int half = it >= whole_;                                                                         \
+            GEMM_ITEM(TABLE, HALF, PER_OUT, half ? whole_ + (it - whole_) / 2 : it,                                \
+                      half ? 32 * ((it - whole_) % 2) : 0, half)                                                   \
+        }                                                                                                          \
+    }
 #ifdef __AVX512F__
+/* mr rows of nj * 16 outputs (nj 4: a whole block, 2: half of one; P at the block's first weight of those outputs) */
 static inline __attribute__((always_inline)) void gemm_block_f32(const float *x, int64_t K, const float *P,
-                                                                 const float *bias, float *y, int64_t ldy, int mr) {
+                                                                 const float *bias, float *y, int64_t ldy, int mr,
+                                                                 int nj) {
     __m512 acc[GEMM_MR][4];
     for (int m = 0; m < mr; ++m)
-        for (int j = 0; j < 4; ++j) acc[m][j] = bias ? _mm512_loadu_ps(bias + 16 * j) : _mm512_setzero_ps();
+        for (int j = 0; j < nj; ++j) acc[m][j] = bias ? _mm512_loadu_ps(bias + 16 * j) : _mm512_setzero_ps();
     for (int64_t k = 0; k < K; ++k) {
         const float *p = P + k * GEMM_NB;
-        __m512 w0 = _mm512_loadu_ps(p), w1 = _mm512_loadu_ps(p + 16);
-        __m512 w2 = _mm512_loadu_ps(p + 32), w3 = _mm512_loadu_ps(p + 48);
+        __m512 wv[4];
+        for (int j = 0; j < nj; ++j) wv[j] = _mm512_loadu_ps(p + 16 * j);
         for (int m = 0; m < mr; ++m) {
             __m512 b = _mm512_set1_ps(x[m * K + k]);
-            acc[m][0] = _mm512_fmadd_ps(b, w0, acc[m][0]);
-            acc[m][1] = _mm512_fmadd_ps(b, w1, acc[m][1]);
-            acc[m][2] = _mm512_fmadd_ps(b, w2, acc[m][2]);
-            acc[m][3] = _mm512_fmadd_ps(b, w3, acc[m][3]);
+            for (int j = 0; j < nj; ++j) acc[m][j] = _mm512_fmadd_ps(b, wv[j], acc[m][j]);
         }
     }
     for (int m = 0; m < mr; ++m)
-        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(y + m * ldy + 16 * j, acc[m][j]);
+        for (int j = 0; j < nj; ++j) _mm512_storeu_ps(y + m * ldy + 16 * j, acc[m][j]);
 }
 #define GEMM_F32(MR) \
     static void gemm_f32_##MR(const float *x, int64_t K, const float *P, const float *bias, float *y, int64_t ldy) { \
-        gemm_block_f32(x, K, P, bias, y, ldy, MR); }
+        gemm_block_f32(x, K, P, bias, y, ldy, MR, 4); }                                                              \
+    static void gemm_f32_half_##MR(const float *x, int64_t K, const float *P, const float *bias, float *y,         \
+                                   int64_t ldy) { gemm_block_f32(x, K, P, bias, y, ldy, MR, 2); }
 GEMM_F32(1) GEMM_F32(2) GEMM_F32(3) GEMM_F32(4) GEMM_F32(5) GEMM_F32(6)
 typedef void (*gemm_f32_fn)(const float *, int64_t, const float *, const float *, float *, int64_t);
 static const gemm_f32_fn GEMM_F32_MR[GEMM_MR + 1] = {0, gemm_f32_1, gemm_f32_2, gemm_f32_3, gemm_f32_4, gemm_f32_5,
                                                       gemm_f32_6};
+static const gemm_f32_fn GEMM_F32_HALF[GEMM_MR + 1] = {0, gemm_f32_half_1, gemm_f32_half_2, gemm_f32_half_3,
+                                                        gemm_f32_half_4, gemm_f32_half_5, gemm_f32_half_6};
 #endif
 
 int linear_packed_f32(const float *x, const float *w, const float *bias, int64_t M, int64_t N, int64_t K, float *y,
                       int threads) {
 #ifdef __AVX512F__
     if (N % GEMM_NB || M < 0 || K < 1) return -2;
-    GEMM_BLOCKS(GEMM_F32_MR);
+    GEMM_BLOCKS(GEMM_F32_MR, GEMM_F32_HALF, 1);
     return 0;
 #else
     (void)x; (void)w; (void)bias; (void)M; (void)N; (void)K; (void)y; (void)threads;
@@ -404,45 +429,46 @@ int linear_packed_f32(const float *x, const float *w, const float *bias, int64_t
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 static inline __attribute__((always_inline)) void gemm_block_bf16(const uint16_t *x, int64_t K, const uint16_t *P,
                                                                   const uint16_t *bias, uint16_t *y, int64_t ldy,
-                                                                  int mr) {
+                                                                  int mr, int nj) {
     __m512 acc[GEMM_MR][4];
     for (int m = 0; m < mr; ++m)
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < nj; ++j)
             acc[m][j] = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(
                                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(bias + 16 * j))), 16))
                              : _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k += 2) {
         const uint16_t *p = P + k * GEMM_NB;
-        __m512bh w0 = (__m512bh)_mm512_loadu_si512(p), w1 = (__m512bh)_mm512_loadu_si512(p + 32);
-        __m512bh w2 = (__m512bh)_mm512_loadu_si512(p + 64), w3 = (__m512bh)_mm512_loadu_si512(p + 96);
+        __m512bh wv[4];
+        for (int j = 0; j < nj; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(p + 32 * j);
         for (int m = 0; m < mr; ++m) {
             int32_t pair;
             memcpy(&pair, x + m * K + k, sizeof pair);
             __m512bh b = (__m512bh)_mm512_set1_epi32(pair);
-            acc[m][0] = _mm512_dpbf16_ps(acc[m][0], b, w0);
-            acc[m][1] = _mm512_dpbf16_ps(acc[m][1], b, w1);
-            acc[m][2] = _mm512_dpbf16_ps(acc[m][2], b, w2);
-            acc[m][3] = _mm512_dpbf16_ps(acc[m][3], b, w3);
+            for (int j = 0; j < nj; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], b, wv[j]);
         }
     }
     for (int m = 0; m < mr; ++m)
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < nj; ++j)
             _mm256_storeu_si256((__m256i *)(y + m * ldy + 16 * j), (__m256i)_mm512_cvtneps_pbh(acc[m][j]));
 }
 #define GEMM_BF16(MR) \
     static void gemm_bf16_##MR(const uint16_t *x, int64_t K, const uint16_t *P, const uint16_t *bias, uint16_t *y, \
-                               int64_t ldy) { gemm_block_bf16(x, K, P, bias, y, ldy, MR); }
+                               int64_t ldy) { gemm_block_bf16(x, K, P, bias, y, ldy, MR, 4); }                       \
+    static void gemm_bf16_half_##MR(const uint16_t *x, int64_t K, const uint16_t *P, const uint16_t *bias,         \
+                                    uint16_t *y, int64_t ldy) { gemm_block_bf16(x, K, P, bias, y, ldy, MR, 2); }
 GEMM_BF16(1) GEMM_BF16(2) GEMM_BF16(3) GEMM_BF16(4) GEMM_BF16(5) GEMM_BF16(6)
 typedef void (*gemm_bf16_fn)(const uint16_t *, int64_t, const uint16_t *, const uint16_t *, uint16_t *, int64_t);
 static const gemm_bf16_fn GEMM_BF16_MR[GEMM_MR + 1] = {0, gemm_bf16_1, gemm_bf16_2, gemm_bf16_3, gemm_bf16_4,
                                                         gemm_bf16_5, gemm_bf16_6};
+static const gemm_bf16_fn GEMM_BF16_HALF[GEMM_MR + 1] = {0, gemm_bf16_half_1, gemm_bf16_half_2, gemm_bf16_half_3,
+                                                          gemm_bf16_half_4, gemm_bf16_half_5, gemm_bf16_half_6};
 #endif
 
 int linear_packed_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int64_t M, int64_t N, int64_t K,
                        uint16_t *y, int threads) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
     if (N % GEMM_NB || K % 2 || M < 0 || K < 2) return -2;
-    GEMM_BLOCKS(GEMM_BF16_MR);
+    GEMM_BLOCKS(GEMM_BF16_MR, GEMM_BF16_HALF, 2);
     return 0;
 #else
     (void)x; (void)w; (void)bias; (void)M; (void)N; (void)K; (void)y; (void)threads;
