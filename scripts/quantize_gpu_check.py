@@ -3,12 +3,13 @@
     TOKENIZER_DIR=DIR python scripts/quantize_gpu_check.py WORK_DIR [RESULT_JSON | --cpu-only]
 
 Random-weight models made offline from configs (no hub): tiny Llama-3.1 and Qwen2.5 shapes (hidden 256, 2 layers)
-and Llama-3.2-1B's shape, each with the tokenizer in ``TOKENIZER_DIR`` (default ``.devcarry/tok``; e.g. a CPU
+and Llama-3.2-1B's shape (with ``GQ_8B=1`` only Llama-3.1-8B's, FP8, GPU only), each with the tokenizer in ``TOKENIZER_DIR`` (default ``.devcarry/tok``; e.g. a CPU
 build's ``engine/`` holds SmolLM2's). Each case runs ``pipeline.stages.quantize.run`` in its own process: on the GPU,
 then (tiny shapes) with ``CUDA_VISIBLE_DEVICES=""``. Prints and writes per case the wall time (s), the stage's own
 timings, the device and calibration dtype the manifest records, peak CUDA memory (MiB, torch's allocator) and RSS
 (GiB), the checkpoint geometry check (pipeline/geometry.py) and, GPU against CPU, the largest relative difference
-of the TensorRT-LLM checkpoint's scaling factors. Needs torch with CUDA, nvidia-modelopt and trtpipe's own
+of the TensorRT-LLM checkpoint's scaling factors, and that checkpoint's tensor bytes by kind (linear weights, scales,
+embedding, lm_head, norms: what ``trtpipe plan``'s ``memory.weights`` predicts). Needs torch with CUDA, nvidia-modelopt and trtpipe's own
 dependencies (pydantic, PyYAML, transformers); the quality figures of random weights mean nothing.
 """
 import json
@@ -34,8 +35,13 @@ MODELS = {"llama31": ("LlamaConfig", {"rope_theta": 500000.0, "rope_scaling": LL
                                          "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
                                          "vocab_size": 128256, "tie_word_embeddings": True, "rope_theta": 500000.0,
                                          "rope_scaling": {**LLAMA3_SCALING, "factor": 32.0}}),
+          # Llama-3.1-8B's shape (recipes/llama31_8b_h200_fp8.yaml's model), made in bfloat16 on the GPU
+          "llama31_8b": ("LlamaConfig", {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                                         "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                                         "vocab_size": 128256, "rope_theta": 500000.0, "rope_scaling": LLAMA3_SCALING,
+                                         "max_position_embeddings": 131072}),
           "qwen25": ("Qwen2Config", {"rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True})}
-CASES = [("llama31", "fp8", "bfloat16"), ("llama31", "int4_awq", "bfloat16"), ("qwen25", "fp8", "bfloat16"),
+CASES = [("llama31_8b", "fp8", "bfloat16")] if os.environ.get("GQ_8B") else [("llama31", "fp8", "bfloat16"), ("llama31", "int4_awq", "bfloat16"), ("qwen25", "fp8", "bfloat16"),
          ("llama31", "fp8", "float32"), ("llama32_1b", "fp8", "bfloat16"), ("llama32_1b", "int4_awq", "bfloat16")]
 
 
@@ -51,7 +57,14 @@ def make_models(root: Path) -> dict[str, Path]:
         if not (path / "config.json").exists():
             torch.manual_seed(0)
             cfg = getattr(transformers, cls)(**{**TINY, **extra})
-            transformers.AutoModelForCausalLM.from_config(cfg).to(torch.float32).save_pretrained(path)
+            if name == "llama31_8b":  # 32 GB in float32 on the host: made in bfloat16 on the GPU instead
+                with torch.device("cuda"):
+                    big = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+                big.save_pretrained(path)
+                del big
+                torch.cuda.empty_cache()
+            else:
+                transformers.AutoModelForCausalLM.from_config(cfg).to(torch.float32).save_pretrained(path)
             for f in Path(os.environ.get("TOKENIZER_DIR", HERE.parent / ".devcarry" / "tok")).iterdir():
                 shutil.copy2(f, path / f.name)
         out[name] = path
@@ -92,10 +105,22 @@ def one(model: str, qformat: str, dtype: str, root: Path) -> dict:
     from safetensors.torch import load_file
 
     scales = {}
+    nbytes: dict[str, int] = {}  # the TensorRT-LLM checkpoint's tensor bytes by kind (what the planner predicts)
     for f in sorted(res.trtllm_ckpt.glob("*.safetensors")):
         for k, v in load_file(str(f)).items():
             if "scaling_factor" in k or k.endswith("scale"):
-                scales[k] = v.float().flatten().tolist()
+                kind = "scales"
+                if v.numel() <= 4096:
+                    scales[k] = v.float().flatten().tolist()
+            elif "vocab_embedding" in k:
+                kind = "embedding"
+            elif k.startswith("lm_head"):
+                kind = "lm_head"
+            elif v.dim() == 1:
+                kind = "norms_and_biases"
+            else:
+                kind = "linear"
+            nbytes[kind] = nbytes.get(kind, 0) + v.numel() * v.element_size()
     m = res.manifest
     return {"model": model, "qformat": qformat, "dtype": dtype, "wall_s": round(wall, 2), "model_made_s": round(made_s, 1),
             "stage_timings": m.get("timings_s"), "calib_dtype": m.get("calib_dtype"), "peak_rss_gib": round(m.get("peak_rss_bytes", 0) / 2**30, 2),
@@ -104,7 +129,7 @@ def one(model: str, qformat: str, dtype: str, root: Path) -> dict:
             "peak_cuda_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None,
             "geometry_problems": rep.problems, "geometry_checked": len(rep.checked),
             "rotary_base": ckpt.get("rotary_base"), "rotary_scaling": ckpt.get("rotary_scaling"),
-            "quant": ckpt.get("quantization"), "scales": scales}
+            "quant": ckpt.get("quantization"), "ckpt_tensor_bytes": nbytes, "scales": scales}
 
 
 def compare(a: dict, b: dict) -> dict:
@@ -133,13 +158,13 @@ def main() -> None:
     results = []
     for model, qformat, dtype in CASES:
         row = {}
-        for where in (["cpu"] if CPU_ONLY else ["gpu"] if model == "llama32_1b" else ["gpu", "cpu"]):
+        for where in (["cpu"] if CPU_ONLY else ["gpu"] if model in ("llama32_1b", "llama31_8b") else ["gpu", "cpu"]):
             env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if where == "cpu" else {})}
             try:
                 p = subprocess.run([sys.executable, __file__, str(OUT), "--case", model, qformat, dtype], env=env,
-                                   capture_output=True, text=True, timeout=240)
+                                   capture_output=True, text=True, timeout=380 if model == "llama31_8b" else 240)
             except subprocess.TimeoutExpired:
-                row[where] = {"error": "timeout 240 s"}
+                row[where] = {"error": "timeout"}
                 print(where, model, qformat, dtype, row[where], flush=True)
                 continue
             if p.returncode != 0:
@@ -148,7 +173,7 @@ def main() -> None:
                 row[where] = json.loads(p.stdout.strip().splitlines()[-1])
             r = row[where]
             print(where, model, qformat, dtype, {k: r.get(k) for k in ("wall_s", "device", "peak_cuda_mib",
-                  "geometry_problems", "rotary_base", "calib_dtype", "stage_timings", "peak_rss_gib", "quality", "error")}, flush=True)
+                  "geometry_problems", "rotary_base", "calib_dtype", "stage_timings", "peak_rss_gib", "ckpt_tensor_bytes", "quality", "error")}, flush=True)
         if "gpu" in row and "scales" in row.get("gpu", {}) and "scales" in row.get("cpu", {}):
             c = compare(row["gpu"], row["cpu"])
             print("  scales gpu vs cpu:", c, flush=True)
