@@ -124,8 +124,7 @@ def one(model: str, qformat: str, dtype: str, root: Path) -> dict:
     m = res.manifest
     return {"model": model, "qformat": qformat, "dtype": dtype, "wall_s": round(wall, 2), "model_made_s": round(made_s, 1),
             "stage_timings": m.get("timings_s"), "calib_dtype": m.get("calib_dtype"), "peak_rss_gib": round(m.get("peak_rss_bytes", 0) / 2**30, 2),
-            "device": m.get("device") or m.get("calibration", {}).get("device"),
-            "manifest_keys": sorted(m)[:40], "quality": m.get("quality"),
+            "device": m.get("device"), "quality": m.get("quality"),
             "peak_cuda_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None,
             "geometry_problems": rep.problems, "geometry_checked": len(rep.checked),
             "rotary_base": ckpt.get("rotary_base"), "rotary_scaling": ckpt.get("rotary_scaling"),

@@ -270,6 +270,19 @@ def _in(name, arr, dtype):
     return t
 
 
+def _real_cpu_repo(tmp_path: Path, *overrides: str) -> Path:
+    """The CPU default recipe's model repository (one torch thread, plus ``overrides``) on the real quantized
+    SmolLM2 and CPU engine, written to ``tmp_path``."""
+    from support import quantized_stage
+    from pipeline.engine import cpu as engine_cpu
+
+    cache = Path(os.environ["TRTPIPE_CACHE_DIR"])
+    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.cpu.num_threads=1", *overrides])
+    q = quantized_stage(cache)
+    e = engine_cpu.run(recipe, BuildLayout(cache / "triton-test-build"), quantized=q)
+    return triton_repo.run(recipe, BuildLayout(tmp_path), quantized=q, engine=e).path
+
+
 @pytest.mark.triton
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("detokenize", ["engine", "postprocessing"])
@@ -278,16 +291,9 @@ def test_real_triton_streams_through_all_three_models(tmp_path, detokenize):
     ensemble) or postprocessing does (the GPU layout's three steps)."""
     from transformers import AutoTokenizer
 
-    from support import quantized_stage
-    from pipeline.engine import cpu as engine_cpu
     from pipeline.triton.server import TritonServer
 
-    cache = Path(os.environ["TRTPIPE_CACHE_DIR"])
-    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml",
-                         ["build.cpu.num_threads=1", f"build.cpu.detokenize={detokenize}"])
-    q = quantized_stage(cache)
-    e = engine_cpu.run(recipe, BuildLayout(cache / "triton-test-build"), quantized=q)
-    repo = triton_repo.run(recipe, BuildLayout(tmp_path), quantized=q, engine=e).path
+    repo = _real_cpu_repo(tmp_path, f"build.cpu.detokenize={detokenize}")
     steps = [st.model_name for st in model_config.load_model_config(repo / "ensemble" / "config.pbtxt").ensemble_scheduling.step]
     assert steps == (["preprocessing", "tensorrt_llm"] if detokenize == "engine"
                      else ["preprocessing", "tensorrt_llm", "postprocessing"])
@@ -328,16 +334,10 @@ def test_real_triton_streams_through_all_three_models(tmp_path, detokenize):
 def test_cpu_model_with_text_output_but_no_tokenizer_refuses_to_load(tmp_path):
     """A hand-edited CPU repository that declares text_output without tokenizer_dir fails the model load with
     a message naming the parameter, instead of streams that silently lack their text."""
-    from support import quantized_stage
-    from pipeline.engine import cpu as engine_cpu
     from pipeline.errors import StageError
     from pipeline.triton.server import TritonServer
 
-    cache = Path(os.environ["TRTPIPE_CACHE_DIR"])
-    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.cpu.num_threads=1"])
-    q = quantized_stage(cache)
-    e = engine_cpu.run(recipe, BuildLayout(cache / "triton-test-build"), quantized=q)
-    repo = triton_repo.run(recipe, BuildLayout(tmp_path), quantized=q, engine=e).path
+    repo = _real_cpu_repo(tmp_path)
     cfg = model_config.load_model_config(repo / "tensorrt_llm")
     assert "text_output" in tensors(cfg.output)
     del cfg.parameters["tokenizer_dir"]

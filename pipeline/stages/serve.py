@@ -283,9 +283,9 @@ def run(
     )
     server.log_file = options.log_file or resolved.log_file(server.grpc_port)
     server.start()  # checks the ports first: nothing is launched when one is taken
-    if options.log_file is None:  # this server's log is now the newest
-        prune_server_logs(resolved.layout or BuildLayout(resolved.repo.parent))
     try:
+        if options.log_file is None:  # this server's log is now the newest
+            prune_server_logs(BuildLayout(server.log_file.parent))
         if on_start is not None:
             on_start(server)
         ready_s = server.wait_ready(options.ready_timeout_s)
