@@ -284,8 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     build = Path(args.build).resolve()
     conc = [int(c) for c in args.concurrency.split(",")]
     engine_dir = build / "engine"
-    # the raw engine first: once this process has allocated and freed a large tensor (the bandwidth probe), the
-    # engine's steps in it run ~1.8 × slower (measured: 377 → 212 tok/s at 16 after a freed 1 GiB tensor)
+    # the raw engine first: once this process had allocated and freed a large tensor (the bandwidth probe), the
+    # engine's steps in it ran ~1.8 × slower (measured: 377 → 212 tok/s at 16 after a freed 1 GiB tensor). Part of
+    # that, at one sequence, was the probe's OpenMP pool on this thread, which CpuEngine now releases
+    # (pipeline.cpu_runtime.engine.release_openmp_pool); at 16 that alone moved the step by less than this host's noise
     raws = [raw_engine(engine_dir, conc, args.waves)]
     side: dict[str, list[float]] = {"alone": [], "side load": []}
     if args.side_load:  # A B B A A B at the highest concurrency: this host's speed drifts over minutes

@@ -161,8 +161,11 @@ def _decode_step_s(engine, n: int) -> float:
 def engine_steps() -> tuple[dict[int, float], dict]:
     """Decode step time (s) of the CPU engine by concurrency, with the width-64 model, and its geometry.
 
-    Run first, in a fresh process: after a 1 GiB tensor is freed, glibc's malloc heuristics (a raised mmap
-    threshold) make this engine's multi-request steps several times slower for the rest of the process.
+    Run first, in a fresh process. Before ``CpuEngine`` released its creating thread's OpenMP workers
+    (``pipeline.cpu_runtime.engine.release_openmp_pool``), the bandwidth probe's ``torch.sum`` on this thread made
+    the engine's steps up to 13 × slower (libgomp then managed more threads than cores, and the engine's workers
+    slept at every barrier); measured after the probe with the release, the steps at 1–4 requests are still
+    1.2–1.5 × those of a fresh process (docs/plan.md, "CPU target").
     """
     from pipeline.cpu_runtime import CpuEngine
 

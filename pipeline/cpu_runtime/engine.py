@@ -90,6 +90,30 @@ def release_freed_heap() -> None:
         pass
 
 
+#: ``omp_pause_soft`` of ``omp_pause_resource_t`` (OpenMP 5.0): release the pool's threads, keep nothing else.
+_OMP_PAUSE_SOFT = 1
+
+
+def release_openmp_pool() -> bool:
+    """Release the calling thread's OpenMP worker threads (libgomp ``omp_pause_resource_all(omp_pause_soft)``).
+
+    Every thread that has run a parallel region (any multi-threaded torch op) keeps a pool of idle workers, and
+    libgomp counts them: once it manages more threads than the process may use cores, every worker spins only briefly
+    at a barrier and then sleeps in the kernel (``do_spin`` in libgomp ``config/linux/wait.h``@a1dcfe9:47-58). A
+    decode step has ~150 parallel regions, so it then pays a futex sleep and wake-up for most of them. SmolLM2 at one
+    sequence, 2 threads on this 2-core host, after one ``torch.sum`` on the thread that created the engine (2
+    processes each way, alternated, 2 requests of 200 tokens each, 2026-11-26): 23.0–26.0 ms per step and ~130 sleeps
+    of the scheduler thread per step with that thread's pool kept, 14.4–18.7 ms and none with it released. The pool is
+    created again the next time the thread runs parallel work. Returns ``False`` where libgomp is not loaded (another OpenMP
+    runtime) or the caller is inside a parallel region.
+    """
+    try:
+        gomp = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
+        return gomp.omp_pause_resource_all(_OMP_PAUSE_SOFT) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 class CpuEngine:
     """A loaded CPU engine directory (``engine_config.json`` + plain HF weights) serving requests.
 
@@ -97,8 +121,9 @@ class CpuEngine:
     Loading maps the weights, packs them for oneDNN, sets ``torch.set_num_threads`` (process wide:
     ``num_threads`` argument, else engine_config ``num_threads``, else the cores this process may
     run on), sizes the KV cache (module docstring; ``kv_max_tokens`` / ``kv_free_memory_fraction``
-    override engine_config's ``kv_cache``, ``enable_chunked_prefill`` its ``enable_chunked_prefill``)
-    and starts the scheduler and delivery threads.
+    override engine_config's ``kv_cache``, ``enable_chunked_prefill`` its ``enable_chunked_prefill``),
+    releases the calling thread's OpenMP workers (:func:`release_openmp_pool`: with them alive the engine's own
+    would sleep at every barrier) and starts the scheduler and delivery threads.
 
     Raises ``FileNotFoundError`` when ``engine_config.json`` is missing, ``ValueError`` when its
     ``kind`` is not ``cpu``, the runtime is another one, its ``compute_dtype`` is unknown, or the KV
@@ -139,7 +164,9 @@ class CpuEngine:
             max_tokens=max_tokens, free_memory_fraction=float(fraction))
         # The decoder is built on the scheduler thread that runs it: with its weights packed on another thread,
         # every step ran ~1.6 × slower (measured, SmolLM2 on 2 cores: 18.8 → 29.2 ms at 1 sequence, 28.8 → 47.3 ms
-        # at 16), so the thread that loads is the thread that computes.
+        # at 16), so the thread that loads is the thread that computes. Nor may this thread keep OpenMP workers
+        # (release_openmp_pool: at 1 sequence that alone costs ~1.5 ×).
+        release_openmp_pool()
         self._built = threading.Event()
         self._build_error: BaseException | None = None
         self._cfg = cfg
