@@ -152,10 +152,11 @@ def test_fused_decode_step_equals_the_layer_by_layer_kernels(engine_dir: Path, d
     assert all(torch.equal(a, w) for a, w in zip(dec.cache.k, want_k))
 
 
-def test_bfloat16_engine_runs_bf16_gemms_around_float32_attention(engine_dir: Path, tok) -> None:
-    """``build.cpu.dtype: bfloat16``: bfloat16 weights on disk and in the GEMMs, float32 KV cache and logits. Its
-    logits differ from transformers' float32 model of the same (bfloat16-stored) weights by bfloat16 rounding
-    — far more than the float32 engine's ~1e-5, far less than the logits' spread — and pick the same next token."""
+def test_bfloat16_engine_runs_bf16_gemms_and_kv_cache_around_float32_attention(engine_dir: Path, tok) -> None:
+    """``build.cpu.dtype: bfloat16``: bfloat16 weights on disk and in the GEMMs, a bfloat16 KV cache (half the bytes
+    per token), float32 attention arithmetic and logits. Its logits differ from transformers' float32 model of the
+    same (bfloat16-stored) weights by bfloat16 rounding — far more than the float32 engine's ~1e-5, far less than
+    the logits' spread — and pick the same next token."""
     from pipeline.cpu_runtime.model import Decoder, StepBatch
     from transformers import AutoModelForCausalLM
 
@@ -163,14 +164,18 @@ def test_bfloat16_engine_runs_bf16_gemms_around_float32_attention(engine_dir: Pa
     recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.max_batch_size=8", "build.cpu.dtype=bfloat16"])
     bf_dir = cpu_stage.run(recipe, BuildLayout(FIXTURES / "build-fp8-bs8-bf16"), quantized=q).path
     ec = json.loads((bf_dir / "engine_config.json").read_text())
-    assert ec["compute_dtype"] == "bfloat16" and ec["kv_cache"]["dtype"] == "float32"
-    assert ec["precision"] == {"weights": "fp8 dequantized to bfloat16", "activations": "bfloat16", "kv_cache": "float32"}
+    f32_ec = json.loads((engine_dir / "engine_config.json").read_text())
+    assert ec["compute_dtype"] == "bfloat16" and ec["kv_cache"]["dtype"] == "bfloat16"
+    assert f32_ec["kv_cache"]["dtype"] == "float32"
+    # SmolLM2: 30 layers × K and V × 3 KV heads × 64 × 2 bytes
+    assert ec["kv_cache"]["bytes_per_token"] == 30 * 2 * 3 * 64 * 2 == f32_ec["kv_cache"]["bytes_per_token"] // 2
+    assert ec["precision"] == {"weights": "fp8 dequantized to bfloat16", "activations": "bfloat16", "kv_cache": "bfloat16"}
     # bfloat16 on disk: half the float32 engine's weight bytes
     assert (bf_dir / "model.safetensors").stat().st_size < 0.51 * (engine_dir / "model.safetensors").stat().st_size
 
     ref = AutoModelForCausalLM.from_pretrained(bf_dir, local_files_only=True, dtype=torch.float32).eval()
     dec = Decoder(bf_dir, slots=1, slot_len=64, dtype=torch.bfloat16)
-    assert dec.layers[0]["qkv"].weight.dtype == torch.bfloat16 and dec.cache.k[0].dtype == torch.float32
+    assert dec.layers[0]["qkv"].weight.dtype == torch.bfloat16 and dec.cache.k[0].dtype == torch.bfloat16
     for prompt in ("The three primary colors are", "def fibonacci(n):\n    ", "Once upon a time"):
         ids = _prompt(tok, prompt)
         T = len(ids)
@@ -186,7 +191,7 @@ def test_bfloat16_engine_runs_bf16_gemms_around_float32_attention(engine_dir: Pa
         assert torch.equal(got.argmax(-1), want.argmax(-1)), prompt
 
     with CpuEngine(bf_dir, num_threads=1) as eng:
-        assert eng.runtime["dtype"] == "bfloat16"
+        assert eng.runtime["dtype"] == eng.runtime["kv_dtype"] == "bfloat16"
         assert "Paris" in tok.decode(_submit(eng, _prompt(tok, "The capital of France is"), 8).wait())
 
 

@@ -79,8 +79,11 @@ def _rope_reference(x, cos, sin):
 
 
 @needs_cc
-@pytest.mark.parametrize("qkv_dtype", [torch.float32, torch.bfloat16])
-def test_rope_kv_write_matches_transformers_rotation(qkv_dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(("qkv_dtype", "kv_dtype"), [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                                    (torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)])
+def test_rope_kv_write_matches_transformers_rotation(qkv_dtype: torch.dtype, kv_dtype: torch.dtype) -> None:
+    """q rotated bitwise as transformers does; K (rotated) and V written at (slot, position) only, a bfloat16 cache
+    getting exactly ``Tensor.to(torch.bfloat16)`` of the float32 values (round to nearest even)."""
     kn = native.kernels("native")
     H, KVH, D, num_slots, slot_len = 9, 3, 64, 4, 40
     g = torch.Generator().manual_seed(7)
@@ -90,7 +93,8 @@ def test_rope_kv_write_matches_transformers_rotation(qkv_dtype: torch.dtype) -> 
     positions = torch.tensor([3, 7, 0, 39, 12])
     slots = torch.tensor([0, 2, 3, 1, 2])
     qkv = torch.randn(5, (H + 2 * KVH) * D, generator=g).to(qkv_dtype)
-    kc, vc = torch.zeros(num_slots, KVH, slot_len, D), torch.zeros(num_slots, KVH, slot_len, D)
+    kc = torch.zeros(num_slots, KVH, slot_len, D, dtype=kv_dtype)
+    vc = torch.zeros(num_slots, KVH, slot_len, D, dtype=kv_dtype)
     q = torch.empty(5, H, D)
     kn.rope_kv_write(qkv, cos, sin, positions, slots, H, kc, vc, q, threads=2)
     x = qkv.float()
@@ -98,8 +102,8 @@ def test_rope_kv_write_matches_transformers_rotation(qkv_dtype: torch.dtype) -> 
     kr = _rope_reference(x[:, H * D:(H + KVH) * D].view(5, KVH, D), cos[positions], sin[positions])
     assert torch.equal(q, qr)  # the same products and sums, so bitwise
     want_k, want_v = torch.zeros_like(kc), torch.zeros_like(vc)
-    want_k[slots, :, positions] = kr
-    want_v[slots, :, positions] = x[:, (H + KVH) * D:].view(5, KVH, D)
+    want_k[slots, :, positions] = kr.to(kv_dtype)
+    want_v[slots, :, positions] = x[:, (H + KVH) * D:].view(5, KVH, D).to(kv_dtype)
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)  # and nothing else in the cache touched
     with pytest.raises(RuntimeError, match="outside the KV cache"):
         kn.rope_kv_write(qkv, cos, sin, torch.tensor([3, 7, 0, 40, 12]), slots, H, kc, vc, q, threads=1)

@@ -196,6 +196,10 @@ def test_cpu_target_and_gpu_recipe_on_cpu_do_not_crash():
     cpu = plan_recipe(load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"))
     assert cpu.target == "host" and cpu.memory.kv_tokens == 16384 and cpu.memory.kv_limited_by == "max_tokens"
     assert cpu.scenarios[0].peak_output_tokens_per_s is None  # no throughput estimate on CPU
+    # the CPU engine's KV cache is in build.cpu.dtype: SmolLM2's 30 layers × K and V × 3 KV heads × 64 × 4 / 2 bytes
+    assert cpu.memory.kv_token_bytes == 30 * 2 * 3 * 64 * 4
+    bf16 = plan_recipe(load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.cpu.dtype=bfloat16"]))
+    assert bf16.memory.kv_token_bytes == 30 * 2 * 3 * 64 * 2
     big = plan_recipe(load_recipe(A100_LLAMA), gpu="cpu")  # 8B fp32 on this host: a verdict, not a crash
     assert big.target == "host" and isinstance(big.verdict.ok, bool)
 

@@ -18,7 +18,7 @@ back while there is work. Each step (TensorRT-LLM's in-flight batching):
 KV capacity (:func:`pipeline.cpu_runtime.kv.kv_slots`): ``kv_cache.max_tokens`` and
 ``kv_cache.free_memory_fraction`` (engine_config.json, from the recipe's ``build.kv_cache_config``;
 the Triton model may override both) → tokens = min(max_tokens, fraction × host memory available
-after the weights, / fp32 K+V bytes per token); slots = min(max_batch_size, tokens // max_seq_len).
+after the weights, / K+V bytes per token in ``kv_cache.dtype``); slots = min(max_batch_size, tokens // max_seq_len).
 That is how ``free_gpu_memory_fraction`` maps on CPU: a share of the RAM free at load time. Slots
 are reserved virtually; RAM becomes resident as tokens are written.
 
@@ -150,6 +150,10 @@ class CpuEngine:
         self.threads = int(num_threads or cfg.get("num_threads") or len(os.sched_getaffinity(0)) or 1)
         torch.set_num_threads(self.threads)
         kv = cfg.get("kv_cache") or {}
+        kv_dtype = kv.get("dtype", "float32")  # engines built before the bfloat16 KV cache kept float32 K/V
+        if kv_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"{path}: kv_cache.dtype {kv_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}")
+        self.kv_dtype = COMPUTE_DTYPES[kv_dtype]
         max_tokens = kv_max_tokens if kv_max_tokens is not None else kv.get("max_tokens")
         fraction = kv_free_memory_fraction if kv_free_memory_fraction is not None else kv.get("free_memory_fraction", 0.9)
         model_cfg = json.loads((self.engine_dir / "config.json").read_text())
@@ -160,7 +164,7 @@ class CpuEngine:
         weights = sum(f.stat().st_size for f in self.engine_dir.glob("*.safetensors"))
         slots, self.kv_tokens = kv_slots(
             max_batch_size=int(cfg["max_batch_size"]), max_seq_len=int(cfg["max_seq_len"]),
-            bytes_per_token=geo.kv_bytes_per_token, available_bytes=psutil.virtual_memory().available - weights,
+            bytes_per_token=geo.kv_bytes_per_token(self.kv_dtype.itemsize), available_bytes=psutil.virtual_memory().available - weights,
             max_tokens=max_tokens, free_memory_fraction=float(fraction))
         # The decoder is built on the scheduler thread that runs it: with its weights packed on another thread,
         # every step ran ~1.6 × slower (measured, SmolLM2 on 2 cores: 18.8 → 29.2 ms at 1 sequence, 28.8 → 47.3 ms
@@ -206,12 +210,14 @@ class CpuEngine:
 
     @property
     def runtime(self) -> dict[str, Any]:
-        """What serves: runtime name, GEMM kernels, the other kernels (:attr:`Decoder.kernels`), dtype, threads,
-        KV slots × slot length, KV tokens."""
+        """What serves: runtime name, GEMM kernels, the other kernels (:attr:`Decoder.kernels`), dtype, KV cache
+        dtype, threads, KV slots × slot length, KV tokens."""
         return {
             "runtime": RUNTIME, "gemm": self.model.gemm,
             "kernels": self.model.kernels,
-            "dtype": str(self.dtype).removeprefix("torch."), "threads": self.threads, "kv_slots": self.model.cache.slots,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "kv_dtype": str(self.model.cache.dtype).removeprefix("torch."), "threads": self.threads,
+            "kv_slots": self.model.cache.slots,
             "kv_slot_len": self.model.cache.slot_len, "kv_tokens": self.kv_tokens,
         }
 
@@ -333,7 +339,7 @@ class CpuEngine:
     def _loop(self, slots: int, slot_len: int) -> None:
         try:
             torch.set_num_threads(self.threads)  # OpenMP's thread count is per thread
-            self.model = Decoder(self.engine_dir, slots=slots, slot_len=slot_len, dtype=self.dtype)
+            self.model = Decoder(self.engine_dir, slots=slots, slot_len=slot_len, dtype=self.dtype, kv_dtype=self.kv_dtype)
         except BaseException as e:  # reported by __init__ in the caller's thread
             self._build_error = e
             return

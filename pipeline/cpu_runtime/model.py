@@ -12,8 +12,8 @@ What makes it fast on a few CPU cores (measured on 2 AVX-512 cores, SmolLM2-135M
   ``F.linear`` (MKL) takes 33–50 ms on this AMD CPU; it remains the fallback without mkldnn.
 - **Fused projections**: q/k/v → one GEMM, gate/up → one GEMM; the lm_head runs only on the rows
   that need logits.
-- **Slot KV cache** (:class:`SlotKvCache`): per layer ``[slots, kv_heads, slot_len, head_dim]``, so
-  every sequence's keys are one contiguous block. Grouped-query attention without repeating K/V: the
+- **Slot KV cache** (:class:`SlotKvCache`): per layer ``[slots, kv_heads, slot_len, head_dim]`` in the
+  compute dtype (float32, or bfloat16 with bfloat16 GEMMs), so every sequence's keys are one contiguous block. Grouped-query attention without repeating K/V: the
   ``group`` query heads that share a KV head become ``group`` query rows.
 - **Native kernels** (:mod:`pipeline.cpu_runtime.native`, ``kernels/decoder.c``, built with the
   machine's C compiler): decode attention for the whole batch in one call per layer, each sequence's
@@ -227,10 +227,9 @@ class Geometry:
         """Query heads per KV head."""
         return self.heads // self.kv_heads
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """float32 K+V bytes of one token over all layers."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * 4
+    def kv_bytes_per_token(self, element_bytes: int = 4) -> int:
+        """K+V bytes of one token over all layers, ``element_bytes`` per value (4 float32, 2 bfloat16)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * element_bytes
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> "Geometry":
@@ -244,17 +243,18 @@ class Geometry:
 
 
 class SlotKvCache:
-    """K and V for ``slots`` sequences of up to ``slot_len`` tokens: per layer ``[slots, kv_heads, slot_len, head_dim]``.
+    """K and V for ``slots`` sequences of up to ``slot_len`` tokens: per layer ``[slots, kv_heads, slot_len, head_dim]``
+    in ``dtype`` (float32 or bfloat16).
 
     Allocated with ``torch.empty``: pages become resident only when tokens are written, so the
     reserved size (``slots × slot_len`` tokens) is an upper bound on RAM, not a cost at start.
     """
 
-    def __init__(self, geo: Geometry, slots: int, slot_len: int):
-        self.slots, self.slot_len = slots, slot_len
+    def __init__(self, geo: Geometry, slots: int, slot_len: int, dtype: torch.dtype = torch.float32):
+        self.slots, self.slot_len, self.dtype = slots, slot_len, dtype
         shape = (slots, geo.kv_heads, slot_len, geo.head_dim)
-        self.k = [torch.empty(shape) for _ in range(geo.layers)]
-        self.v = [torch.empty(shape) for _ in range(geo.layers)]
+        self.k = [torch.empty(shape, dtype=dtype) for _ in range(geo.layers)]
+        self.v = [torch.empty(shape, dtype=dtype) for _ in range(geo.layers)]
 
     @property
     def reserved_bytes(self) -> int:
@@ -299,8 +299,12 @@ class Decoder:
             output equals ``generate()`` in float32). ``torch.bfloat16``: the weights of every Linear
             (lm_head included), their inputs and outputs in bfloat16 (oneDNN accumulates in float32), and
             so the SiLU-gated product between gate/up and down; the residual stream, RMSNorm, RoPE,
-            attention, the KV cache and the logits (the bfloat16 lm_head output, upcast) stay float32.
+            attention's arithmetic and the logits (the bfloat16 lm_head output, upcast) stay float32.
             Half the weight bytes per step.
+        kv_dtype: the KV cache's dtype (float32 or bfloat16; default ``dtype``, as TensorRT-LLM keeps an
+            unquantized KV cache in the model's dtype: ``_create_kv_cache_manager`` in
+            ``tensorrt_llm/_torch/pyexecutor/_util.py``@0004396). bfloat16: K and V rounded to bfloat16 when written (half
+            the bytes attention reads per step and per cached token); attention computes in float32 either way.
         kernels: decode attention and the layer glue (RMSNorm, RoPE, K/V write),
             :data:`~pipeline.cpu_runtime.native.KERNEL_CHOICES` (default ``$TRTPIPE_CPU_KERNELS``, else ``auto``:
             the native kernels when they build here, else torch ops). :attr:`kernels` names the ones in use.
@@ -311,9 +315,12 @@ class Decoder:
     """
 
     def __init__(self, engine_dir: Path, *, slots: int, slot_len: int, pack: bool | None = None,
-                 dtype: torch.dtype = torch.float32, kernels: str | None = None):
+                 dtype: torch.dtype = torch.float32, kv_dtype: torch.dtype | None = None, kernels: str | None = None):
         if dtype not in COMPUTE_DTYPES.values():
             raise ValueError(f"compute dtype {dtype} is not one of {', '.join(COMPUTE_DTYPES)}")
+        kv_dtype = dtype if kv_dtype is None else kv_dtype
+        if kv_dtype not in COMPUTE_DTYPES.values():
+            raise ValueError(f"KV cache dtype {kv_dtype} is not one of {', '.join(COMPUTE_DTYPES)}")
         engine_dir = Path(engine_dir)
         cfg = json.loads((engine_dir / "config.json").read_text())
         check_supported(cfg)
@@ -354,7 +361,7 @@ class Decoder:
         freqs = torch.outer(pos, inv)  # == transformers' inv_freq @ position_ids (one-term products)
         emb2 = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb2.cos(), emb2.sin()
-        self.cache = SlotKvCache(geo, slots, slot_len)
+        self.cache = SlotKvCache(geo, slots, slot_len, kv_dtype)
         self.scale = 1.0 / math.sqrt(geo.head_dim)
         kn = native.kernels(kernels)
         if kn and geo.group > native.MAX_GROUP:
@@ -376,7 +383,7 @@ class Decoder:
         # decode-only steps run every layer in one native call (Kernels.decode_layers) when every GEMM is native: the
         # addresses it reads per layer (the tensors stay referenced by self.layers and self.cache)
         self._layer_table: torch.Tensor | None = None
-        if native_gemms and self.cache.k[0].dtype == torch.float32:
+        if native_gemms:
             def addr(t: torch.Tensor | None) -> int:
                 return 0 if t is None else t.data_ptr()
 
@@ -419,8 +426,8 @@ class Decoder:
         shape, rotated; ``masks`` one per chunk: ``None`` for a chunk starting at position 0, else its additive mask)."""
         for (off, n, slot, start), m in zip(b.chunks, masks):
             qc = q[off:off + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            kk = kc[slot:slot + 1, :, :start + n]
-            vv = vc[slot:slot + 1, :, :start + n]
+            kk = kc[slot:slot + 1, :, :start + n].float()  # a copy only when the cache is bfloat16
+            vv = vc[slot:slot + 1, :, :start + n].float()
             o = F.scaled_dot_product_attention(qc, kk, vv, attn_mask=m, is_causal=m is None, scale=self.scale,
                                                enable_gqa=True)
             attn[off:off + n] = o[0].transpose(0, 1)
@@ -450,7 +457,7 @@ class Decoder:
         if self.fused_decode and b.n_decode == T and T <= NATIVE_GEMM_MAX_ROWS:
             g = self.geo
             self._kernels.decode_layers(
-                self._layer_table, self.dtype != torch.float32, x, g.heads, g.kv_heads, g.head_dim,
+                self._layer_table, self.dtype != torch.float32, self.cache.dtype != torch.float32, x, g.heads, g.kv_heads, g.head_dim,
                 self.layers[0]["down"].in_features, self.cos, self.sin, b.positions.contiguous(), b.slots.contiguous(),
                 b.decode_ctx.contiguous(), self.cache.slots, self.cache.slot_len, g.eps, self.scale, torch.get_num_threads())
         elif self._kernels:
@@ -526,13 +533,13 @@ class Decoder:
         eps = g.eps
         for i, L in enumerate(self.layers):
             h = F.rms_norm(x, (g.hidden,), L["ln1"], eps)
-            qkv = L["qkv"](h.to(cd)).float() if lowp else L["qkv"](h)  # RoPE, attention and the KV cache in float32
+            qkv = L["qkv"](h.to(cd)).float() if lowp else L["qkv"](h)  # RoPE and attention in float32
             qk = self._rope(qkv[:, :nq + nkv].view(T, H + KVH, D), cos, sin_signed)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, nq + nkv:].view(T, KVH, D)
             kc, vc = self.cache.k[i], self.cache.v[i]
-            kc[b.slots, :, b.positions] = k
-            vc[b.slots, :, b.positions] = v
+            kc[b.slots, :, b.positions] = k.to(kc.dtype)  # bfloat16 cache: rounded to nearest even
+            vc[b.slots, :, b.positions] = v.to(vc.dtype)
             attn = None if decode_only else torch.empty(T, H, D)
             if nd:
                 qd = q[:nd].reshape(nd, KVH, g.group, D)
@@ -540,7 +547,7 @@ class Decoder:
                     full = qd.new_zeros(n_slots, KVH, g.group, D)
                     full[dec_slot_idx] = qd
                     qd = full
-                o = self._decode_attention_torch(qd, kc[:n_slots, :, :ctx], vc[:n_slots, :, :ctx], dec_mask)
+                o = self._decode_attention_torch(qd, kc[:n_slots, :, :ctx].float(), vc[:n_slots, :, :ctx].float(), dec_mask)
                 if not contiguous:
                     o = o[dec_slot_idx]
                 if decode_only:

@@ -181,17 +181,21 @@ class Kernels:
         """RoPE on q and k of the fused projection's output and the K/V write into one layer's cache.
 
         ``qkv``: float32 or bfloat16 ``[T, (heads + 2·kv_heads)·head_dim]``; ``cos``/``sin``: float32
-        ``[slot_len, head_dim]`` (by position); ``positions``/``slots``: int64 ``[T]``; ``kc``/``vc``: float32
-        ``[num_slots, kv_heads, slot_len, head_dim]``, written at ``(slots[t], :, positions[t])``; ``q_out``: float32
-        ``[T, heads, head_dim]``, the rotated queries.
+        ``[slot_len, head_dim]`` (by position); ``positions``/``slots``: int64 ``[T]``; ``kc``/``vc``: float32 or
+        bfloat16 (both the same) ``[num_slots, kv_heads, slot_len, head_dim]``, written at ``(slots[t], :,
+        positions[t])`` (bfloat16: rounded to nearest even, as ``Tensor.to(torch.bfloat16)``); ``q_out``: float32
+        ``[T, heads, head_dim]``, the rotated queries. Raises ``ValueError`` for RoPE tables shorter than the cache
+        or K and V caches of different dtypes.
         """
         num_slots, kvh, slot_len, d = kc.shape
         if cos.shape[0] < slot_len:
             raise ValueError(f"RoPE tables have {cos.shape[0]} positions, the cache {slot_len}")
+        if kc.dtype != vc.dtype or kc.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"K/V caches must both be float32 or bfloat16, not {kc.dtype} / {vc.dtype}")
         _check(self._lib.rope_kv_write(
             qkv.data_ptr(), qkv.dtype == torch.bfloat16, cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
             slots.data_ptr(), qkv.shape[0], heads, kvh, d, num_slots, slot_len, q_out.data_ptr(), kc.data_ptr(),
-            vc.data_ptr(), threads), "rope_kv_write")
+            vc.data_ptr(), kc.dtype == torch.bfloat16, threads), "rope_kv_write")
 
     def linear(self, x: torch.Tensor, weight: int, out_features: int, in_features: int, bias: torch.Tensor | None,
                threads: int) -> torch.Tensor:
@@ -220,15 +224,17 @@ class Kernels:
         _check(self._lib.silu_mul(gu.data_ptr(), gu.dtype == torch.bfloat16, rows, inter, out.data_ptr()), "silu_mul")
         return out
 
-    def decode_layers(self, table: torch.Tensor, bf16: bool, x: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
-                      inter: int, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                      lens: torch.Tensor, num_slots: int, slot_len: int, eps: float, scale: float, threads: int) -> None:
+    def decode_layers(self, table: torch.Tensor, bf16: bool, kv_bf16: bool, x: torch.Tensor, heads: int, kv_heads: int,
+                      head_dim: int, inter: int, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                      slots: torch.Tensor, lens: torch.Tensor, num_slots: int, slot_len: int, eps: float, scale: float,
+                      threads: int) -> None:
         """Every decoder layer of a decode-only step in one call (``decode_layers`` in the source): ``x`` float32
         ``[n, hidden]`` updated in place. ``table``: int64 ``[layers, 10]`` addresses (see the source) that the caller
-        keeps valid; ``positions``/``slots``/``lens``: int64 ``[n]``; ``cos``/``sin`` as for :meth:`rope_kv_write`."""
+        keeps valid; ``bf16``: bfloat16 GEMMs; ``kv_bf16``: the K/V caches the table points at are bfloat16 (else
+        float32); ``positions``/``slots``/``lens``: int64 ``[n]``; ``cos``/``sin`` as for :meth:`rope_kv_write`."""
         n, hidden = x.shape
         _check(self._lib.decode_layers(
-            table.data_ptr(), table.shape[0], bf16, x.data_ptr(), n, hidden, heads, kv_heads, head_dim, inter,
+            table.data_ptr(), table.shape[0], bf16, kv_bf16, x.data_ptr(), n, hidden, heads, kv_heads, head_dim, inter,
             cos.data_ptr(), sin.data_ptr(), positions.data_ptr(), slots.data_ptr(), lens.data_ptr(), num_slots,
             slot_len, eps, scale, threads), "decode_layers")
 
@@ -267,11 +273,11 @@ def load(source: Path = SOURCE) -> Kernels:
     for name in ("decode_attention_f32", "decode_attention_bf16"):
         getattr(lib, name).argtypes = [ptr] * 5 + [i64] * 6 + [f32, ptr, flag]
     lib.add_rms_norm.argtypes = [ptr, ptr, flag, ptr, i64, i64, f32, ptr, flag, flag]
-    lib.rope_kv_write.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, flag]
+    lib.rope_kv_write.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, flag, flag]
     for name in ("linear_packed_f32", "linear_packed_bf16"):
         getattr(lib, name).argtypes = [ptr] * 3 + [i64] * 3 + [ptr, flag]
     lib.silu_mul.argtypes = [ptr, flag, i64, i64, ptr]
-    lib.decode_layers.argtypes = [ptr, i64, flag, ptr] + [i64] * 6 + [ptr] * 5 + [i64, i64, f32, f32, flag]
+    lib.decode_layers.argtypes = [ptr, i64, flag, flag, ptr] + [i64] * 6 + [ptr] * 5 + [i64, i64, f32, f32, flag]
     for name in ("decode_attention_f32", "decode_attention_bf16", "add_rms_norm", "rope_kv_write", "decoder_simd",
                  "linear_packed_f32", "linear_packed_bf16", "silu_mul", "decode_layers"):
         getattr(lib, name).restype = ctypes.c_int

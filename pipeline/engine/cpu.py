@@ -60,14 +60,15 @@ from pipeline.stages.results import EngineResult, QuantizeResult
 STAGE = EngineResult.STAGE
 ENGINE_CONFIG = "engine_config.json"
 #: Bump when the engine directory layout or engine_config.json fields change.
-BUILDER_VERSION = 5
+BUILDER_VERSION = 6  # 6: kv_cache.dtype follows build.cpu.dtype (bfloat16 KV cache for bfloat16 builds)
 #: Files of hf_ckpt/ that are not copied: weights and quantization metadata are rewritten here.
 _SKIP = ("hf_quant_config.json", "config.json", "model.safetensors.index.json")
 #: The runtime that serves the engine directory (pipeline/cpu_runtime/engine.py RUNTIME).
 RUNTIME = "trtpipe-torch"
-#: The CPU engine keeps its KV cache (and attention) in float32 in every build.cpu.dtype
-#: (pipeline/cpu_runtime/model.py Decoder): bfloat16 there means bfloat16 GEMMs.
-KV_DTYPE = "float32"
+#: K+V bytes per cached value by build.cpu.dtype: the CPU engine keeps its KV cache in the compute dtype, as
+#: TensorRT-LLM keeps an unquantized KV cache in the model's dtype (``_create_kv_cache_manager`` in
+#: tensorrt_llm/_torch/pyexecutor/_util.py@0004396; pipeline/cpu_runtime/model.py Decoder)
+KV_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 def _model_config(hf_ckpt: Path, recipe: Recipe, dry_run: bool) -> dict[str, Any]:
@@ -91,8 +92,8 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
 
     The KV cache is sized when the engine loads, by :func:`pipeline.cpu_runtime.kv.kv_slots` (it depends
     on the host RAM available then, as TensorRT-LLM's ``free_gpu_memory_fraction`` depends on free GPU memory);
-    this records the rule's inputs (``kv_cache.max_tokens``, ``kv_cache.free_memory_fraction``) and the K+V
-    bytes per token (float32 in every ``build.cpu.dtype``).
+    this records the rule's inputs (``kv_cache.max_tokens``, ``kv_cache.free_memory_fraction``), the KV cache's
+    dtype (``build.cpu.dtype``: float32, or bfloat16 with bfloat16 GEMMs) and its K+V bytes per token.
     Settings the engine cannot honour are refused when the recipe loads
     (:func:`pipeline.recipe.derived.cpu_engine_problems`). Raises :class:`UserError` (one line naming the field)
     for an unsupported model, ``kv_cache_config.max_tokens`` below ``max_seq_len``, or ``max_seq_len`` above the
@@ -131,8 +132,8 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
             "layout": "slots",
             "max_tokens": kv.max_tokens,
             "free_memory_fraction": kv.free_gpu_memory_fraction,
-            "dtype": KV_DTYPE,
-            "bytes_per_token": geometry_from_dict(model_cfg).kv_bytes_per_token(4),  # float32 K and V
+            "dtype": compute,
+            "bytes_per_token": geometry_from_dict(model_cfg).kv_bytes_per_token(KV_BYTES[compute]),
         },
         "enable_chunked_prefill": b.enable_chunked_prefill,
         "scheduler": "GUARANTEED_NO_EVICT",
@@ -143,7 +144,7 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
             "weights": "float32" if q.qformat == "full_prec" and b.cpu.dtype == "float32" else
             (f"{q.qformat} dequantized to {b.cpu.dtype}" if q.qformat != "full_prec" else b.cpu.dtype),
             "activations": compute,  # the GEMMs' inputs; residual stream, norms, RoPE and attention stay float32
-            "kv_cache": KV_DTYPE,
+            "kv_cache": compute,
         },
         "emulated": {"weights": q.qformat != "full_prec", "activations": False, "kv_cache": False},
         "vocab_size": model_cfg["vocab_size"],

@@ -231,10 +231,10 @@ def plan_recipe(
         weights = mem.weight_bytes(geo, "full_prec", dtype_b, tp_size=1, pp_size=1, lm_head_copy=False)
         ckpt = mem.weight_bytes(geo, q.qformat, 2, awq_block_size=q.awq_block_size, lm_head_copy=False)
         notes.append(
-            f"cpu target: assumed the CPU engine holds weights in build.cpu.dtype {b.cpu.dtype} and KV in float32 (the {q.qformat} "
+            f"cpu target: assumed the CPU engine holds weights and KV cache in build.cpu.dtype {b.cpu.dtype} (the {q.qformat} "
             f"checkpoint itself is {_gib(ckpt.total_bytes)}); no roofline bound on CPU"
         )
-        kv_tok = mem.kv_bytes_per_token(geo, 4)  # the CPU engine keeps K and V in float32 (any build.cpu.dtype)
+        kv_tok = mem.kv_bytes_per_token(geo, dtype_b)  # the CPU engine keeps K and V in build.cpu.dtype
         act = mem.activation_bytes(geo, max_num_tokens=b.max_num_tokens, max_batch_size=b.max_batch_size,
                                    max_beam_width=b.max_beam_width, act_dtype_bytes=dtype_b)
         overhead = CPU_RUNTIME_BYTES

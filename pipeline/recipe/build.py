@@ -79,9 +79,10 @@ class CpuEngineSpec(StrictModel):
     dtype: Literal["float32", "bfloat16"] = Field(
         default="float32",
         description=(
-            "CPU engine weights and GEMMs (residual stream, norms, attention, KV cache and logits stay float32). "
-            "float32 (default): greedy output equals transformers generate(); bfloat16: half the weight bytes per "
-            "step, faster where the CPU has AVX512_BF16 or AMX, not token-identical: gate it with trtpipe eval."
+            "CPU engine weights, GEMMs and KV cache (residual stream, norms, attention's arithmetic and logits stay "
+            "float32). float32 (default): greedy output equals transformers generate(); bfloat16: half the weight "
+            "bytes per step and half the KV bytes per token, faster where the CPU has AVX512_BF16 or AMX, not "
+            "token-identical: gate it with trtpipe eval."
         ),
     )
     num_threads: int | None = Field(default=None, ge=1, le=MAX_INSTANCES, description="torch threads (default: all cores).")

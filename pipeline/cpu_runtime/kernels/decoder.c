@@ -300,11 +300,12 @@ int add_rms_norm(float *x, const void *delta, int delta_bf16, const float *w, in
 /* RoPE and the KV-cache write of one step. qkv: [T, (heads + 2 kv_heads) * d] float32 or bfloat16 (the fused
  * projection's output: q heads, k heads, v heads); cos/sin: [slot_len, d] float32 tables indexed by position.
  * Writes q rotated to q_out [T, heads, d] float32, and k rotated and v as they are into the cache
- * kc/vc [num_slots, kv_heads, slot_len, d] float32 at (slots[t], :, positions[t]); cos/sin must have slot_len rows.
+ * kc/vc [num_slots, kv_heads, slot_len, d] at (slots[t], :, positions[t]): float32, or with kv_bf16 bfloat16
+ * (rounded to nearest even, as torch's float -> bfloat16 conversion); cos/sin must have slot_len rows.
  * Rotation: transformers' x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1). */
 int rope_kv_write(const void *qkv, int qkv_bf16, const float *cos, const float *sin, const int64_t *positions,
                   const int64_t *slots, int64_t rows, int64_t heads, int64_t kv_heads, int64_t d, int64_t num_slots,
-                  int64_t slot_len, float *q_out, float *kc, float *vc, int threads) {
+                  int64_t slot_len, float *q_out, void *kc, void *vc, int kv_bf16, int threads) {
     const int64_t width = (heads + 2 * kv_heads) * d, half = d / 2;
     if (d % 2 || d < 2) return -2;
     for (int64_t t = 0; t < rows; ++t)
@@ -313,22 +314,27 @@ int rope_kv_write(const void *qkv, int qkv_bf16, const float *cos, const float *
     for (int64_t t = 0; t < rows; ++t) {
         const float *c = cos + positions[t] * d, *s = sin + positions[t] * d;
         const int64_t cache_row = slots[t] * kv_heads * slot_len + positions[t];
-        float x[d];
+        float x[d], r[d];
         for (int64_t hh = 0; hh < heads + 2 * kv_heads; ++hh) {
             const int64_t off = t * width + hh * d;
             if (qkv_bf16)
                 for (int64_t i = 0; i < d; ++i) x[i] = bf16_to_f32(((const uint16_t *)qkv)[off + i]);
             else
                 memcpy(x, (const float *)qkv + off, (size_t)d * sizeof(float));
-            float *dst;
-            if (hh < heads) dst = q_out + (t * heads + hh) * d;
-            else if (hh < heads + kv_heads) dst = kc + (cache_row + (hh - heads) * slot_len) * d;
-            else {
-                memcpy(vc + (cache_row + (hh - heads - kv_heads) * slot_len) * d, x, (size_t)d * sizeof(float));
-                continue;
+            const float *src = x; /* what goes into the cache: v as it is, k rotated */
+            if (hh < heads + kv_heads) {
+                float *dst = hh < heads ? q_out + (t * heads + hh) * d : r;
+                for (int64_t i = 0; i < half; ++i) dst[i] = x[i] * c[i] - x[i + half] * s[i];
+                for (int64_t i = half; i < d; ++i) dst[i] = x[i] * c[i] + x[i - half] * s[i];
+                if (hh < heads) continue;
+                src = r;
             }
-            for (int64_t i = 0; i < half; ++i) dst[i] = x[i] * c[i] - x[i + half] * s[i];
-            for (int64_t i = half; i < d; ++i) dst[i] = x[i] * c[i] + x[i - half] * s[i];
+            const int64_t at = (cache_row + (hh < heads + kv_heads ? hh - heads : hh - heads - kv_heads) * slot_len) * d;
+            void *cache = hh < heads + kv_heads ? kc : vc;
+            if (kv_bf16)
+                for (int64_t i = 0; i < d; ++i) ((uint16_t *)cache)[at + i] = f32_to_bf16(src[i]);
+            else
+                memcpy((float *)cache + at, src, (size_t)d * sizeof(float));
         }
     }
     return 0;
@@ -539,10 +545,10 @@ int silu_mul(const void *gu, int bf16, int64_t rows, int64_t inter, void *out) {
  *
  * w: int64 [layers, 10] addresses per layer: ln1, ln2 (float32 [hidden]), qkv weight, qkv bias, o weight, o bias,
  * gate/up weight, down weight (packed as linear_packed_* reads them, in the GEMM dtype; a bias 0 when absent),
- * K cache, V cache (float32 [num_slots, kv_heads, slot_len, d]). bf16: GEMM dtype bfloat16 (inputs, outputs and
- * the SiLU product; attention's output rounded to bfloat16 before Wo), else float32. x: float32 [n, hidden],
- * updated in place. Returns 0 or the first failing kernel's code. */
-int decode_layers(const int64_t *w, int64_t layers, int bf16, float *x, int64_t n, int64_t hidden, int64_t heads,
+ * K cache, V cache ([num_slots, kv_heads, slot_len, d], float32 or, with kv_bf16, bfloat16). bf16: GEMM dtype
+ * bfloat16 (inputs, outputs and the SiLU product; attention's output rounded to bfloat16 before Wo), else float32.
+ * x: float32 [n, hidden], updated in place. Returns 0 or the first failing kernel's code. */
+int decode_layers(const int64_t *w, int64_t layers, int bf16, int kv_bf16, float *x, int64_t n, int64_t hidden, int64_t heads,
                   int64_t kv_heads, int64_t d, int64_t inter, const float *cos, const float *sin,
                   const int64_t *positions, const int64_t *slots, const int64_t *lens, int64_t num_slots,
                   int64_t slot_len, float eps, float scale, int threads) {
@@ -564,8 +570,8 @@ int decode_layers(const int64_t *w, int64_t layers, int bf16, float *x, int64_t 
     for (int64_t i = 0; i < layers; ++i) {
         if ((rc = LINEAR(h, P(i, 2), P(i, 3), width, hidden, qkv))) goto done;
         if ((rc = rope_kv_write(qkv, bf16, cos, sin, positions, slots, n, heads, kv_heads, d, num_slots, slot_len, q,
-                                (float *)P(i, 8), (float *)P(i, 9), threads))) goto done;
-        if ((rc = decode_attention(q, P(i, 8), P(i, 9), 0, slots, lens, n, kv_heads, heads / kv_heads, d, num_slots,
+                                (void *)P(i, 8), (void *)P(i, 9), kv_bf16, threads))) goto done;
+        if ((rc = decode_attention(q, P(i, 8), P(i, 9), kv_bf16, slots, lens, n, kv_heads, heads / kv_heads, d, num_slots,
                                    slot_len, scale, attn, threads))) goto done;
         const void *o_in = attn;
         if (bf16) {
