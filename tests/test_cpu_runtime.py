@@ -190,6 +190,29 @@ def test_bfloat16_engine_runs_bf16_gemms_and_kv_cache_around_float32_attention(e
         assert 1e-3 < diff < 0.1 * want.std().item(), f"{prompt!r}: mean |logit diff| {diff:.5f} (logit std {want.std():.2f})"
         assert torch.equal(got.argmax(-1), want.argmax(-1)), prompt
 
+    # the torch fallback path reads and writes the same bfloat16 cache: a prefill, then greedy decode steps, on both
+    ids = _prompt(tok, "The three primary colors are")
+    paths = {k: Decoder(bf_dir, slots=1, slot_len=64, dtype=torch.bfloat16, kernels=k) for k in ("torch", "native")}
+    if paths["native"].kernels == "torch":
+        pytest.skip("no native kernels here")
+    got = {}
+    for name, d in paths.items():
+        assert d.cache.k[0].dtype == d.cache.v[0].dtype == torch.bfloat16
+        T = len(ids)
+        logits = d.forward(StepBatch(tokens=torch.tensor(ids), positions=torch.arange(T),
+                                     slots=torch.zeros(T, dtype=torch.int64), n_decode=0, decode_slots=[], decode_ctx=torch.zeros(0, dtype=torch.int64),
+                                     chunks=[(0, T, 0, 0)], logit_rows=torch.tensor([T - 1])))
+        out = [int(logits[-1].argmax())]
+        for pos in range(T, T + 8):
+            logits = d.forward(StepBatch(tokens=torch.tensor(out[-1:]), positions=torch.tensor([pos]),
+                                         slots=torch.zeros(1, dtype=torch.int64), n_decode=1, decode_slots=[0],
+                                         decode_ctx=torch.tensor([pos + 1]), chunks=[], logit_rows=torch.tensor([0])))
+            out.append(int(logits[0].argmax()))
+        got[name] = out
+    assert got["torch"] == got["native"], got
+    k_torch, k_native = (paths[n].cache.k[5][0, :, :len(ids) + 8].float() for n in ("torch", "native"))
+    assert torch.allclose(k_torch, k_native, rtol=2e-2, atol=2e-2)  # the same K up to bfloat16 rounding
+
     with CpuEngine(bf_dir, num_threads=1) as eng:
         assert eng.runtime["dtype"] == eng.runtime["kv_dtype"] == "bfloat16"
         assert "Paris" in tok.decode(_submit(eng, _prompt(tok, "The capital of France is"), 8).wait())

@@ -164,7 +164,8 @@ class CpuEngine:
         weights = sum(f.stat().st_size for f in self.engine_dir.glob("*.safetensors"))
         slots, self.kv_tokens = kv_slots(
             max_batch_size=int(cfg["max_batch_size"]), max_seq_len=int(cfg["max_seq_len"]),
-            bytes_per_token=geo.kv_bytes_per_token(self.kv_dtype.itemsize), available_bytes=psutil.virtual_memory().available - weights,
+            bytes_per_token=geo.kv_bytes_per_token(self.kv_dtype.itemsize),
+            available_bytes=psutil.virtual_memory().available - weights,
             max_tokens=max_tokens, free_memory_fraction=float(fraction))
         # The decoder is built on the scheduler thread that runs it: with its weights packed on another thread,
         # every step ran ~1.6 × slower (measured, SmolLM2 on 2 cores: 18.8 → 29.2 ms at 1 sequence, 28.8 → 47.3 ms

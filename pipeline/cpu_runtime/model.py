@@ -13,8 +13,9 @@ What makes it fast on a few CPU cores (measured on 2 AVX-512 cores, SmolLM2-135M
 - **Fused projections**: q/k/v → one GEMM, gate/up → one GEMM; the lm_head runs only on the rows
   that need logits.
 - **Slot KV cache** (:class:`SlotKvCache`): per layer ``[slots, kv_heads, slot_len, head_dim]`` in the
-  compute dtype (float32, or bfloat16 with bfloat16 GEMMs), so every sequence's keys are one contiguous block. Grouped-query attention without repeating K/V: the
-  ``group`` query heads that share a KV head become ``group`` query rows.
+  compute dtype (float32, or bfloat16 with bfloat16 GEMMs), so every sequence's keys are one contiguous
+  block. Grouped-query attention without repeating K/V: the ``group`` query heads that share a KV head
+  become ``group`` query rows.
 - **Native kernels** (:mod:`pipeline.cpu_runtime.native`, ``kernels/decoder.c``, built with the
   machine's C compiler): decode attention for the whole batch in one call per layer, each sequence's
   K/V read once up to its own length (16 sequences at ~200 tokens: 122 µs per layer vs 368 µs for two
@@ -303,8 +304,9 @@ class Decoder:
             Half the weight bytes per step.
         kv_dtype: the KV cache's dtype (float32 or bfloat16; default ``dtype``, as TensorRT-LLM keeps an
             unquantized KV cache in the model's dtype: ``_create_kv_cache_manager`` in
-            ``tensorrt_llm/_torch/pyexecutor/_util.py``@0004396). bfloat16: K and V rounded to bfloat16 when written (half
-            the bytes attention reads per step and per cached token); attention computes in float32 either way.
+            ``tensorrt_llm/_torch/pyexecutor/_util.py``@0004396). bfloat16: K and V rounded to bfloat16 when
+            written (half the bytes attention reads per step and per cached token); attention computes in float32
+            either way.
         kernels: decode attention and the layer glue (RMSNorm, RoPE, K/V write),
             :data:`~pipeline.cpu_runtime.native.KERNEL_CHOICES` (default ``$TRTPIPE_CPU_KERNELS``, else ``auto``:
             the native kernels when they build here, else torch ops). :attr:`kernels` names the ones in use.
@@ -457,7 +459,8 @@ class Decoder:
         if self.fused_decode and b.n_decode == T and T <= NATIVE_GEMM_MAX_ROWS:
             g = self.geo
             self._kernels.decode_layers(
-                self._layer_table, self.dtype != torch.float32, self.cache.dtype != torch.float32, x, g.heads, g.kv_heads, g.head_dim,
+                self._layer_table, self.dtype != torch.float32, self.cache.dtype != torch.float32, x, g.heads,
+                g.kv_heads, g.head_dim,
                 self.layers[0]["down"].in_features, self.cos, self.sin, b.positions.contiguous(), b.slots.contiguous(),
                 b.decode_ctx.contiguous(), self.cache.slots, self.cache.slot_len, g.eps, self.scale, torch.get_num_threads())
         elif self._kernels:

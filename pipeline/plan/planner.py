@@ -231,8 +231,8 @@ def plan_recipe(
         weights = mem.weight_bytes(geo, "full_prec", dtype_b, tp_size=1, pp_size=1, lm_head_copy=False)
         ckpt = mem.weight_bytes(geo, q.qformat, 2, awq_block_size=q.awq_block_size, lm_head_copy=False)
         notes.append(
-            f"cpu target: assumed the CPU engine holds weights and KV cache in build.cpu.dtype {b.cpu.dtype} (the {q.qformat} "
-            f"checkpoint itself is {_gib(ckpt.total_bytes)}); no roofline bound on CPU"
+            f"cpu target: assumed the CPU engine holds weights and KV cache in build.cpu.dtype {b.cpu.dtype} "
+            f"(the {q.qformat} checkpoint itself is {_gib(ckpt.total_bytes)}); no roofline bound on CPU"
         )
         kv_tok = mem.kv_bytes_per_token(geo, dtype_b)  # the CPU engine keeps K and V in build.cpu.dtype
         act = mem.activation_bytes(geo, max_num_tokens=b.max_num_tokens, max_batch_size=b.max_batch_size,

@@ -548,8 +548,8 @@ int silu_mul(const void *gu, int bf16, int64_t rows, int64_t inter, void *out) {
  * K cache, V cache ([num_slots, kv_heads, slot_len, d], float32 or, with kv_bf16, bfloat16). bf16: GEMM dtype
  * bfloat16 (inputs, outputs and the SiLU product; attention's output rounded to bfloat16 before Wo), else float32.
  * x: float32 [n, hidden], updated in place. Returns 0 or the first failing kernel's code. */
-int decode_layers(const int64_t *w, int64_t layers, int bf16, int kv_bf16, float *x, int64_t n, int64_t hidden, int64_t heads,
-                  int64_t kv_heads, int64_t d, int64_t inter, const float *cos, const float *sin,
+int decode_layers(const int64_t *w, int64_t layers, int bf16, int kv_bf16, float *x, int64_t n, int64_t hidden,
+                  int64_t heads, int64_t kv_heads, int64_t d, int64_t inter, const float *cos, const float *sin,
                   const int64_t *positions, const int64_t *slots, const int64_t *lens, int64_t num_slots,
                   int64_t slot_len, float eps, float scale, int threads) {
     const size_t es = bf16 ? 2 : 4;
