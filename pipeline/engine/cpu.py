@@ -65,10 +65,6 @@ BUILDER_VERSION = 6  # 6: kv_cache.dtype follows build.cpu.dtype (bfloat16 KV ca
 _SKIP = ("hf_quant_config.json", "config.json", "model.safetensors.index.json")
 #: The runtime that serves the engine directory (pipeline/cpu_runtime/engine.py RUNTIME).
 RUNTIME = "trtpipe-torch"
-#: K+V bytes per cached value by build.cpu.dtype: the CPU engine keeps its KV cache in the compute dtype, as
-#: TensorRT-LLM keeps an unquantized KV cache in the model's dtype (``_create_kv_cache_manager`` in
-#: tensorrt_llm/_torch/pyexecutor/_util.py@0004396; pipeline/cpu_runtime/model.py Decoder)
-KV_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 def _model_config(hf_ckpt: Path, recipe: Recipe, dry_run: bool) -> dict[str, Any]:
@@ -99,7 +95,7 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
     for an unsupported model, ``kv_cache_config.max_tokens`` below ``max_seq_len``, or ``max_seq_len`` above the
     model's ``max_position_embeddings``.
     """
-    from pipeline.cpu_runtime.model import UnsupportedModelError, check_supported
+    from pipeline.cpu_runtime.model import COMPUTE_DTYPES, UnsupportedModelError, check_supported
 
     b = recipe.build
     try:
@@ -132,8 +128,10 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
             "layout": "slots",
             "max_tokens": kv.max_tokens,
             "free_memory_fraction": kv.free_gpu_memory_fraction,
+            # the KV cache in the compute dtype, as TensorRT-LLM keeps an unquantized KV cache in the model's dtype
+            # (``_create_kv_cache_manager`` in tensorrt_llm/_torch/pyexecutor/_util.py@0004396)
             "dtype": compute,
-            "bytes_per_token": geometry_from_dict(model_cfg).kv_bytes_per_token(KV_BYTES[compute]),
+            "bytes_per_token": geometry_from_dict(model_cfg).kv_bytes_per_token(COMPUTE_DTYPES[compute].itemsize),
         },
         "enable_chunked_prefill": b.enable_chunked_prefill,
         "scheduler": "GUARANTEED_NO_EVICT",

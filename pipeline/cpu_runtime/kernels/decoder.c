@@ -321,16 +321,17 @@ int rope_kv_write(const void *qkv, int qkv_bf16, const float *cos, const float *
                 for (int64_t i = 0; i < d; ++i) x[i] = bf16_to_f32(((const uint16_t *)qkv)[off + i]);
             else
                 memcpy(x, (const float *)qkv + off, (size_t)d * sizeof(float));
+            const int is_v = hh >= heads + kv_heads;
             const float *src = x; /* what goes into the cache: v as it is, k rotated */
-            if (hh < heads + kv_heads) {
+            if (!is_v) {
                 float *dst = hh < heads ? q_out + (t * heads + hh) * d : r;
                 for (int64_t i = 0; i < half; ++i) dst[i] = x[i] * c[i] - x[i + half] * s[i];
                 for (int64_t i = half; i < d; ++i) dst[i] = x[i] * c[i] + x[i - half] * s[i];
                 if (hh < heads) continue;
                 src = r;
             }
-            const int64_t at = (cache_row + (hh < heads + kv_heads ? hh - heads : hh - heads - kv_heads) * slot_len) * d;
-            void *cache = hh < heads + kv_heads ? kc : vc;
+            const int64_t at = (cache_row + (hh - heads - (is_v ? kv_heads : 0)) * slot_len) * d; /* its KV head */
+            void *cache = is_v ? vc : kc;
             if (kv_bf16)
                 for (int64_t i = 0; i < d; ++i) ((uint16_t *)cache)[at + i] = f32_to_bf16(src[i]);
             else
