@@ -4,7 +4,8 @@
 Prints in one run, per concurrency: the raw engine's output tokens/s, TTFT and ITL
 (:class:`pipeline.cpu_runtime.engine.CpuEngine` in this process, closed loop, every request exactly
 OSL tokens via ``min_tokens``), the same load through Triton (``trtpipe serve --detach`` then
-``trtpipe bench`` on the build's ``ensemble``), their ratio, and the roofline: output tokens/s if
+``trtpipe bench`` on the build's ``ensemble``, one bench per concurrency; both sides measure ``--waves`` ×
+concurrency requests), their ratio, and the roofline: output tokens/s if
 every step only streamed the engine's weights (float32, or bfloat16 for ``build.cpu.dtype: bfloat16``) plus the
 batch's fp32 K/V from memory at the machine's
 measured read bandwidth (prefill not counted). Also: serve-ready time, the deployment's RSS
@@ -183,7 +184,7 @@ def served(build: Path, concurrency: list[int], waves: int, direct: bool = False
     facts["rss_ready_mib"] = tree_rss(pid) / 2**20
     peak = [facts["rss_ready_mib"]]
     stop = threading.Event()
-    client: list[Any] = []  # the bench process, once started
+    client: list[Any] = []  # the running bench process and its start time (one per concurrency)
     cpu_log: list[tuple[float, dict[str, float]]] = []  # (time, CPU seconds so far by role) every 0.5 s
 
     def cpu_now() -> dict[str, float]:
@@ -204,34 +205,45 @@ def served(build: Path, concurrency: list[int], waves: int, direct: bool = False
             except Exception:
                 pass
 
-    def bench_cmd(out: str, *extra: str) -> list[str]:
+    def bench_cmd(out: str, c: int, *extra: str) -> list[str]:
+        # waves × c measured requests, as the raw engine gets (trtpipe bench's own default is 2 × c)
         return [trtpipe, "bench", "--url", f"127.0.0.1:{ports[1]}", "--isl", str(ISL), "--osl", str(OSL),
-                "--concurrency", ",".join(map(str, concurrency)), "--out", out, *extra]
+                "--concurrency", str(c), "--num-requests", str(waves * c), "--out", out, *extra]
+
+    def bench_all(tmp: str, *extra: str, on_start=None) -> dict[int, dict]:
+        """One ``trtpipe bench`` per concurrency, in order; {conc: metrics}."""
+        points: dict[int, dict] = {}
+        for c in concurrency:
+            proc = subprocess.Popen(bench_cmd(f"{tmp}/c{c}", c, *extra), cwd=work, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=env)
+            if on_start is not None:
+                on_start(proc)
+            stdout, stderr = proc.communicate()
+            if proc.returncode != 0:
+                raise RuntimeError(f"trtpipe bench {' '.join(extra)} at c={c} failed: {stdout[-3000:]}{stderr[-2000:]}")
+            points.update(load_points(json.loads(Path(f"{tmp}/c{c}/bench.json").read_text())))
+        return points
 
     threading.Thread(target=sample, daemon=True).start()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             cpu0, t_bench = tree_cpu_s(pid), time.perf_counter()
-            proc = subprocess.Popen(
-                # the served build's tokenizer, not the last build's
-                bench_cmd(f"{tmp}/run", "--tokenizer", str(BuildLayout(build).tokenizer_dir())),
-                cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-            client.append(proc)
-            stdout, stderr = proc.communicate()
-            if proc.returncode != 0:
-                raise RuntimeError(f"trtpipe bench failed: {stdout[-3000:]}{stderr[-2000:]}")
-            doc = json.loads(Path(f"{tmp}/run/bench.json").read_text())
+            # the served build's tokenizer, not the last build's
+            points = bench_all(tmp, "--tokenizer", str(BuildLayout(build).tokenizer_dir()),
+                               on_start=lambda proc: client.__setitem__(slice(None), [proc, time.perf_counter()]))
             wall = time.perf_counter() - t_bench
             stop.set()
             cpu1 = tree_cpu_s(pid)
             facts["cpu_s"] = {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items()}
             facts["bench_wall_s"] = wall
-            # the last concurrency is the longest point and runs last: its steady state is the run's last third (the
-            # client's start-up is long over), up to 1 s before the engine stopped working (after it the client
-            # re-tokenizes and writes its exports)
+            # the last concurrency is the longest point and runs last, in its own bench process: its steady state is
+            # the last two thirds of that process (its start-up is over), up to 1 s before the engine stopped working
+            # (after it the client re-tokenizes and writes its exports)
             busy = [t1 for (t0, a), (t1, b) in zip(cpu_log, cpu_log[1:])
                     if (b.get("tensorrt_llm", 0.0) - a.get("tensorrt_llm", 0.0)) / (t1 - t0) >= 1.0]
-            lo, hi = t_bench + wall * 2 / 3, (max(busy) if busy else t_bench + wall) - 1.0
+            last_start = client[1]
+            lo = last_start + (t_bench + wall - last_start) / 3
+            hi = (max(busy) if busy else t_bench + wall) - 1.0
             window = [(t, c) for t, c in cpu_log if lo <= t <= hi]
             if len(window) >= 2:
                 (ta, a), (tb, b) = window[0], window[-1]
@@ -240,15 +252,11 @@ def served(build: Path, concurrency: list[int], waves: int, direct: bool = False
         facts["rss_peak_mib"] = max(peak)
         if direct:
             with tempfile.TemporaryDirectory() as tmp:
-                run = subprocess.run(bench_cmd(f"{tmp}/run", "--model", "tensorrt_llm"), cwd=work, capture_output=True,
-                                     text=True, env=env)
-                if run.returncode != 0:
-                    raise RuntimeError(f"trtpipe bench --model tensorrt_llm failed: {run.stdout[-3000:]}{run.stderr[-2000:]}")
-                facts["direct"] = load_points(json.loads(Path(f"{tmp}/run/bench.json").read_text()))
+                facts["direct"] = bench_all(tmp, "--model", "tensorrt_llm")
     finally:
         stop.set()
         subprocess.run([trtpipe, "serve", "--stop"], cwd=work, capture_output=True, env=env)
-    return load_points(doc), facts
+    return points, facts
 
 
 def _mean_points(runs: list[dict[int, dict]]) -> dict[int, dict]:
