@@ -224,13 +224,15 @@ def served(build: Path, concurrency: list[int], waves: int, direct: bool = False
             points.update(load_points(json.loads(Path(f"{tmp}/c{c}/bench.json").read_text())))
         return points
 
+    def track_client(proc: subprocess.Popen) -> None:
+        client[:] = [proc, time.perf_counter()]  # one assignment: the sampler never sees a half-updated list
+
     threading.Thread(target=sample, daemon=True).start()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             cpu0, t_bench = tree_cpu_s(pid), time.perf_counter()
             # the served build's tokenizer, not the last build's
-            points = bench_all(tmp, "--tokenizer", str(BuildLayout(build).tokenizer_dir()),
-                               on_start=lambda proc: client.__setitem__(slice(None), [proc, time.perf_counter()]))
+            points = bench_all(tmp, "--tokenizer", str(BuildLayout(build).tokenizer_dir()), on_start=track_client)
             wall = time.perf_counter() - t_bench
             stop.set()
             cpu1 = tree_cpu_s(pid)
