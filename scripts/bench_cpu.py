@@ -6,8 +6,8 @@ Prints in one run, per concurrency: the raw engine's output tokens/s, TTFT and I
 OSL tokens via ``min_tokens``), the same load through Triton (``trtpipe serve --detach`` then
 ``trtpipe bench`` on the build's ``ensemble``, one bench per concurrency; both sides measure ``--waves`` ×
 concurrency requests), their ratio, and the roofline: output tokens/s if
-every step only streamed the engine's weights (float32, or bfloat16 for ``build.cpu.dtype: bfloat16``) plus the
-batch's fp32 K/V from memory at the machine's
+every step only streamed the engine's weights and the batch's K/V (float32, or bfloat16 for
+``build.cpu.dtype: bfloat16``) from memory at the machine's
 measured read bandwidth (prefill not counted). Also: serve-ready time, the deployment's RSS
 (server + every stub) at ready and at peak, the CPU seconds of the server and of each python stub over the
 served bench, and the cores each process (server, stubs, the bench client) kept busy in the steady state of
@@ -63,11 +63,10 @@ def read_bandwidth_gbs() -> float:
 
 def roofline(engine_dir: Path, conc: int, bw_gbs: float) -> float:
     """Output tok/s bound at ``conc`` sequences: one decode step reads the weights (the engine's safetensors bytes,
-    in its build.cpu.dtype) + the fp32 K/V of ``conc`` sequences at mean context ISL + OSL/2."""
-    cfg = json.loads((engine_dir / "config.json").read_text())
+    in its build.cpu.dtype) + the K/V of ``conc`` sequences at mean context ISL + OSL/2 (the K+V bytes per token
+    the engine stage recorded in engine_config.json: float32, or bfloat16 for a bfloat16 build)."""
     weights = sum(f.stat().st_size for f in engine_dir.glob("*.safetensors"))
-    heads = cfg["num_attention_heads"]
-    kv_tok = 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * cfg.get("head_dim", cfg["hidden_size"] // heads) * 4
+    kv_tok = json.loads((engine_dir / "engine_config.json").read_text())["kv_cache"]["bytes_per_token"]
     step_bytes = weights + conc * (ISL + OSL / 2) * kv_tok
     return conc / (step_bytes / (bw_gbs * 1e9))
 
