@@ -45,7 +45,7 @@ def _root(
 app.command("build")(build_cmd.build)
 app.command("serve")(serve_cmd.serve)
 app.add_typer(bench_cmd.app, name="bench")
-app.command("plan")(plan_cmd.plan)
+app.add_typer(plan_cmd.app, name="plan")
 app.add_typer(recipe_cmd.app, name="recipe")
 app.command("release")(release_cmd.release)
 app.add_typer(deploy_cmd.app, name="deploy")
@@ -55,7 +55,7 @@ app.command("tune")(tune_cmd.tune)
 
 def main() -> None:
     """Console-script entry point."""
-    from pipeline.quiet import disable_tqdm
+    from pipeline.core.quiet import disable_tqdm
 
     disable_tqdm()
     app()

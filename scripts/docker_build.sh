@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-IMAGE=$("$PY" -c 'import sys; sys.path.insert(0, "."); from pipeline.release import default_release; print(default_release().image)')
+IMAGE=$("$PY" -c 'import sys; sys.path.insert(0, "."); from pipeline.trtllm.release import default_release; print(default_release().image)')
 TAG=${TAG:-trtpipe:gpu-$(echo "$IMAGE" | sed -E 's/.*:([0-9]+\.[0-9]+).*/\1/')}
 echo "building $TAG on $IMAGE" >&2
 exec docker build --build-arg "TRITON_IMAGE=$IMAGE" -t "$TAG" "$@" .

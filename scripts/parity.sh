@@ -6,9 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # the versions come from the release matrix, read with the development venv (scripts/setup.sh ran first)
-PINS=$(.venv/bin/python -c 'from pipeline.release import default_release as d; r = d(); print(f"nvidia-modelopt=={r.nvidia_modelopt} transformers=={r.transformers}")')
+PINS=$(.venv/bin/python -c 'from pipeline.trtllm.release import default_release as d; r = d(); print(f"nvidia-modelopt=={r.nvidia_modelopt} transformers=={r.transformers}")')
 export TRTPIPE_VENV=${TRTPIPE_PARITY_VENV:-.venv-parity}
 TRTPIPE_EXTRAS=test TRTPIPE_PINS="$PINS" bash scripts/setup.sh
 # its own cache: the embedded SmolLM2 conversion is made by this transformers major
 export TRTPIPE_CACHE_DIR=${TRTPIPE_PARITY_CACHE_DIR:-$PWD/.trtpipe-cache-parity}
-exec "$TRTPIPE_VENV/bin/python" -m pytest -p no:cacheprovider tests/test_export_geometry.py tests/test_quantize.py "$@"
+exec "$TRTPIPE_VENV/bin/python" -m pytest -p no:cacheprovider tests/test_export_geometry.py tests/test_quantize.py tests/test_checkpoint_portability.py "$@"

@@ -45,6 +45,17 @@ def repo_root() -> Path:
     return REPO
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_measured_host(tmp_path_factory: pytest.TempPathFactory):
+    """The planner's cpu target uses the shipped reference host in every test (and in the CLIs tests start), whether
+    or not this machine has run ``trtpipe plan measure-host``: ``TRTPIPE_HOST_FILE`` names a file that does not
+    exist (:func:`pipeline.core.hardware.host_file`). A test that measures sets its own."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRTPIPE_HOST_FILE", str(tmp_path_factory.mktemp("host") / "cpu_host.yaml"))
+    yield
+    mp.undo()
+
+
 # --- quantize fixtures ---
 # Shared by tests/test_sources.py, tests/test_calib.py, tests/test_quantize.py (owner: the quantize stage).
 
@@ -52,7 +63,7 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The converted SmolLM2-135M-Instruct HF checkpoint in TRTPIPE_CACHE_DIR (converted once, ~35–60 s)."""
-    from pipeline.sources import embedded_smollm2_dir
+    from pipeline.quantize.sources import embedded_smollm2_dir
 
     return embedded_smollm2_dir()
 
@@ -68,7 +79,7 @@ def smollm2_tokenizer(smollm2_dir: Path):
 @pytest.fixture(scope="session")
 def quant_one_thread():
     """One torch thread in the quantize stage (TRTPIPE_NUM_THREADS) and in the test process: the
-    2 cores are shared (docs/HELPERS.md)."""
+    2 cores are shared with other work."""
     import torch
 
     mp = pytest.MonkeyPatch()

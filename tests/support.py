@@ -2,7 +2,7 @@
 
 :func:`quantized_stage` builds, once and cached under a caller-given directory (the tests use the
 repo-local ``.trtpipe-cache/``), a quantize-stage-shaped directory when the quantize stage is not the
-thing under test: ``mtq.quantize`` with the stage's own config (:func:`pipeline.ptq.quant_config`; a short
+thing under test: ``mtq.quantize`` with the stage's own config (:func:`pipeline.quantize.ptq.quant_config`; a short
 calibration on CPython's ``pydoc_data`` prose) + ``export_hf_checkpoint`` into ``<dir>/hf_ckpt/``, with
 ``manifest.json``, plus ``reference.safetensors``: ModelOpt's own fake-quant *effective* weights
 (``weight_quantizer(weight)``, times the input ``pre_quant_scale`` when there is one), taken after
@@ -16,8 +16,13 @@ import shutil
 import socket
 from pathlib import Path
 
-from pipeline.artifacts import atomic_dir, base_manifest, stable_hash, write_manifest
-from pipeline.stages.results import QuantizeResult
+from pipeline.core.artifacts import (
+    atomic_dir,
+    base_manifest,
+    stable_hash,
+    write_manifest,
+)
+from pipeline.quantize.result import QuantizeResult
 
 _FIXTURE_VERSION = 2
 
@@ -43,7 +48,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
 def smollm2_hf_dir() -> Path:
     """SmolLM2-135M-Instruct as a plain fp32 HF checkpoint (the source stage's embedded conversion)."""
-    from pipeline.sources import embedded_smollm2_dir
+    from pipeline.quantize.sources import embedded_smollm2_dir
 
     return embedded_smollm2_dir()
 
@@ -86,11 +91,13 @@ def quantized_stage(
     import modelopt.torch.quantization as mtq
     import torch
     from modelopt.torch.export import export_hf_checkpoint
-    from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
+    from modelopt.torch.export.unified_export_hf import (
+        requantize_resmooth_fused_llm_layers,
+    )
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.ptq import quant_config
+    from pipeline.quantize.ptq import quant_config
 
     tok = AutoTokenizer.from_pretrained(src)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()

@@ -10,6 +10,7 @@ import pytest
 from pipeline.bench.client import _fix_cumulative_counts
 from pipeline.bench.metrics import itl_gaps_ms, meets_slos, summarize, tpot_ms, ttft_ms
 from pipeline.bench.records import RequestRecord, count_text_tokens
+from pipeline.bench.results import Counts
 from pipeline.bench.stats import Stats
 
 MS = 1_000_000  # ns per ms
@@ -46,10 +47,10 @@ def test_per_request_values_match_hand_computation(records):
 
 def test_summary_counts_throughputs_and_distributions(records):
     s = summarize(records)
-    assert s["counts"] == {"requests": 4, "completed": 3, "failed": 1, "short": 1, "good": None,
-                           "input_tokens": 35, "output_tokens": 7, "osl_mismatch": 0}
-    assert s["duration_s"] == pytest.approx(0.080)  # first measured start 0 → last end 80 ms
-    m = s["metrics"]
+    assert s.counts == Counts(requests=4, completed=3, failed=1, short=1, good=None, input_tokens=35, output_tokens=7,
+                              osl_mismatch=0)
+    assert s.duration_s == pytest.approx(0.080)  # first measured start 0 → last end 80 ms
+    m = s.metrics
     assert m["output_token_throughput"] == pytest.approx(7 / 0.08)
     assert m["total_token_throughput"] == pytest.approx(42 / 0.08)
     assert m["request_throughput"] == pytest.approx(3 / 0.08)
@@ -66,10 +67,10 @@ def test_summary_counts_throughputs_and_distributions(records):
 
 
 def test_goodput_applies_every_slo(records):
-    assert summarize(records, {"ttft": 40})["metrics"]["request_goodput"] == pytest.approx(2 / 0.08)  # b, short
+    assert summarize(records, {"ttft": 40}).metrics["request_goodput"] == pytest.approx(2 / 0.08)  # b, short
     both = summarize(records, {"ttft": 40, "itl": 20})
-    assert both["counts"]["good"] == 1  # b's mean ITL is 30 ms; short has no ITL so only TTFT applies
-    assert both["metrics"]["request_goodput"] == pytest.approx(1 / 0.08)
+    assert both.counts.good == 1  # b's mean ITL is 30 ms; short has no ITL so only TTFT applies
+    assert both.metrics["request_goodput"] == pytest.approx(1 / 0.08)
     assert meets_slos(records[0], {"e2e": 80}) and not meets_slos(records[0], {"e2e": 79.9})
     with pytest.raises(ValueError, match="unknown goodput SLO"):
         meets_slos(records[0], {"latency": 1})

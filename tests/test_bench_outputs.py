@@ -12,9 +12,10 @@ import pytest
 
 from pipeline.bench.compare import compare_runs
 from pipeline.bench.exporters import write_run
-from pipeline.bench.summary_csv import read_summary
 from pipeline.bench.records import RequestRecord
-from pipeline.bench.run import BenchResult, summarize_run
+from pipeline.bench.results import BenchResult, LoadPoint
+from pipeline.bench.run import summarize_run
+from pipeline.bench.summary_csv import read_summary
 from pipeline.recipe.bench import BenchSpec
 
 TRTPIPE = str(Path(sys.executable).parent / "trtpipe")
@@ -34,8 +35,7 @@ def fake_run(scale: float = 1.0) -> BenchResult:
             r.response_tokens = [1, 1, 1, 1]
             r.end_ns = r.response_ns[-1]
             run.records.append(r)
-        run.load_points.append({"scenario": "10:4", "isl": 10, "osl": 4, "mode": "concurrency", "load": label,
-                                "concurrency": c, "request_rate": None, "client_cpu_fraction": 0.1})
+        run.load_points.append(LoadPoint("10:4", 10, 4, "concurrency", label, concurrency=c, client_cpu_fraction=0.1))
     summarize_run(run)
     return run
 
@@ -111,10 +111,11 @@ def test_cli_flag_mistakes_exit_2(args, message, tmp_path):
 def test_find_tokenizer_reads_the_llmapi_model_yaml(tmp_path):
     import yaml
 
-    from pipeline.layout import BuildLayout
+    from pipeline.core.layout import BuildLayout
+    from pipeline.triton_repo import client_tokenizer_dir
 
     def find_tokenizer(build):
-        return BuildLayout(build).tokenizer_dir()
+        return client_tokenizer_dir(BuildLayout(build))
 
     build, tok = tmp_path / "build", tmp_path / "ckpt"
     tok.mkdir()

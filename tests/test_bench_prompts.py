@@ -8,8 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.bench.prompts import FALLBACK_ID_RANGE, dataset_prompts, load_tokenizer, text_prompts, token_prompts
-from pipeline.errors import UserError
+from pipeline.bench.prompts import (
+    FALLBACK_ID_RANGE,
+    dataset_prompts,
+    load_tokenizer,
+    text_prompts,
+    token_prompts,
+)
+from pipeline.core.errors import UserError
 
 TMP_SMOLLM2 = Path("/tmp/smollm2_hf")
 
@@ -19,7 +25,7 @@ def tokenizer():
     """SmolLM2's tokenizer: the converted checkpoint in /tmp if present, else the embedded one (cached)."""
     if (TMP_SMOLLM2 / "tokenizer.json").is_file():
         return load_tokenizer(TMP_SMOLLM2)
-    from pipeline.sources import embedded_smollm2_dir
+    from pipeline.quantize.sources import embedded_smollm2_dir
 
     return load_tokenizer(embedded_smollm2_dir())
 
@@ -86,7 +92,7 @@ def _llmapi_info():
 
 
 def test_llmapi_prompts_leave_room_for_the_special_tokens_the_server_adds(tokenizer):
-    from pipeline.bench.run import added_special_tokens, make_prompts
+    from pipeline.bench.prompts import added_special_tokens, make_prompts
     from pipeline.recipe.bench import BenchSpec
 
     bos = _BosTokenizer(tokenizer)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.stages.build import run as run_build
+from pipeline.build.stage import run as run_build
 from pipeline.recipe import load_recipe
 from pipeline.triton.model_config import load_model_config
 
@@ -83,7 +83,7 @@ def test_dry_run_is_reused_when_unchanged_and_rebuilt_with_force(tmp_path: Path)
 
 
 def test_build_refuses_a_recipe_that_cannot_fit(tmp_path: Path):
-    from pipeline.errors import UserError
+    from pipeline.core.errors import UserError
 
     path = REPO / "recipes" / "llama31_8b_h200_fp8.yaml"
     recipe = load_recipe(path, ["target.gpu=l4", "quantization.qformat=full_prec", "quantization.kv_cache_dtype=none",
@@ -94,7 +94,7 @@ def test_build_refuses_a_recipe_that_cannot_fit(tmp_path: Path):
 
 
 def test_a_failing_first_build_leaves_nothing(tmp_path: Path):
-    from pipeline.errors import UserError
+    from pipeline.core.errors import UserError
 
     path = REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"
     recipe = load_recipe(path, ["model.source=/nonexistent/checkpoint"])

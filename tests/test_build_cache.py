@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.engine import contract
+from pipeline.core.layout import BuildLayout
 from pipeline.engine import tensorrt as trt
-from pipeline.layout import BuildLayout
+from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import load_recipe
 from pipeline.recipe.consumers import consumed, flatten, stage_of
-from pipeline.stages import triton_repo
-from pipeline.stages.results import QuantizeResult
+from pipeline.triton_repo import stage as triton_repo
+from pipeline.trtllm import contract
 
 REPO = Path(__file__).resolve().parents[1]
 FAKES = REPO / "tests" / "fakes"
@@ -94,7 +94,7 @@ def counted(tmp_path, monkeypatch):
 
 
 def _quantized(root: Path, recipe) -> QuantizeResult:
-    from pipeline.models import known_geometry
+    from pipeline.core.geometry import known_geometry
 
     layout = BuildLayout(root)
     layout.trtllm_ckpt.mkdir(parents=True)
@@ -161,7 +161,7 @@ def test_cpu_engine_settings_do_not_rebuild_a_tensorrt_engine(tmp_path, counted)
 
 
 def test_build_says_which_fields_changed(tmp_path):
-    from pipeline.stages.build import run
+    from pipeline.build.stage import run
 
     r = load_recipe(RECIPE)
     run(r, tmp_path / "b", recipe_dir=RECIPE.parent, dry_run=True, warn=lambda m: None)
@@ -175,7 +175,7 @@ def test_build_says_which_fields_changed(tmp_path):
 def test_last_build_kept_restores_or_removes_the_marker(tmp_path: Path) -> None:
     """Builds inside ``last_build_kept`` (tune points, eval baselines, peer scripts) leave `trtpipe serve`'s default
     as it was: the previous marker comes back, also after an error; with no marker before, none after."""
-    from pipeline import artifacts
+    from pipeline.core import artifacts
 
     mine = tmp_path / "mine"
     mine.mkdir()

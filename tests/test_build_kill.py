@@ -1,7 +1,7 @@
 """A build killed (SIGKILL: no cleanup runs) while any stage is writing leaves no half-written stage, and the
 next build completes, reusing the stages that finished. Real CPU build of the embedded default (small
 calibration); the kill lands while the stage's temp directory exists (``.<stage>.tmp-<pid>-*``, renamed into
-place only when the stage is complete: pipeline.artifacts.atomic_dir)."""
+place only when the stage is complete: pipeline.core.artifacts.atomic_dir)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.layout import STAGES, BuildLayout
+from pipeline.core.layout import STAGES, BuildLayout
 
 REPO = Path(__file__).resolve().parents[1]
 TRTPIPE = str(Path(sys.executable).parent / "trtpipe")
@@ -52,7 +52,7 @@ def _kill_while_writing(out: Path, cwd: Path, stage: str, timeout_s: float = 600
 
 def _complete(layout: BuildLayout, stage: str) -> bool:
     """The stage directory exists with a manifest, and every file the manifest lists has its hash."""
-    from pipeline.artifacts import file_hashes, read_manifest
+    from pipeline.core.artifacts import file_hashes, read_manifest
 
     m = read_manifest(layout.stage_dir(stage))
     if m is None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import calib
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
+from pipeline.quantize import calib
 from pipeline.recipe import CalibrationSpec
 
 PARAS = [f"Paragraph number {i} talks about the {w} of quantization and calibration in some detail."
@@ -81,7 +81,7 @@ def test_embedded_corpus_is_real_offline_text() -> None:
     text = "\n".join(src.records)
     assert len(text) > 900_000
     assert "To be, or not to be" in text and "assert" in text
-    shipped = resources.files("calib").joinpath("data")
+    shipped = resources.files("pipeline.quantize.calib").joinpath("data")
     assert sum(f.stat().st_size for f in Path(str(shipped)).iterdir() if f.is_file()) < 2_000_000
 
 

@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import release
-from pipeline.deploy import metrics, run
+from pipeline.core.errors import StageError, UserError
+from pipeline.deploy import metrics
 from pipeline.deploy import validate as kval
 from pipeline.deploy.helm import render_chart
 from pipeline.deploy.spec import resolve
-from pipeline.errors import StageError, UserError
+from pipeline.deploy.stage import run
+from pipeline.trtllm import release
 
 REPO = Path(__file__).resolve().parents[1]
 TRT = REPO / "recipes" / "llama31_8b_h200_fp8.yaml"
@@ -36,6 +37,9 @@ DYNAMO_IMAGE = "registry.example.com/dynamo/tensorrtllm-runtime:test"
 TRITON_HEALTH_ROUTE = re.compile(r"/v2(?:/health/(live|ready))?")
 #: Triton's metrics route (server src/http_server.h@13480cbf300d:155)
 TRITON_METRICS_ROUTE = re.compile(r"/metrics/?")
+#: the admin-API flags every Triton rank gets, as local `trtpipe serve` off loopback (pipeline.serve.stage)
+_ADMIN = "model-repository,shared-memory,logging,trace:triton-admin-key=$(TRITON_ADMIN_KEY)"
+RESTRICTED = [f"--http-restricted-api={_ADMIN}", f"--grpc-restricted-protocol={_ADMIN}"]
 
 
 def docs(path: Path) -> list[dict]:
@@ -77,7 +81,8 @@ def test_shipped_recipes_render_every_format(outs, key, fmt):
     assert r.objects == manifest["objects_validated"] == n_objects > 0
     kinds = {d["kind"] for f in yaml_files for d in docs(f)}
     expected = {
-        "helm": {"Deployment", "Service", "PodMonitor", "PrometheusRule", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Job"},
+        "helm": {"Deployment", "Service", "PodMonitor", "PrometheusRule", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Job",
+                 "Secret"},
         "dynamo": {"DynamoGraphDeployment"},
         "kserve": {"ServingRuntime", "InferenceService"},
     }[fmt]
@@ -134,16 +139,25 @@ def test_hpa_metric_is_the_rule_record_and_the_adapter_rule(outs, key):
     records = {r["record"]: r["expr"] for g in objs["PrometheusRule"]["spec"]["groups"] for r in g["rules"]}
     adapter = yaml.safe_load((out / "prometheus-adapter-values.yaml").read_text())["rules"]["custom"]
     exposed = {a["name"]["as"]: a for a in adapter}
-    assert name == metrics.SIGNALS[metrics.DEFAULT_SIGNAL].record == "triton:queue_compute:ratio"
+    engine = "pytorch" if key == "pyt" else "tensorrt"
+    assert name == metrics.SIGNALS[metrics.default_signal(engine)].record
     assert name in records and name in exposed
     assert exposed[name]["seriesQuery"].startswith(name + "{")
     assert set(records) == set(exposed), "every recorded signal is exposed by the adapter and vice versa"
-    # the tutorial's default signal: queue time over compute time, per pod
-    assert "nv_inference_queue_duration_us" in records[name] and "nv_inference_compute_infer_duration_us" in records[name]
+    if engine == "tensorrt":
+        # audit finding 6: the C++ backend's execute() only enqueues, so Triton's queue/compute ratio stays ~0;
+        # the default is the executor's own waiting queue
+        assert name == "triton:trtllm_waiting:requests"
+        assert 'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="waiting"}' in records[name]
+        assert metric["pods"]["target"]["averageValue"] == "8"
+    else:
+        # the tutorial's signal: queue time over compute time, per pod (the LLM-API model exports nothing else)
+        assert name == "triton:queue_compute:ratio"
+        assert "nv_inference_queue_duration_us" in records[name] and "nv_inference_compute_infer_duration_us" in records[name]
+        assert metric["pods"]["target"]["averageValue"] == "1000m"
     # HPA target: the chart's workload
     kind = "LeaderWorkerSet" if key == "lws" else "Deployment"
     assert hpa["scaleTargetRef"]["kind"] == kind and hpa["scaleTargetRef"]["name"] == objs[kind]["metadata"]["name"]
-    assert metric["pods"]["target"]["averageValue"] == "1000m"
 
 
 def test_signals_offered_match_what_each_backend_exports(outs):
@@ -182,7 +196,7 @@ def test_service_ports_equal_container_ports_equal_triton_flags(outs, key):
     assert {p["name"] for p in objs["Service"]["spec"]["ports"]} == {"http", "grpc", "metrics"}
     # the whole argv is pipeline.triton.server.triton_command's, as `trtpipe serve` would launch it
     spec = resolve(TRT if key == "trt" else PYT)
-    assert argv == spec.triton_argv()
+    assert argv == spec.triton_argv(extra_args=RESTRICTED)
     assert _flag(argv, "--model-repository") == [f"{spec.build_dir}/triton_repo"]
     # the Service and PodMonitor select the Deployment's pods
     pod_labels = objs["Deployment"]["spec"]["template"]["metadata"]["labels"]
@@ -348,6 +362,7 @@ def test_build_source_renders_a_pre_install_build_job_on_a_created_pvc(outs):
     pvc = objs["PersistentVolumeClaim"][0]
     assert build["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     assert int(pvc["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(build["metadata"]["annotations"]["helm.sh/hook-weight"])
+    _assert_pvc_survives_upgrades(pvc)
     c = build["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert yaml.safe_load(env["TRTPIPE_RECIPE"])["target"]["gpu"] == "h200"
@@ -401,7 +416,6 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     (["missing.yaml"], "missing.yaml: no such recipe file"),
     ([str(TRT), "--format", "yaml"], "--format 'yaml'"),
     ([str(CPU)], "target.gpu is 'cpu'"),
-    ([str(PYT), "--format", "dynamo"], "--dynamo-image"),
     ([str(TRT), "--format", "kserve", *[a for s in TP8PP2 for a in ("--set", s)]], "--format kserve"),
     ([str(TRT), "--set", "target.gpus_per_node=3", "--set", "target.tp_size=8", "--set", "target.num_gpus=8"],
      "target.gpus_per_node"),
@@ -469,3 +483,172 @@ def test_helm_lint_strict_finds_no_warning(outs, key):
     report = helm_python.lint(str(_chart(outs, key)), strict=True)
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []  # 1 INFO, 2 WARNING, 3 ERROR
+
+
+# ------------------------------------------------------------------------------------------ audit 2026-11-26
+def _assert_pvc_survives_upgrades(pvc: dict) -> None:
+    """Helm deletes a hook's resource before re-running the hook when its delete policies include
+    before-hook-creation, which is also the default when none is given (helm/helm pkg/action/hooks.go@009883726a2d
+    execHook:48-56, deleteHookByPolicy); resource-policy: keep does not apply to hooks."""
+    ann = pvc["metadata"]["annotations"]
+    events = ann["helm.sh/hook"].split(",")
+    assert events == ["pre-install"], "a pre-upgrade PVC hook is deleted and re-created (empty) on every upgrade"
+    policies = ann.get("helm.sh/hook-delete-policy", "").split(",")
+    assert policies != [""] and "before-hook-creation" not in policies
+
+
+def test_build_pvc_is_a_pre_install_hook_helm_never_deletes(outs):
+    """Audit finding 1: `helm upgrade` must not delete the PVC that holds the engines."""
+    objs = _render_objs(_chart(outs), {"modelRepository": {"source": "build", "pvc": {"create": True}}})
+    _assert_pvc_survives_upgrades(objs["PersistentVolumeClaim"][0])
+    # with a PVC the user made (create: false), the chart renders none
+    assert "PersistentVolumeClaim" not in _render_objs(_chart(outs), {"modelRepository": {"source": "build"}})
+
+
+def test_tp16_on_8_gpu_nodes_leader_gets_kubectl_from_a_pinned_init_container(tmp_path):
+    """Audit finding 2: the stock Triton image has no kubectl; the leader copies it from the Kubernetes project's
+    kubectl image (pinned tag) into an emptyDir before mpirun uses `kubectl exec` as its rsh agent."""
+    from pipeline.deploy.helm import KUBECTL_IMAGE
+
+    r = run(TRT, tmp_path / "tp16", overrides=["target.tp_size=16", "target.num_gpus=16", "target.gpus_per_node=8"])
+    objs = by_kind(r.out)
+    lws = objs["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
+    assert lws["size"] == 2
+    leader = lws["leaderTemplate"]["spec"]
+    init = {c["name"]: c for c in leader["initContainers"]}["kubectl"]
+    assert init["image"] == KUBECTL_IMAGE and re.fullmatch(r"registry\.k8s\.io/kubectl:v1\.\d+\.\d+", KUBECTL_IMAGE)
+    assert init["command"][:2] == ["/bin/cp", "/bin/kubectl"]
+    tools_dir = init["command"][2].rsplit("/", 1)[0]
+    assert {"name": "tools", "mountPath": tools_dir} in init["volumeMounts"]
+    assert {"name": "tools", "emptyDir": {}} in leader["volumes"]
+    triton = leader["containers"][0]
+    assert any(m["name"] == "tools" and m["mountPath"] == tools_dir for m in triton["volumeMounts"])
+    script = triton["args"][0]
+    assert f"{tools_dir}/kubectl exec" in script and "plm_rsh_agent /tmp/trtpipe-kubexec" in script
+    mpirun = script.strip().splitlines()[-1]
+    assert mpirun.count("/opt/tritonserver/bin/tritonserver") == 16 and mpirun.count("--allow-http=false") == 15
+    # the image stays the stock release-matrix container: nothing custom is needed
+    assert triton["image"] == release.default_release().image
+    for worker_c in lws["workerTemplate"]["spec"]["containers"]:
+        assert worker_c["image"] == release.default_release().image
+
+
+def test_shm_never_exceeds_the_pod_memory_limit(outs, tmp_path):
+    """Audit finding 9: a memory-backed emptyDir is charged to the pod's memory limit."""
+    from pipeline.deploy.spec import gib
+
+    def check(pod: dict) -> None:
+        limit = min(gib(c["resources"]["limits"]["memory"]) for c in pod["containers"])
+        for v in pod["volumes"]:
+            if (v.get("emptyDir") or {}).get("medium") == "Memory":
+                assert gib(v["emptyDir"]["sizeLimit"]) <= limit, (v, limit)
+
+    for key in ("trt", "pyt", "lws"):
+        objs = by_kind(outs[key, "helm"].out)
+        if "Deployment" in objs:
+            check(objs["Deployment"]["spec"]["template"]["spec"])
+        else:
+            lws = objs["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
+            check(lws["leaderTemplate"]["spec"])
+            check(lws["workerTemplate"]["spec"])
+    isvc = docs(outs["trt", "kserve"].out / "inferenceservice.yaml")[0]["spec"]["predictor"]
+    check({"containers": [isvc["model"]], "volumes": isvc["volumes"]})
+
+
+def test_dynamo_worker_needs_no_secret_and_the_image_comes_from_the_release_matrix(outs, tmp_path):
+    """Audit finding 3 (envFromSecret becomes a non-optional envFrom.secretRef in Dynamo's operator) and the
+    Dynamo runtime image sourced from Dynamo's release files: `--format dynamo` renders without --dynamo-image."""
+    for key in ("trt", "pyt", "lws"):
+        dgd = docs(outs[key, "dynamo"].out / "dynamographdeployment.yaml")[0]
+        for svc in dgd["spec"]["services"].values():
+            assert "envFromSecret" not in svc
+    dyn = release.default_release().dynamo_runtime
+    assert dyn is not None and dyn.image == "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:0.8.1.post3"
+    assert dyn.tensorrt_llm.startswith("1.2.") and "release-artifacts.md@" in dyn.source
+    r = run(PYT, tmp_path / "dyn", fmt="dynamo")
+    dgd = docs(r.out / "dynamographdeployment.yaml")[0]
+    assert r.image == dyn.image
+    assert {s["extraPodSpec"]["mainContainer"]["image"] for s in dgd["spec"]["services"].values()} == {dyn.image}
+    assert dgd["metadata"]["annotations"]["trtpipe.dev/dynamo-tensorrt-llm"] == dyn.tensorrt_llm
+
+
+def test_dynamo_without_a_sourced_image_asks_for_one(tmp_path, monkeypatch):
+    rel = release.default_release().model_copy(update={"dynamo_runtime": None})
+    monkeypatch.setattr(release, "for_tensorrt_llm", lambda version=None: rel)
+    with pytest.raises(UserError, match="--dynamo-image"):
+        run(PYT, tmp_path / "d", fmt="dynamo")
+    assert not (tmp_path / "d").exists()
+
+
+def test_dynamo_runtime_is_matched_by_tensorrt_llm_series():
+    assert release.dynamo_runtime_for("1.2.1").tensorrt_llm == "1.2.0rc6.post3"
+    assert release.dynamo_runtime_for("1.1.0").image.endswith(":0.6.1")
+    assert release.dynamo_runtime_for("9.9.0") is None
+    for d in release.dynamo_runtimes():
+        assert d.image.startswith("nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:") and d.source
+
+
+def test_kserve_deployment_mode_is_accepted_by_kserve_0_15_to_0_20(outs):
+    """Audit finding 4: "Standard" first appears in kserve v0.16 pkg/constants/constants.go; "RawDeployment" is
+    v0.15's and still accepted by v0.20 (LegacyRawDeployment)."""
+    for key in ("trt", "pyt"):
+        isvc = docs(outs[key, "kserve"].out / "inferenceservice.yaml")[0]
+        assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
+
+
+def test_kserve_makes_no_cpu_hpa_that_could_never_act(outs):
+    """Audit finding 5: without an autoscaler class KServe creates a CPU-utilization HPA (hpa_reconciler.go), which a
+    GPU server's CPU does not track. "external" (v0.15 … v0.20) makes KServe create none; replicas are fixed."""
+    for key in ("trt", "pyt"):
+        isvc = docs(outs[key, "kserve"].out / "inferenceservice.yaml")[0]
+        assert isvc["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "external"
+        pred = isvc["spec"]["predictor"]
+        assert pred["minReplicas"] == pred["maxReplicas"] == 1
+        req = pred["model"]["resources"]["requests"]
+        assert {"cpu", "memory", "nvidia.com/gpu"} <= set(req)
+
+
+def test_triton_admin_apis_are_restricted_with_a_key_from_a_secret(outs):
+    """As local `trtpipe serve` off loopback: the admin APIs need the key, inference and health stay open."""
+    for key in ("trt", "pyt", "lws"):
+        objs = by_kind(outs[key, "helm"].out)
+        secret = objs["Secret"]
+        assert secret["type"] == "Opaque" and len(__import__("base64").b64decode(secret["data"]["admin-key"])) >= 32
+        if "Deployment" in objs:
+            c = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+            argv = c["command"]
+            ranks = max(1, argv.count(":") + 1)
+            assert argv.count(RESTRICTED[0]) == argv.count(RESTRICTED[1]) == ranks
+        else:
+            c = objs["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+            mpirun = c["args"][0].strip().splitlines()[-1]
+            assert mpirun.count(RESTRICTED[0]) == mpirun.count(RESTRICTED[1]) == 16
+        env = {e["name"]: e for e in c["env"]}
+        ref = env["TRITON_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": secret["metadata"]["name"], "key": "admin-key"}  # required: no open fallback
+        # health and inference are not among the restricted APIs
+        assert not {"health", "inference", "metadata"} & set(_ADMIN.split(":")[0].split(","))
+    rt = docs(outs["trt", "kserve"].out / "servingruntime.yaml")[0]["spec"]["containers"][0]
+    assert RESTRICTED[0] in rt["command"] and RESTRICTED[1] in rt["command"]
+    assert rt["env"][0]["valueFrom"]["secretKeyRef"]["key"] == "admin-key"
+
+
+def test_an_existing_admin_secret_can_be_referenced(outs):
+    objs = _render_objs(_chart(outs), {"triton": {"adminApi": {"secret": {"create": False, "name": "my-key", "key": "k"}}}})
+    assert "Secret" not in objs
+    c = objs["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]
+    assert c["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "my-key", "key": "k"}
+
+
+def test_missing_deploy_extra_names_the_extra(tmp_path):
+    """Audit finding 8: the CLI printed errors as rich markup, which ate "[deploy]" from the install hint; it now
+    prints the error text as text (pipeline/commands/common.py)."""
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / "kubernetes_validate.py").write_text("raise ImportError('blocked for the test')\n")
+    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "deploy", "k8s", str(TRT), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                       env={**os.environ, "PYTHONPATH": f"{block}{os.pathsep}{REPO}", "COLUMNS": "200"})
+    assert p.returncode != 0
+    assert "pip install 'trtpipe[deploy]'" in p.stderr, p.stderr
+    assert not (tmp_path / "o").exists()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from triton_repo.detokenize import DetokenizerRegistry, IncrementalDetokenizer
-from triton_repo.tokenizer import load_tokenizer
+from pipeline.triton_repo.detokenize import DetokenizerRegistry, IncrementalDetokenizer
+from pipeline.triton_repo.tokenizer import load_tokenizer
 
 TEXT = "naïve café — 東京 🚀 and  two  spaces, Ünïcödé!"
 

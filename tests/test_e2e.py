@@ -2,8 +2,8 @@
 
     trtpipe build recipes/smollm2_135m_cpu_fp8.yaml   (the session fixture ``cpu_build``, a CLI subprocess;
                                                        rebuilt here to check every stage is reused)
-    pipeline.stages.serve.run(build)                   (real Triton, free ports)
-    pipeline.stages.bench.run(spec, target)            (real gRPC streaming through ``ensemble``)
+    pipeline.serve.stage.run(build)                   (real Triton, free ports)
+    pipeline.bench.stage.run(spec, target)            (real gRPC streaming through ``ensemble``)
 
 serve and bench are called as stage functions, as a sweep calls them (the CLI shells over them are tested
 in test_serve.py and test_bench_triton.py). Smaller OSL and request counts than the quickstart keep the
@@ -21,11 +21,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from pipeline.bench.run import check_outcome
-from pipeline.layout import BuildLayout
-from pipeline.stages import bench, serve
 from support import free_ports
+
+from pipeline.bench import stage as bench
+from pipeline.bench.results import check_outcome
+from pipeline.core.layout import BuildLayout
+from pipeline.serve import stage as serve
 
 TRTPIPE = str(Path(sys.executable).parent / "trtpipe")
 ISL, OSL = 100, 48
@@ -82,9 +83,12 @@ def test_build_serve_bench_stop_on_the_cpu_default(cpu_build: Path, tmp_path: Pa
         assert [int(r["concurrency"]) for r in rows] == [1, 4]
         assert all(int(r["completed"]) == 4 and int(r["short"]) == 0 for r in rows)
         assert len(list((out / "plots").glob("*.png"))) == 4
-        # in-flight batching: 4 concurrent requests give more output tokens/s than 1
-        tput = {p["load"]: p["summary"]["metrics"]["output_token_throughput"] for p in doc["load_points"]}
-        assert tput["c4"] > 1.3 * tput["c1"], tput
+        # in-flight batching: at c4 the four streams interleave, every request's first token arriving before any
+        # request of the load point has finished (served one after another, each would start after the last ended).
+        # An order of events, not a speed: the throughput gain is measured by benchmarks/bench_cpu.py
+        c4 = [r for r in measured if r["load"] == "c4"]
+        first = [next(t for t, n in zip(r["response_ns"], r["response_tokens"]) if n != 0) for r in c4]
+        assert len(c4) == 4 and max(first) < min(r["end_ns"] for r in c4), (first, [r["end_ns"] for r in c4])
     assert handle.server.proc.returncode is not None  # stopped on leaving the block
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 

@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from pipeline.artifacts import file_hashes, sha256_file
-from pipeline.layout import BuildLayout
-from pipeline.stages.results import EngineResult, QuantizeResult
-from pipeline.cpu_runtime import dequant
 from support import quantized_stage
+
+from pipeline.core.artifacts import file_hashes, sha256_file
+from pipeline.core.errors import UserError
+from pipeline.core.layout import BuildLayout
+from pipeline.cpu_runtime import dequant
 from pipeline.engine import cpu as cpu_stage
-from pipeline.errors import UserError
+from pipeline.engine.result import EngineResult
+from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +31,7 @@ FP8_RECIPE = REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"
 
 @pytest.fixture(scope="session", autouse=True)
 def _one_thread():
-    torch.set_num_threads(1)  # shared 2-core machine (docs/HELPERS.md)
+    torch.set_num_threads(1)  # a shared 2-core machine: the tests run beside other work
 
 
 @pytest.fixture(scope="session")
@@ -224,7 +225,7 @@ def test_stage_rejects_kv_pool_smaller_than_a_sequence(fp8_export: QuantizeResul
 @pytest.mark.slow
 def test_stage_on_the_real_quantize_stage_output(tmp_path: Path) -> None:
     """End to end with the quantize stage itself (pipeline.quantize), small calibration."""
-    from pipeline.stages import quantize
+    from pipeline.quantize import stage as quantize
 
     small = ["quantization.calibration.size=8", "quantization.calibration.max_seq_length=64",
              "quantization.calibration.batch_size=8", "quantization.calibration.eval_samples=2"]

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.artifacts import read_manifest
-from pipeline.layout import BuildLayout
-from pipeline.stages.results import QuantizeResult
-from pipeline.engine import contract
+from pipeline.core.artifacts import read_manifest
+from pipeline.core.errors import StageError
+from pipeline.core.layout import BuildLayout
 from pipeline.engine import pytorch as pt
-from pipeline.errors import StageError
+from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import load_recipe
+from pipeline.trtllm import contract, llmapi
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "llama31_8b_h200_fp8_pytorch.yaml"
@@ -35,8 +35,8 @@ HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hi
 
 def test_kwargs_use_llm_api_names_and_recipe_values(tmp_path):
     recipe = load_recipe(RECIPE)
-    kw = pt.llm_api_kwargs(recipe, tmp_path / "hf_ckpt")
-    assert pt.kwargs_problems(kw) == []
+    kw = llmapi.llm_api_kwargs(recipe, tmp_path / "hf_ckpt")
+    assert llmapi.kwargs_problems(kw) == []
     api = contract.contract()["llm_api"]
     assert set(kw) <= set(api["llm_kwargs"])
     assert kw["model"] == kw["tokenizer"] == str(tmp_path / "hf_ckpt")
@@ -55,16 +55,16 @@ def test_kwargs_use_llm_api_names_and_recipe_values(tmp_path):
 
 def test_kv_dtype_auto_without_fp8_kv_and_unknown_keys_are_reported(tmp_path):
     recipe = load_recipe(RECIPE, ["quantization.kv_cache_dtype=none"])
-    kw = pt.llm_api_kwargs(recipe, tmp_path)
+    kw = llmapi.llm_api_kwargs(recipe, tmp_path)
     assert kw["kv_cache_config"]["dtype"] == "auto"
     bad = {**kw, "kv_cache_free_gpu_mem_fraction": 0.9, "kv_cache_config": {**kw["kv_cache_config"], "fraction": 1}}
-    assert len(pt.kwargs_problems(bad)) == 2
+    assert len(llmapi.kwargs_problems(bad)) == 2
 
 
 def test_max_seq_len_resolved_from_checkpoint(tmp_path):
     recipe = load_recipe(RECIPE, ["build.max_seq_len=null"])
     q = quantized(tmp_path, hf_config={**HF_CONFIG, "max_position_embeddings": 4096 * 3})
-    assert pt.llm_api_kwargs(recipe, q.path / "hf_ckpt")["max_seq_len"] == 12288
+    assert llmapi.llm_api_kwargs(recipe, q.path / "hf_ckpt")["max_seq_len"] == 12288
 
 
 def test_run_writes_yaml_json_and_manifest(tmp_path):

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifacts import read_manifest, sha256_file
-from pipeline.layout import BuildLayout
-from pipeline.stages.results import QuantizeResult
-from pipeline.engine import contract
+from pipeline.core.artifacts import read_manifest, sha256_file
+from pipeline.core.errors import MissingToolError, StageError, UserError
+from pipeline.core.layout import BuildLayout
 from pipeline.engine import tensorrt as trt
-from pipeline.errors import MissingToolError, StageError, UserError
+from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import load_recipe
+from pipeline.trtllm import contract, runtime
 
 REPO = Path(__file__).resolve().parents[1]
 FAKES = REPO / "tests" / "fakes"
@@ -70,7 +70,7 @@ def quantized(tmp_path: Path, recipe, *, with_checkpoint: bool) -> QuantizeResul
 
 
 def _geometry(recipe):
-    from pipeline.models import known_geometry
+    from pipeline.core.geometry import known_geometry
 
     return known_geometry(recipe.model.source)
 
@@ -251,27 +251,27 @@ def test_check_engine_compatible(tmp_path, fake_tools):
     res = trt.run(recipe, BuildLayout(tmp_path), quantized=quantized(tmp_path, recipe, with_checkpoint=True))
     m = res.manifest
     ok = {"tensorrt_llm": "1.2.1", "tensorrt": m["versions"]["tensorrt"], "gpus": [{"name": "NVIDIA H200", "compute_capability": "9.0"}]}
-    assert trt.check_engine_compatible(m, ok, stage_dir=res.path) == []
-    assert any("TensorRT-LLM 1.2.1, this runtime has 1.3.0" in s for s in trt.check_engine_compatible(m, {**ok, "tensorrt_llm": "1.3.0"}))
-    assert any("TensorRT-LLM is not installed" in s for s in trt.check_engine_compatible(m, {**ok, "tensorrt_llm": None}))
+    assert runtime.check_engine_compatible(m, ok, stage_dir=res.path) == []
+    assert any("TensorRT-LLM 1.2.1, this runtime has 1.3.0" in s for s in runtime.check_engine_compatible(m, {**ok, "tensorrt_llm": "1.3.0"}))
+    assert any("TensorRT-LLM is not installed" in s for s in runtime.check_engine_compatible(m, {**ok, "tensorrt_llm": None}))
     a100 = {**ok, "gpus": [{"name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}]}
-    assert any("compute capability 8.0" in s for s in trt.check_engine_compatible(m, a100))
-    assert any("no NVIDIA GPU" in s for s in trt.check_engine_compatible(m, {**ok, "gpus": []}))
+    assert any("compute capability 8.0" in s for s in runtime.check_engine_compatible(m, a100))
+    assert any("no NVIDIA GPU" in s for s in runtime.check_engine_compatible(m, {**ok, "gpus": []}))
     engine = res.path / "rank0.engine"
     engine.write_bytes(engine.read_bytes() + b"x")
-    assert any("changed on disk" in s for s in trt.check_engine_compatible(m, ok, stage_dir=res.path))
+    assert any("changed on disk" in s for s in runtime.check_engine_compatible(m, ok, stage_dir=res.path))
     engine.unlink()
-    assert any("missing" in s for s in trt.check_engine_compatible(m, ok, stage_dir=res.path))
-    assert "not built" in trt.check_engine_compatible({**m, "status": "dry_run"}, ok)[0]
+    assert any("missing" in s for s in runtime.check_engine_compatible(m, ok, stage_dir=res.path))
+    assert "not built" in runtime.check_engine_compatible({**m, "status": "dry_run"}, ok)[0]
 
 
 def test_runtime_facts(tmp_path, monkeypatch, fake_tools):
     monkeypatch.setenv("FAKE_GPUS", "NVIDIA H100 80GB HBM3:9.0;NVIDIA H100 80GB HBM3:9.0")
-    facts = trt.runtime_facts()
+    facts = runtime.runtime_facts()
     assert facts["gpus"] == [{"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}] * 2
     assert facts["tensorrt_llm"] is None  # not installed on this CPU machine
     assert "tensorrt_llm" not in sys.modules
 
 
 def test_runtime_facts_without_gpu(no_tools):
-    assert trt.runtime_facts()["gpus"] == []
+    assert runtime.runtime_facts()["gpus"] == []

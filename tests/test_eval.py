@@ -172,7 +172,7 @@ def test_embedded_task_ships_30_pairs_with_short_summaries_and_a_licence_note():
 
 
 def test_jsonl_task_errors_are_one_line(tmp_path: Path):
-    from pipeline.errors import UserError
+    from pipeline.core.errors import UserError
 
     bad = tmp_path / "t.jsonl"
     bad.write_text('{"article": "x"}\n')
@@ -183,8 +183,8 @@ def test_jsonl_task_errors_are_one_line(tmp_path: Path):
 
 
 def test_agreement_task_uses_calibration_passages_the_calibration_did_not_use(smollm2_tokenizer):
-    from calib import pack, split
-    from calib.sources import embedded_source
+    from pipeline.quantize.calib import pack, split
+    from pipeline.quantize.calib.sources import embedded_source
 
     cal_spec = load_recipe(CPU_RECIPE).quantization.calibration
     task = tasks.load(EvalSpec(task="agreement", n=10_000), calibration=cal_spec, tokenizer=smollm2_tokenizer)
@@ -231,8 +231,8 @@ EVAL_OPTS = dict(n=6, max_output_tokens=24, concurrency=6, max_input_tokens=160)
 @pytest.fixture(scope="module")
 def fp8_eval(cpu_build: Path, tmp_path_factory: pytest.TempPathFactory):
     """FP8 SmolLM2 vs its full-precision baseline (built next to it by the stage) on the embedded task."""
-    from pipeline.layout import BuildLayout
-    from pipeline.stages import eval as stage
+    from pipeline.core.layout import BuildLayout
+    from pipeline.eval import stage as stage
 
     recipe = load_recipe(cpu_build / "recipe.yaml")
     spec = EvalSpec(**EVAL_OPTS)
@@ -257,8 +257,8 @@ def test_fp8_vs_full_precision_passes_or_is_inconclusive(fp8_eval, cpu_build: Pa
 
 @pytest.mark.triton
 def test_a_second_eval_reuses_the_cached_outputs(fp8_eval, cpu_build: Path, tmp_path: Path):
-    from pipeline.layout import BuildLayout
-    from pipeline.stages import eval as stage
+    from pipeline.core.layout import BuildLayout
+    from pipeline.eval import stage as stage
 
     recipe = load_recipe(cpu_build / "recipe.yaml")
     again = stage.run(EvalSpec(**EVAL_OPTS), stage.EvalTarget(layout=BuildLayout(cpu_build)), None, recipe=recipe,
@@ -273,8 +273,8 @@ def test_a_damaged_build_fails(fp8_eval, cpu_build: Path, tmp_path: Path):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from pipeline.layout import BuildLayout
-    from pipeline.stages import eval as stage
+    from pipeline.core.layout import BuildLayout
+    from pipeline.eval import stage as stage
 
     damaged = tmp_path / "damaged"
     shutil.copytree(cpu_build, damaged, ignore=shutil.ignore_patterns("*.log", "eval_outputs"))

@@ -1,4 +1,4 @@
-"""The quantize stage's TensorRT-LLM export keeps the source model's geometry (pipeline/geometry.py).
+"""The quantize stage's TensorRT-LLM export keeps the source model's geometry (pipeline/trtllm/checkpoint.py).
 
 Tiny random-initialised models are made offline from configs shaped like the GPU recipes' models —
 Llama-3.1-8B (rope_theta 500000, llama3 RoPE scaling), Mistral-7B-v0.3 (rope_theta 1e6) and Qwen2.5
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.geometry import check_checkpoint_config, expected_values, hf_rope
-from pipeline.layout import BuildLayout
+from pipeline.core.layout import BuildLayout
+from pipeline.quantize import stage as quantize
 from pipeline.recipe import load_recipe
-from pipeline.stages import quantize
+from pipeline.trtllm.checkpoint import check_checkpoint_config, expected_values, hf_rope
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 8192}
@@ -75,11 +75,11 @@ def _recipe(tmp: Path, source: Path, qformat: str):
 @pytest.mark.parametrize("qformat", ["fp8", "int4_awq"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_export_carries_the_source_geometry(tiny_models, tmp_path, quant_one_thread, name: str, qformat: str):
-    import transformers
-
     from importlib.metadata import version
 
-    from pipeline.errors import StageError
+    import transformers
+
+    from pipeline.core.errors import StageError
 
     _, _, theta, scaling = MODELS[name]
     source = tiny_models[name]

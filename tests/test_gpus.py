@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import gpus
+from pipeline.core import hardware
 
 REQUIRED = ["a100_40gb", "a100_80gb", "h100_sxm", "h100_pcie", "h200", "l40s", "l4", "a10g", "rtx4090", "b200"]
 
 
 def test_required_gpus_are_in_the_catalog():
-    assert set(REQUIRED) <= set(gpus.catalog())
+    assert set(REQUIRED) <= set(hardware.catalog())
 
 
 @pytest.mark.parametrize("key", REQUIRED)
 def test_entry_is_consistent(key):
-    g = gpus.catalog()[key]
+    g = hardware.catalog()[key]
     assert g.memory_gib == pytest.approx(g.memory_mib / 1024, abs=0.01)
     assert g.memory_bytes == g.memory_mib * 2**20
     # the nvidia-smi total is within 10 % of the datasheet figure (decimal GB): same memory, other units
@@ -33,7 +33,7 @@ def test_entry_is_consistent(key):
 
 
 def test_known_figures():
-    c = gpus.catalog()
+    c = hardware.catalog()
     # the datasheet's "141 GB" H200 is decimal GB: nvidia-smi shows 143771 MiB = 140.40 GiB
     assert c["h200"].memory_mib == 143771 and c["h200"].memory_gib == 140.4 and c["h200"].memory_gb == 141
     assert c["h100_sxm"].memory_mib == 81559 and c["a100_80gb"].memory_mib == 81920 and c["a100_40gb"].memory_mib == 40960
@@ -46,25 +46,25 @@ def test_known_figures():
 
 
 def test_lookup_by_key_and_alias_case_insensitive():
-    assert gpus.lookup("H200").key == "h200"
-    assert gpus.lookup(" a100 ").key == "a100_80gb"
-    assert gpus.lookup("4090").key == "rtx4090"
-    assert gpus.lookup("h300") is None
-    assert gpus.lookup("cpu") is None
+    assert hardware.lookup("H200").key == "h200"
+    assert hardware.lookup(" a100 ").key == "a100_80gb"
+    assert hardware.lookup("4090").key == "rtx4090"
+    assert hardware.lookup("h300") is None
+    assert hardware.lookup("cpu") is None
 
 
 def test_inconsistent_entry_is_rejected():
-    g = gpus.catalog()["l4"].model_dump()
+    g = hardware.catalog()["l4"].model_dump()
     g["memory_gib"] = 24.0  # the datasheet figure, not memory_mib / 1024
     with pytest.raises(ValueError, match="memory_gib"):
-        gpus.GpuSpec(**g)
+        hardware.GpuSpec(**g)
 
 
 @pytest.mark.parametrize("key", REQUIRED)
 def test_every_constant_names_its_source(key):
     """Each numeric constant of an entry carries its own source: a URL, a datasheet or a stated derivation."""
-    g = gpus.catalog()[key]
-    for field in gpus.SOURCED_FIELDS:
+    g = hardware.catalog()[key]
+    for field in hardware.SOURCED_FIELDS:
         if getattr(g, field) is None:
             continue
         src = g.sources.get(field, "")
@@ -73,7 +73,7 @@ def test_every_constant_names_its_source(key):
 
 
 def test_entry_without_a_source_is_rejected():
-    g = gpus.catalog()["h200"].model_dump()
+    g = hardware.catalog()["h200"].model_dump()
     g["sources"] = {k: v for k, v in g["sources"].items() if k != "memory_bandwidth_tbs"}
     with pytest.raises(ValueError, match="no source for memory_bandwidth_tbs"):
-        gpus.GpuSpec(**g)
+        hardware.GpuSpec(**g)

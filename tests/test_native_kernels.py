@@ -10,8 +10,8 @@ import shutil
 import pytest
 import torch
 
+from pipeline.core.errors import UserError
 from pipeline.cpu_runtime import native
-from pipeline.errors import UserError
 
 needs_cc = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler on this machine")
 
@@ -256,7 +256,7 @@ def test_portable_build_keeps_onednn_for_every_gemm(tmp_path, monkeypatch) -> No
 @needs_cc
 @needs_mkldnn
 def test_engine_linear_runs_the_kernel_up_to_its_row_limit_and_onednn_above() -> None:
-    from pipeline.cpu_runtime.model import NATIVE_GEMM_MAX_ROWS, Linear
+    from pipeline.cpu_runtime.linear import NATIVE_GEMM_MAX_ROWS, Linear
 
     kn = _gemm_kernels()
     g = torch.Generator().manual_seed(11)
@@ -279,13 +279,11 @@ def test_build_refuses_a_bad_kernel_choice_before_quantize(tmp_path) -> None:
     import os
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
     out = tmp_path / "build"
     env = {**os.environ, native.KERNELS_ENV: "fast"}
-    t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "build", str(repo / "recipes" / "smollm2_135m_cpu_fp8.yaml"),
                            "--out", str(out)], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -293,7 +291,6 @@ def test_build_refuses_a_bad_kernel_choice_before_quantize(tmp_path) -> None:
     assert any("TRTPIPE_CPU_KERNELS='fast' is not one of auto, native, torch" in ln for ln in lines), lines
     assert "Traceback" not in proc.stderr
     assert not out.exists()
-    assert time.perf_counter() - t0 < 30
 
 
 @needs_cc

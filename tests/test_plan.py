@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.models import ModelGeometry, geometry_from_config
+from pipeline.core.geometry import ModelGeometry, geometry_from_config
 from pipeline.plan import check_fits, plan_recipe
 from pipeline.plan import memory as mem
 from pipeline.plan.perf import Roofline, decode_flops_per_token, prefill_flops
@@ -70,11 +70,30 @@ def test_weight_bytes_tied_and_parallel():
 
 
 def test_kv_bytes_per_token():
-    assert mem.kv_bytes_per_token(TOY, 1) == 2 * 2 * 2 * 16 * 1 == 128
-    assert mem.kv_bytes_per_token(TOY, 2) == 256
-    assert mem.kv_bytes_per_token(TOY, 1, tp_size=2) == 64  # 1 KV head per rank
-    assert mem.kv_bytes_per_token(TOY, 1, tp_size=4) == 64  # replicated when tp > kv heads
-    assert mem.kv_bytes_per_token(TOY, 1, pp_size=2) == 64  # 1 layer per stage
+    """The one KV-size rule (ModelGeometry.kv_bytes_per_token), used by the planner and the CPU engine alike."""
+    assert TOY.kv_bytes_per_token(1) == 2 * 2 * 2 * 16 * 1 == 128
+    assert TOY.kv_bytes_per_token(2) == 256
+    assert TOY.kv_bytes_per_token(1, tp_size=2) == 64  # 1 KV head per rank
+    assert TOY.kv_bytes_per_token(1, tp_size=4) == 64  # replicated when tp > kv heads
+    assert TOY.kv_bytes_per_token(1, pp_size=2) == 64  # 1 layer per stage
+
+
+def test_planner_and_cpu_engine_share_the_kv_rule():
+    """The CPU engine's KV cache, its build stage and the planner's cpu target size K+V with the same rule."""
+    import torch
+
+    from pipeline.core.geometry import geometry_from_dict, known_geometry
+    from pipeline.cpu_runtime.model import SlotKvCache
+    from pipeline.engine.cpu import engine_config
+
+    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml")
+    cfg = known_geometry(recipe.model.source).hf_config()
+    geo = geometry_from_dict(cfg)
+    per_token = geo.kv_bytes_per_token(4)
+    assert per_token == 2 * 30 * 3 * 64 * 4  # SmolLM2: 30 layers × K and V × 3 KV heads × 64 × float32
+    assert SlotKvCache(geo, slots=2, slot_len=8, dtype=torch.float32).reserved_bytes == 2 * 8 * per_token
+    assert engine_config(recipe, cfg)["kv_cache"]["bytes_per_token"] == per_token
+    assert plan_recipe(recipe).memory.kv_token_bytes == per_token
 
 
 def test_activation_bytes():
@@ -221,7 +240,7 @@ def test_geometry_from_a_local_config_json(tmp_path):
 
 
 def test_unknown_scenario_lengths_are_user_errors():
-    from pipeline.errors import UserError
+    from pipeline.core.errors import UserError
 
     with pytest.raises(UserError, match="exceeds build.max_seq_len"):
         plan_recipe(load_recipe(A100_LLAMA), scenarios=[(4096, 8000)])

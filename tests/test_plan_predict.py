@@ -15,9 +15,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from pipeline import gpus
 from pipeline.cli import app
-from pipeline.errors import UserError
+from pipeline.core import hardware
+from pipeline.core.errors import UserError
 from pipeline.plan import calibration as cal
 from pipeline.plan import compare_run, plan_recipe, predict
 from pipeline.plan.achievable import (
@@ -31,7 +31,7 @@ from pipeline.plan.achievable import (
     predict_point,
     step_time,
 )
-from pipeline.plan.predict import gpu_efficiency
+from pipeline.plan.model_inputs import gpu_efficiency
 from pipeline.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,7 +160,7 @@ def test_shipped_parameters_meet_the_error_bounds():
 
 
 def test_shipped_file_matches_a_refit():
-    """scripts/calibrate_plan.py's output is reproducible: refitting gives the shipped parameters, and the
+    """benchmarks/calibrate_plan.py's output is reproducible: refitting gives the shipped parameters, and the
     shipped per-point table and error summary are what the shipped parameters predict."""
     shipped = yaml.safe_load((REPO / "pipeline" / "data" / "plan_efficiency.yaml").read_text())
     eff = cal.fit()
@@ -173,6 +173,20 @@ def test_shipped_file_matches_a_refit():
     assert cal.summary(res)["median_abs_error"] == pytest.approx(shipped["fit"]["median_abs_error"], abs=1e-3)
 
 
+def test_calibrate_reproduces_the_shipped_file():
+    """calibration.calibrate() (what benchmarks/calibrate_plan.py writes) gives the shipped document: parameters,
+    expected error, per-point predictions; dump() is that document behind the header."""
+    data, ship = cal.calibrate(), cal.shipped()
+    assert set(data) == set(ship) and not cal.drift(ship, data)
+    assert data["rel_error"] == pytest.approx(ship["rel_error"], abs=2e-3)
+    assert data["leave_one_pair_out"]["rms_log_error"] == pytest.approx(ship["leave_one_pair_out"]["rms_log_error"], abs=2e-3)
+    assert set(data["leave_one_gpu_out"]) == set(ship["leave_one_gpu_out"]) == {"h100_sxm", "l40s", "a100_80gb"}
+    assert [p["predicted"] for p in data["points"]] == pytest.approx([p["predicted"] for p in ship["points"]], rel=2e-3)
+    text = cal.dump(data)
+    assert text.startswith(cal.EFFICIENCY_HEADER) and yaml.safe_load(text) == data
+    assert cal.drift(ship, {"fitted": {**data["fitted"], "bw_frac": data["fitted"]["bw_frac"] + 0.1}}).keys() == {"bw_frac"}
+
+
 def test_leave_one_gpu_out_generalises():
     """Fitted without a GPU, the model still predicts that GPU within the issue's bounds."""
     for gpu, (_, res) in cal.leave_one_gpu_out().items():
@@ -182,7 +196,7 @@ def test_leave_one_gpu_out_generalises():
 
 
 def test_trtllm_bench_heuristic_by_hand():
-    h100 = gpus.catalog()["h100_sxm"]
+    h100 = hardware.catalog()["h100_sxm"]
     # (79.65 GiB − 8.03e9 B / 2^30) × 0.95 / (64 KiB × 256 tokens) ≈ 4,190 requests → capped 4096 → 256-rounded;
     # tokens 4096 × 2 = 8192 → 1024-rounded
     assert cal.trtllm_bench_settings(h100, 8_030_261_248, 1.0, 65536, 128, 128) == (4096, 8192)
@@ -220,7 +234,7 @@ def test_more_clients_never_lower_throughput_or_latency(path):
 
 def test_faster_gpu_never_predicts_less():
     r = load_recipe(H200)
-    h200 = gpus.catalog()["h200"]
+    h200 = hardware.catalog()["h200"]
     for isl, osl in ((128, 128), (500, 2000), (2048, 128), (20000 // 5, 4000)):
         base = predict(r, isl, osl, gpu=h200)
         more_bw = predict(r, isl, osl, gpu=h200.model_copy(update={"memory_bandwidth_tbs": 2 * h200.memory_bandwidth_tbs}))
@@ -261,7 +275,7 @@ def test_predict_errors_are_user_errors():
 
 # ------------------------------------------------------------------------------------------ cpu target
 def test_cpu_prediction_uses_the_measured_host():
-    host = gpus.cpu_host()
+    host = hardware.cpu_host()
     assert host.read_bandwidth_gbs > 0 and host.fp32_gflops > 0 and host.engine_step_overhead_ms >= 0
     assert set(host.sources) >= {"read_bandwidth_gbs", "fp32_gflops", "engine_step_overhead_ms", "engine_seq_overhead_us"}
     r = load_recipe(CPU)
@@ -304,19 +318,35 @@ def test_compare_run_against_a_bench_json(tmp_path):
         compare_run(run, concurrency=[64])
 
 
-def test_plan_vs_measured_script(tmp_path):
+def test_plan_against_a_bench_run_cli(tmp_path):
+    """``trtpipe plan [RECIPE] --against RUN_DIR`` (formerly scripts/plan_vs_measured.py RUN [--recipe R])."""
     run = _bench_json(tmp_path, None, {1: 10.0, 4: 25.0})
-    script = REPO / "scripts" / "plan_vs_measured.py"
-    proc = subprocess.run([sys.executable, str(script), str(run)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    cli = [sys.executable, "-m", "pipeline.cli", "plan"]
+    proc = subprocess.run([*cli, "--against", str(run)], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2 and "pass the recipe" in proc.stderr
-    proc = subprocess.run([sys.executable, str(script), str(run), "--recipe", str(CPU), "--json"], capture_output=True,
+    proc = subprocess.run([*cli, str(CPU), "--against", str(run), "--json"], capture_output=True,
                           text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
     assert [(r["concurrency"], r["measured_output_tokens_per_s"]) for r in rows] == [(1, 10.0), (4, 25.0)]
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "nope"), "--recipe", str(CPU)], capture_output=True,
+    proc = subprocess.run([*cli, str(CPU), "--against", str(tmp_path / "nope")], capture_output=True,
                           text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2 and "no bench.json" in proc.stderr
+
+
+def test_plan_against_tables(tmp_path):
+    """The plain and Markdown tables of ``--against``; --concurrency picks the load points."""
+    run = _bench_json(tmp_path, None, {1: 10.0, 4: 25.0})
+    res = runner.invoke(app, ["plan", str(CPU), "--against", str(run), "--concurrency", "4"])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.strip().splitlines()
+    assert lines[0].split()[:3] == ["run", "ISL/OSL", "conc."] and len(lines) == 2 and " 100/200 " in f" {lines[1]} "
+    res = runner.invoke(app, ["plan", str(CPU), "--against", str(run), "--concurrency", "all", "--markdown"])
+    assert res.exit_code == 0, res.output
+    md = res.stdout.strip().splitlines()
+    assert md[0].startswith("| run | ISL/OSL |") and md[1].startswith("|---|") and len(md) == 4
+    res = runner.invoke(app, ["plan", str(CPU), "--against", str(run), "--concurrency", "x"])
+    assert res.exit_code == 2 and "--concurrency" in res.stderr
 
 
 # ------------------------------------------------------------------------------------------ CLI

@@ -15,12 +15,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pipeline import ptq
-from pipeline.layout import BuildLayout
-from pipeline.stages import quantize
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
+from pipeline.core.layout import BuildLayout
+from pipeline.quantize import ptq
+from pipeline.quantize import stage as quantize
+from pipeline.quantize.sources import SMOLLM2_GGUF_SHA256
 from pipeline.recipe import load_recipe
-from pipeline.sources import SMOLLM2_GGUF_SHA256
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -112,14 +112,17 @@ def test_fp8_quality_report_and_manifest(fp8) -> None:
     assert m["calibration"]["calib_samples"] == 16 and m["calibration"]["eval_samples"] == 4
 
 
-def test_rerun_reuses_result(fp8) -> None:
-    recipe, res, first_s = fp8
+def _no_quantization(*args, **kwargs):
+    raise AssertionError("the stage ran ModelOpt where it had nothing to calibrate")
+
+
+def test_rerun_reuses_result(fp8, monkeypatch) -> None:
+    recipe, res, _ = fp8
     stamp = (res.path / "manifest.json").stat().st_mtime_ns
-    t = time.perf_counter()
+    monkeypatch.setattr(quantize, "_quantize", _no_quantization)  # a reuse never calibrates
     again = quantize.run(recipe, BuildLayout(res.path.parent), recipe_dir=RECIPES)
     assert again.cached and again.manifest == res.manifest
     assert (res.path / "manifest.json").stat().st_mtime_ns == stamp
-    assert time.perf_counter() - t < min(10.0, first_s / 3)
     changed = load_recipe(RECIPES / "smollm2_135m_cpu_fp8.yaml", SMALL + ["quantization.calibration.seed=1"])
     assert quantize.cache_key(changed, source_hash="s", dataset_hash=None, dry_run=False) != \
         quantize.cache_key(recipe, source_hash="s", dataset_hash=None, dry_run=False)
@@ -131,9 +134,9 @@ def test_interrupted_run_leaves_nothing(tmp_path: Path, smollm2_dir) -> None:
     # Ctrl-C as at a terminal: a CI job started in the background inherits SIGINT ignored, and Python then never
     # raises KeyboardInterrupt (the run finished with exit 0), so the child restores Python's own handler first
     code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler);"
-            "import sys; from pathlib import Path; from pipeline.recipe import load_recipe; from pipeline.stages import quantize;"
+            "import sys; from pathlib import Path; from pipeline.recipe import load_recipe; from pipeline.quantize import stage as quantize;"
             f"r = load_recipe({str(RECIPES / 'smollm2_135m_cpu_fp8.yaml')!r}, {SMALL!r});"
-            f"from pipeline.layout import BuildLayout; quantize.run(r, BuildLayout(Path({str(out.parent)!r})), recipe_dir=Path({str(RECIPES)!r}))")
+            f"from pipeline.core.layout import BuildLayout; quantize.run(r, BuildLayout(Path({str(out.parent)!r})), recipe_dir=Path({str(RECIPES)!r}))")
     env = os.environ | {"TRTPIPE_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -155,11 +158,10 @@ def test_interrupted_run_leaves_nothing(tmp_path: Path, smollm2_dir) -> None:
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_dry_run_gpu_recipe_writes_quantize_command(tmp_path: Path) -> None:
+def test_dry_run_gpu_recipe_writes_quantize_command(tmp_path: Path, monkeypatch) -> None:
     recipe = load_recipe(RECIPES / "llama31_8b_l40s_int4_awq.yaml")
-    t = time.perf_counter()
+    monkeypatch.setattr(quantize, "_quantize", _no_quantization)  # no model, no ModelOpt
     res = quantize.run(recipe, BuildLayout(tmp_path), recipe_dir=RECIPES, dry_run=True)
-    assert time.perf_counter() - t < 5.0  # no model, no ModelOpt
     script = (res.path / "quantize_command.sh").read_text()
     for flag in ("--model_dir meta-llama/Llama-3.1-8B-Instruct", "--dtype bfloat16", "--qformat int4_awq",
                  "--kv_cache_dtype fp8", "--calib_dataset cnn_dailymail", "--calib_size 512",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.errors import RecipeError
+from pipeline.core.errors import RecipeError
 from pipeline.recipe import Recipe, load_recipe, recipe_json_schema
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,14 +24,19 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-
-from pipeline.layout import BuildLayout
-from pipeline.stages import serve as srv
-from pipeline.errors import IncompatibleArtifactError, StageError, UserError
-from pipeline.triton.server import TritonServer
 from support import free_port, free_ports
+
+from pipeline.core.errors import IncompatibleArtifactError, StageError, UserError
+from pipeline.core.layout import BuildLayout
+from pipeline.serve import compat, registry
+from pipeline.serve import stage as srv
 from pipeline.triton.process import shm_regions
-from pipeline.triton.server import TritonInstall, cpu_triton, triton_command
+from pipeline.triton.server import (
+    TritonInstall,
+    TritonServer,
+    cpu_triton,
+    triton_command,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 ECHO_REPO = REPO / "tests" / "data" / "echo_repo"
@@ -111,19 +116,19 @@ def test_cpu_triton_prepares_backend_dir_once(tmp_path):
 
 def test_resolve_target(tmp_path):
     with pytest.raises(UserError, match="run `trtpipe build RECIPE` first"):
-        srv.ServeTarget.resolve(None, root=tmp_path / "artifacts")
+        compat.ServeTarget.resolve(None, root=tmp_path / "artifacts")
     build = tmp_path / "artifacts" / "b"
     (build / "engine").mkdir(parents=True)
     with pytest.raises(UserError, match="no model repository at .*triton_repo: run `trtpipe build"):
-        srv.ServeTarget.resolve(build)
+        compat.ServeTarget.resolve(build)
     shutil.copytree(ECHO_REPO, build / "triton_repo")
-    assert srv.ServeTarget.resolve(build) == srv.ServeTarget(build / "triton_repo", BuildLayout(build))
-    assert srv.ServeTarget.resolve(ECHO_REPO) == srv.ServeTarget(ECHO_REPO, None)
+    assert compat.ServeTarget.resolve(build) == compat.ServeTarget(build / "triton_repo", BuildLayout(build))
+    assert compat.ServeTarget.resolve(ECHO_REPO) == compat.ServeTarget(ECHO_REPO, None)
     with pytest.raises(UserError, match="neither a build directory nor a Triton model repository"):
-        srv.ServeTarget.resolve(tmp_path)
+        compat.ServeTarget.resolve(tmp_path)
     recipe = REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"
     with pytest.raises(UserError, match="artifacts/smollm2_135m_cpu_fp8/triton_repo"):
-        srv.ServeTarget.resolve(recipe, root=tmp_path / "artifacts")
+        compat.ServeTarget.resolve(recipe, root=tmp_path / "artifacts")
 
 
 def _trtllm_build(tmp_path: Path) -> Path:
@@ -138,8 +143,8 @@ def _trtllm_build(tmp_path: Path) -> Path:
 def test_check_runtime_refuses_gpu_repo_on_cpu_triton(tmp_path):
     build = _trtllm_build(tmp_path)
     with pytest.raises(IncompatibleArtifactError, match="tensorrtllm backend"):
-        srv.check_runtime(srv.ServeTarget.resolve(build), TritonInstall(kind="cpu", binary=Path("tritonserver")))
-    assert srv.ServeTarget.resolve(build).world_size == 2
+        compat.check_runtime(compat.ServeTarget.resolve(build), TritonInstall(kind="cpu", binary=Path("tritonserver")))
+    assert compat.ServeTarget.resolve(build).world_size == 2
 
 
 def test_check_runtime_refuses_engine_mismatch_on_gpu(tmp_path, monkeypatch):
@@ -151,18 +156,18 @@ def test_check_runtime_refuses_engine_mismatch_on_gpu(tmp_path, monkeypatch):
         return ["engine built with TensorRT-LLM 1.2.1, this runtime has 1.1.0"] if runtime["tensorrt_llm"] != "1.2.1" else []
 
     fake = types.SimpleNamespace(check_engine_compatible=check, runtime_facts=lambda: {"tensorrt_llm": "1.1.0"})
-    monkeypatch.setitem(sys.modules, "pipeline.engine.tensorrt", fake)
+    monkeypatch.setitem(sys.modules, "pipeline.trtllm.runtime", fake)
     gpu = TritonInstall(kind="gpu", binary=Path("/opt/tritonserver/bin/tritonserver"))
     with pytest.raises(IncompatibleArtifactError, match="does not match this runtime: engine built with TensorRT-LLM 1.2.1"):
-        srv.check_runtime(srv.ServeTarget.resolve(build), gpu)
+        compat.check_runtime(compat.ServeTarget.resolve(build), gpu)
     assert seen["stage_dir"] == build / "engine" and seen["manifest"]["world_size"] == 2
     fake.runtime_facts = lambda: {"tensorrt_llm": "1.2.1"}
-    assert srv.check_runtime(srv.ServeTarget.resolve(build), gpu) == []
+    assert compat.check_runtime(compat.ServeTarget.resolve(build), gpu) == []
     # a container whose TensorRT-LLM is not the release matrix's target is named, with the image to use
     fake.runtime_facts = lambda: {"tensorrt_llm": "1.1.0"}
     (build / "engine" / "manifest.json").unlink()
-    (warning,) = srv.check_runtime(srv.ServeTarget.resolve(build), gpu)
-    from pipeline.release import default_release
+    (warning,) = compat.check_runtime(compat.ServeTarget.resolve(build), gpu)
+    from pipeline.trtllm.release import default_release
     assert "TensorRT-LLM 1.1.0" in warning and default_release().image in warning
 
 
@@ -213,7 +218,7 @@ def test_echo_stream_metadata_and_clean_stop(tmp_path):
 
     server = TritonServer(ECHO_REPO, log_file=tmp_path / "triton.log", **_ports())
     with server:
-        assert server.ready_s is not None and server.ready_s < 30
+        assert server.ready_s is not None
         pids = [server.pid, *(c.pid for c in psutil.Process(server.pid).children(recursive=True))]
         assert len(pids) >= 2, "expected a python stub process"
         assert len(shm_regions(server.shm_prefix)) >= 1
@@ -241,13 +246,13 @@ def test_malformed_config_fails_fast_with_log_tail(tmp_path):
     cfg = repo / "echo" / "config.pbtxt"
     cfg.write_text(cfg.read_text().replace("TYPE_INT32", "TYPE_INT33", 1))
     server = TritonServer(repo, log_file=tmp_path / "triton.log", **_ports())
-    t0 = time.monotonic()
     with pytest.raises(StageError) as exc:
         with server:
             pass
-    assert time.monotonic() - t0 < 20
     msg = str(exc.value)
-    assert "exited with status" in msg and "TYPE_INT33" in msg and "last lines of" in msg
+    # fails fast: the server's own exit is reported, not the readiness bound running out
+    assert "exited with status" in msg and "not ready after" not in msg
+    assert "TYPE_INT33" in msg and "last lines of" in msg
     assert "Failed to initialize NVML" not in msg  # harmless CPU lines are filtered
     _assert_gone([server.pid], server.shm_prefix)
 
@@ -381,7 +386,7 @@ def test_cpu_deployment_health_metadata_and_streams(tmp_path, cpu_build):
     """The built SmolLM2 CPU repository: health, metadata, one stream via ensemble, one via tensorrt_llm."""
     import tritonclient.grpc as grpcclient
 
-    repo = srv.ServeTarget.resolve(cpu_build).repo
+    repo = compat.ServeTarget.resolve(cpu_build).repo
     with TritonServer(repo, log_file=tmp_path / "triton.log", ready_timeout_s=240, **_ports()) as server:
         rss_mib = server.rss_bytes() / 2**20
         pids = [server.pid, *(c.pid for c in psutil.Process(server.pid).children(recursive=True))]
@@ -421,23 +426,23 @@ def test_cpu_deployment_health_metadata_and_streams(tmp_path, cpu_build):
 
 def test_bench_takes_the_detached_servers_build_not_the_last_one_built(tmp_path: Path) -> None:
     """`trtpipe serve A --detach` after building B: the server at A's URL serves A, so bench's tokenizer and provenance
-    come from A (srv.detached_build), for its gRPC or HTTP URL spelled either way; another URL or a dead server: None."""
+    come from A (registry.detached_build), for its gRPC or HTTP URL spelled either way; another URL or a dead server: None."""
     build = tmp_path / "served-build"
     build.mkdir()
     me = psutil.Process()
     state = {"pid": me.pid, "create_time": me.create_time(), "grpc_url": "localhost:18001", "http_url": "localhost:18000",
              "build_dir": str(build)}
-    srv.state_path(tmp_path).write_text(json.dumps(state))
+    registry.state_path(tmp_path).write_text(json.dumps(state))
     for url in ("localhost:18001", "127.0.0.1:18001", "http://localhost:18000", "http://127.0.0.1:18000/"):
-        assert srv.detached_build(url, tmp_path) == build, url
+        assert registry.detached_build(url, tmp_path) == build, url
     for url in ("localhost:8001", "otherhost:18001", "http://localhost:8000", "not a url"):
-        assert srv.detached_build(url, tmp_path) is None, url
-    srv.state_path(tmp_path).write_text(json.dumps({**state, "create_time": me.create_time() - 100}))  # PID reused
-    assert srv.detached_build("localhost:18001", tmp_path) is None
-    srv.state_path(tmp_path).write_text(json.dumps({**state, "build_dir": str(tmp_path / "gone")}))
-    assert srv.detached_build("localhost:18001", tmp_path) is None
-    srv.state_path(tmp_path).unlink()
-    assert srv.detached_build("localhost:18001", tmp_path) is None
+        assert registry.detached_build(url, tmp_path) is None, url
+    registry.state_path(tmp_path).write_text(json.dumps({**state, "create_time": me.create_time() - 100}))  # PID reused
+    assert registry.detached_build("localhost:18001", tmp_path) is None
+    registry.state_path(tmp_path).write_text(json.dumps({**state, "build_dir": str(tmp_path / "gone")}))
+    assert registry.detached_build("localhost:18001", tmp_path) is None
+    registry.state_path(tmp_path).unlink()
+    assert registry.detached_build("localhost:18001", tmp_path) is None
 
 
 def test_old_server_logs_are_pruned_but_not_one_a_running_server_writes(tmp_path):

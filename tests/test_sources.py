@@ -1,4 +1,4 @@
-"""pipeline.sources: embedded GGUF conversion, .gguf paths, local dirs, hub ids (real files, no mocks)."""
+"""pipeline.quantize.sources: embedded GGUF conversion, .gguf paths, local dirs, hub ids (real files, no mocks)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import artifacts
-from pipeline.errors import UserError
+from pipeline.core import artifacts
+from pipeline.core.errors import UserError
+from pipeline.quantize.sources import (
+    SMOLLM2_GGUF,
+    SMOLLM2_GGUF_SHA256,
+    _smollm2_gguf,
+    resolve_source,
+)
 from pipeline.recipe import EMBEDDED_SMOLLM2, ModelSpec
-from pipeline.sources import SMOLLM2_GGUF, SMOLLM2_GGUF_SHA256, _smollm2_gguf, resolve_source
 
 PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.stages import triton_repo
-from pipeline.triton import model_config
-from pipeline.layout import BuildLayout
-from pipeline.stages.results import EngineResult, QuantizeResult
+from pipeline.core.layout import BuildLayout
+from pipeline.engine.result import EngineResult
+from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import load_recipe
+from pipeline.triton import model_config
+from pipeline.triton_repo import stage as triton_repo
 
 REPO = Path(__file__).resolve().parents[1]
 # Reference docs/reference/triton-model-repository.md §3.4 (name → (data type, dims)).
@@ -217,7 +218,7 @@ def test_cache_reuse_and_invalidation(built, tmp_path):
 def test_unknown_field_fails_at_generation_time(monkeypatch):
     import jinja2
 
-    from pipeline.errors import StageError
+    from pipeline.core.errors import StageError
 
     with pytest.raises(StageError, match="undefined"):
         model_config.render_model_config("postprocessing", max_batch_size=1, parameters={})
@@ -274,6 +275,7 @@ def _real_cpu_repo(tmp_path: Path, *overrides: str) -> Path:
     """The CPU default recipe's model repository (one torch thread, plus ``overrides``) on the real quantized
     SmolLM2 and CPU engine, written to ``tmp_path``."""
     from support import quantized_stage
+
     from pipeline.engine import cpu as engine_cpu
 
     cache = Path(os.environ["TRTPIPE_CACHE_DIR"])
@@ -334,7 +336,7 @@ def test_real_triton_streams_through_all_three_models(tmp_path, detokenize):
 def test_cpu_model_with_text_output_but_no_tokenizer_refuses_to_load(tmp_path):
     """A hand-edited CPU repository that declares text_output without tokenizer_dir fails the model load with
     a message naming the parameter, instead of streams that silently lack their text."""
-    from pipeline.errors import StageError
+    from pipeline.core.errors import StageError
     from pipeline.triton.server import TritonServer
 
     repo = _real_cpu_repo(tmp_path)

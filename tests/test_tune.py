@@ -118,9 +118,9 @@ def test_shipped_tunes_load():
 def test_cpu_dtype_point_rebuilds_the_engine_and_is_gated():
     """build.cpu.dtype changes the CPU engine's numerics but not the quantized checkpoint: the engine is rebuilt
     (the quantize stage reused) and the point goes through the accuracy gate, against a float32 baseline."""
-    from pipeline.stages.eval import baseline_recipe
+    from pipeline.eval.stage import baseline_recipe
     from pipeline.tune.points import is_full_precision, numerics_changed
-    from pipeline.tune.runner import dry_run
+    from pipeline.tune.stage import dry_run
 
     tune = load_tune(REPO / "tunes" / "smollm2_cpu.yaml")
     rows = {r["label"]: r for r in dry_run(tune)}
@@ -138,7 +138,7 @@ def test_cpu_dtype_point_rebuilds_the_engine_and_is_gated():
 
 # ---------------------------------------------------------------------- the GPU example, planned on CPU
 def test_llama_h200_dry_run_plans_every_point_and_names_rebuilds(tmp_path):
-    from pipeline.tune.runner import dry_run
+    from pipeline.tune.stage import dry_run
 
     rows = {r["label"]: r for r in dry_run(load_tune(REPO / "tunes" / "llama31_8b_h200.yaml"))}
     assert rows["base"]["rebuilds"] == ["quantize", "engine", "triton_repo"]

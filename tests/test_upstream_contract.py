@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.build.stage import run as run_build
 from pipeline.recipe import load_recipe
-from pipeline.stages.build import run as run_build
-from pipeline.triton import upstream
+from pipeline.trtllm import triton_contract as upstream
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_RECIPES = [p for p in sorted((REPO / "recipes").glob("*.yaml")) if load_recipe(p).target.gpu != "cpu"]
@@ -121,7 +121,7 @@ def test_only_the_release_matrix_spells_container_tags_and_tensorrt_versions():
     offenders = [f for f in files if f not in allowed and (REPO / f).is_file()
                  and spelled.search((REPO / f).read_text(errors="replace"))]
     assert offenders == []
-    from pipeline.release import default_release
+    from pipeline.trtllm.release import default_release
     assert default_release().image.endswith(":26.04-trtllm-python-py3") and default_release().tensorrt_llm == "1.2.1"
 
 

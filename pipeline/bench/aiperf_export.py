@@ -30,6 +30,7 @@ import numpy as np
 
 from pipeline.bench import metrics as bm
 from pipeline.bench.records import RequestRecord
+from pipeline.bench.results import BenchResult, Summary
 
 JSONL = "profile_export.jsonl"
 AGG_JSON = "profile_export_aiperf.json"
@@ -38,19 +39,31 @@ AGG_CSV = "profile_export_aiperf.csv"
 STAT_KEYS = ("avg", "min", "max", "p1", "p5", "p10", "p25", "p50", "p75", "p90", "p95", "p99", "std")
 _PCTS = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 
-#: per-request metric tag → (AIPerf header, unit, value of one request)
-_RECORD_METRICS: dict[str, tuple[str, str, Any]] = {
-    "input_sequence_length": ("Input Sequence Length", "tokens", lambda r: r.input_tokens),
-    "time_to_first_token": ("Time to First Token", "ms", bm.ttft_ms),
-    "time_to_second_token": ("Time to Second Token", "ms", bm.ttst_ms),
-    "request_latency": ("Request Latency", "ms", bm.e2e_ms),
-    "output_token_count": ("Output Token Count", "tokens", lambda r: r.output_tokens),
-    "inter_chunk_latency": ("Inter Chunk Latency", "ms", bm.chunk_gaps_ms),
-    "output_sequence_length": ("Output Sequence Length", "tokens", lambda r: r.output_tokens),
-    "inter_token_latency": ("Inter Token Latency", "ms", bm.itl_ms),
-    "output_token_throughput_per_user": ("Output Token Throughput Per User", "tokens/sec/user",
-                                         lambda r: 1e3 / t if (t := bm.itl_ms(r)) else None),
-}
+#: AIPerf's values that are counts of ours rather than trtpipe metrics (each metric's own AIPerf name, header, unit
+#: and place are its ``aiperf`` :class:`~pipeline.bench.metrics.Peer`): per request, then per load point
+_RECORD_ONLY = ((bm.Peer("output_token_count", 4, "Output Token Count", "tokens"), lambda r: r.output_tokens),)
+_RUN_ONLY: tuple[tuple[bm.Peer, Any], ...] = (
+    (bm.Peer("request_count", 2, "Request Count", "requests"), lambda s: s.counts.completed),
+    (bm.Peer("error_request_count", 3, "Error Request Count", "requests"), lambda s: s.counts.failed),
+    (bm.Peer("benchmark_duration", 4, "Benchmark Duration", "sec"), lambda s: s.duration_s),
+    (bm.Peer("total_output_tokens", 5, "Total Output Tokens", "tokens"), lambda s: s.counts.output_tokens),
+    (bm.Peer("total_osl", 6, "Total Output Sequence Length", "tokens"), lambda s: s.counts.output_tokens),
+    (bm.Peer("total_isl", 7, "Total Input Sequence Length", "tokens"), lambda s: s.counts.input_tokens),
+    (bm.Peer("good_request_count", 9, "Good Request Count", "requests"), lambda s: s.counts.good),
+)
+
+
+def _run_value(tag: str) -> Any:
+    return lambda s: s.metrics[tag]
+
+
+#: per-request AIPerf metrics in AIPerf's order: (AIPerf name, value of one request)
+_RECORD_METRICS = sorted([(m.aiperf, m.per_request) for m in bm.METRICS.values() if m.aiperf and m.distribution]
+                         + list(_RECORD_ONLY), key=lambda item: item[0].pos)
+#: per-run AIPerf metrics in AIPerf's order: (AIPerf name, value of one load point's Summary)
+_RUN_METRICS = sorted([(m.aiperf, _run_value(m.tag)) for m in bm.METRICS.values() if m.aiperf and not m.distribution]
+                      + list(_RUN_ONLY), key=lambda item: item[0].pos)
+_HEADERS = {peer.name: peer.header for peer, _ in _RECORD_METRICS + _RUN_METRICS}
 
 
 def record_line(r: RequestRecord, session_num: int, t0_ns: int, t0_epoch_ns: int) -> dict[str, Any]:
@@ -71,10 +84,10 @@ def record_line(r: RequestRecord, session_num: int, t0_ns: int, t0_epoch_ns: int
         return {"metadata": meta, "metrics": {"error_isl": {"value": r.input_tokens, "unit": "tokens"}},
                 "error": {"code": None, "type": (r.error or "no tokens").split(":")[0][:60], "message": r.error or "no output tokens"}}
     out = {}
-    for tag, (_, unit, fn) in _RECORD_METRICS.items():
+    for peer, fn in _RECORD_METRICS:
         v = fn(r)
         if v is not None and v != []:
-            out[tag] = {"value": v, "unit": unit}
+            out[peer.name] = {"value": v, "unit": peer.unit}
     return {"metadata": meta, "metrics": out, "error": None}
 
 
@@ -89,12 +102,12 @@ def _stats(values: Sequence[float], unit: str) -> dict[str, Any] | None:
     return out
 
 
-def aggregate(records: Sequence[RequestRecord], summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def aggregate(records: Sequence[RequestRecord], summary: Summary) -> dict[str, dict[str, Any]]:
     """``JsonExportData``-shaped metrics of one load point (measured requests; ``summary`` from
     :func:`pipeline.bench.metrics.summarize` for the run-level values)."""
     done = [r for r in records if not r.warmup and r.ok]
     out: dict[str, dict[str, Any]] = {}
-    for tag, (_, unit, fn) in _RECORD_METRICS.items():
+    for peer, fn in _RECORD_METRICS:
         vals: list[float] = []
         for r in done:
             v = fn(r)
@@ -102,34 +115,12 @@ def aggregate(records: Sequence[RequestRecord], summary: dict[str, Any]) -> dict
                 vals += v
             elif v is not None:
                 vals.append(float(v))
-        if (s := _stats(vals, unit)) is not None:
-            out[tag] = s
-    m, c = summary["metrics"], summary["counts"]
-    single = {
-        "request_throughput": (m["request_throughput"], "requests/sec"),
-        "output_token_throughput": (m["output_token_throughput"], "tokens/sec"),
-        "request_count": (c["completed"], "requests"),
-        "error_request_count": (c["failed"], "requests"),
-        "benchmark_duration": (summary["duration_s"], "sec"),
-        "total_output_tokens": (c["output_tokens"], "tokens"),
-        "total_osl": (c["output_tokens"], "tokens"),
-        "total_isl": (c["input_tokens"], "tokens"),
-        "goodput": (m["request_goodput"], "requests/sec"),
-        "good_request_count": (c["good"], "requests"),
-    }
-    for tag, (v, unit) in single.items():
-        if v is not None:
-            out[tag] = {"unit": unit, "avg": v}
+        if (s := _stats(vals, peer.unit)) is not None:
+            out[peer.name] = s
+    for peer, fn in _RUN_METRICS:
+        if (v := fn(summary)) is not None:
+            out[peer.name] = {"unit": peer.unit, "avg": v}
     return out
-
-
-_HEADERS = {tag: h for tag, (h, _, _) in _RECORD_METRICS.items()} | {
-    "request_throughput": "Request Throughput", "output_token_throughput": "Output Token Throughput",
-    "request_count": "Request Count", "error_request_count": "Error Request Count",
-    "benchmark_duration": "Benchmark Duration", "total_output_tokens": "Total Output Tokens",
-    "total_osl": "Total Output Sequence Length", "total_isl": "Total Input Sequence Length",
-    "goodput": "Goodput", "good_request_count": "Good Request Count",
-}
 
 
 def aggregate_csv(agg: dict[str, dict[str, Any]]) -> str:
@@ -152,19 +143,18 @@ def aggregate_csv(agg: dict[str, dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def write(tmp: Path, run: Any) -> None:
+def write(tmp: Path, run: BenchResult) -> None:
     """Write the AIPerf files of ``run`` into the run directory being built (``tmp``)."""
     measured = [r for r in run.records if not r.warmup]
     with open(tmp / JSONL, "w") as f:
         for i, r in enumerate(measured):
             f.write(json.dumps(record_line(r, i, run.t0_ns, run.t0_epoch_ns), separators=(",", ":")) + "\n")
-    points = [p for p in run.load_points if "summary" in p]
+    points = [p for p in run.load_points if p.summary is not None]
     for p in points:
-        recs = [r for r in measured if r.scenario == p["scenario"] and r.load == p["load"]]
-        agg = aggregate(recs, p["summary"])
-        doc = {"input_config": {"trtpipe": run.spec.model_dump(mode="json"), "url": run.url, "scenario": p["scenario"],
-                                "load": p["load"]}, "was_cancelled": bool(run.interrupted)} | agg
-        dirs = [tmp / "aiperf" / f"{p['scenario'].replace(':', 'x')}_{p['load']}"] + ([tmp] if len(points) == 1 else [])
+        agg = aggregate(p.records(measured), p.summary)  # type: ignore[arg-type]
+        doc = {"input_config": {"trtpipe": run.spec.model_dump(mode="json"), "url": run.url, "scenario": p.scenario,
+                                "load": p.load}, "was_cancelled": bool(run.interrupted)} | agg
+        dirs = [tmp / "aiperf" / f"{p.scenario.replace(':', 'x')}_{p.load}"] + ([tmp] if len(points) == 1 else [])
         for d in dirs:
             d.mkdir(parents=True, exist_ok=True)
             (d / AGG_JSON).write_text(json.dumps(doc, indent=2) + "\n")

@@ -43,7 +43,7 @@ class Api:
         Raises:
             UserError: an unknown ``name`` (names ``--api``).
         """
-        from pipeline.errors import UserError
+        from pipeline.core.errors import UserError
 
         if name not in API_NAMES:
             raise UserError(f"--api {name!r}: use one of {', '.join(API_NAMES)}")

@@ -45,7 +45,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pipeline.bench.prompts import Prompt
 from pipeline.bench.records import RequestRecord
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
 
 #: streams per gRPC channel before another channel is opened (HTTP/2 concurrent-stream headroom)
 STREAMS_PER_CHANNEL = 128
@@ -190,23 +190,14 @@ def request_inputs(
     with ``ignore_eos=False`` no ``end_id`` either, so the model stops at its own EOS (the ensemble's
     preprocessing default ``end_id``).
     """
+    if info.interface == "llmapi":
+        return _llmapi_inputs(info, prompt, osl, perf_metrics)
     out: list[tuple[str, str, Any]] = []
 
     def scalar(name: str, dt: str, value: Any) -> None:
         if name in info.inputs:
             out.append((name, dt, value))
 
-    if info.interface == "llmapi":
-        if prompt.text is None:
-            raise UserError(f"model {info.name!r} takes text; the prompt has none")
-        scalar("text_input", "BYTES", prompt.text)
-        scalar("streaming", "BOOL", True)
-        scalar("sampling_param_max_tokens", "INT32", osl)
-        scalar("sampling_param_exclude_input_from_output", "BOOL", True)
-        scalar("sampling_param_top_k", "INT32", 1)
-        if perf_metrics:
-            scalar("sampling_param_return_perf_metrics", "BOOL", True)
-        return out
     if info.interface == "tokens":
         if prompt.ids is None:
             raise UserError(f"model {info.name!r} takes token ids; the prompt has none")
@@ -231,6 +222,17 @@ def request_inputs(
     if perf_metrics:
         scalar("return_perf_metrics", "BOOL", True)
     return out
+
+
+def _llmapi_inputs(info: ModelInfo, prompt: Prompt, osl: int, perf_metrics: bool) -> list[tuple[str, str, Any]]:
+    """The LLM-API model's inputs (see :func:`request_inputs`): only those the model declares."""
+    if prompt.text is None:
+        raise UserError(f"model {info.name!r} takes text; the prompt has none")
+    wanted = [("text_input", "BYTES", prompt.text), ("streaming", "BOOL", True), ("sampling_param_max_tokens", "INT32", osl),
+              ("sampling_param_exclude_input_from_output", "BOOL", True), ("sampling_param_top_k", "INT32", 1)]
+    if perf_metrics:
+        wanted.append(("sampling_param_return_perf_metrics", "BOOL", True))
+    return [(name, dt, value) for name, dt, value in wanted if name in info.inputs]
 
 
 def build_request(

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.bench.summary_csv import column, read_summary
 from pipeline.bench.metrics import METRICS
+from pipeline.bench.summary_csv import column, read_summary
 
 #: (metric tag, statistic or None) compared by default
 HEADLINE = (

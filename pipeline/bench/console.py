@@ -4,41 +4,51 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from pipeline.bench.results import LoadPoint
 
 
 def _f(v: Any, digits: int = 1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
-def scenario_tables(load_points: list[dict[str, Any]], goodput: bool = False) -> list[Table]:
+#: the results table: (column, metric tag, statistic or None, digits), after ``load`` and ``ok/short/fail``
+COLUMNS = (
+    ("TTFT avg", "time_to_first_token", "avg", 1), ("TTFT p99", "time_to_first_token", "p99", 1),
+    ("ITL avg", "inter_token_latency", "avg", 2), ("ITL p99", "inter_token_latency", "p99", 2),
+    ("TPOT avg", "time_per_output_token", "avg", 2), ("E2E avg", "request_latency", "avg", 1),
+    ("E2E p99", "request_latency", "p99", 1), ("out tok/s", "output_token_throughput", None, 1),
+    ("total tok/s", "total_token_throughput", None, 1), ("req/s", "request_throughput", None, 2),
+    ("tok/s/user", "output_token_throughput_per_user", "avg", 1),
+)
+_GOODPUT = ("goodput req/s", "request_goodput", None, 2)
+
+
+def scenario_tables(load_points: list[LoadPoint], goodput: bool = False) -> list[Table]:
     """One table per scenario (ISL:OSL), rows = load points; latencies ms, throughputs per s."""
+    columns = COLUMNS + ((_GOODPUT,) if goodput else ())
     tables = []
-    for scenario in dict.fromkeys(p["scenario"] for p in load_points):
+    for scenario in dict.fromkeys(p.scenario for p in load_points):
         t = Table(title=f"ISL:OSL {scenario}", title_justify="left")
-        for col in ("load", "ok/short/fail", "TTFT avg", "TTFT p99", "ITL avg", "ITL p99", "TPOT avg", "E2E avg",
-                    "E2E p99", "out tok/s", "total tok/s", "req/s", "tok/s/user"):
+        for col in ("load", "ok/short/fail", *(c[0] for c in columns)):
             t.add_column(col, justify="right")
-        if goodput:
-            t.add_column("goodput req/s", justify="right")
-        for p in (p for p in load_points if p["scenario"] == scenario and "summary" in p):
-            s, m = p["summary"]["counts"], p["summary"]["metrics"]
-            row = [
-                p["load"], f"{s['completed']}/{s['short']}/{s['failed']}",
-                _f(m["time_to_first_token"]["avg"]), _f(m["time_to_first_token"]["p99"]),
-                _f(m["inter_token_latency"]["avg"], 2), _f(m["inter_token_latency"]["p99"], 2),
-                _f(m["time_per_output_token"]["avg"], 2),
-                _f(m["request_latency"]["avg"]), _f(m["request_latency"]["p99"]),
-                _f(m["output_token_throughput"]), _f(m["total_token_throughput"]), _f(m["request_throughput"], 2),
-                _f(m["output_token_throughput_per_user"]["avg"]),
-            ]
-            if goodput:
-                row.append(_f(m["request_goodput"], 2))
-            t.add_row(*row)
+        for p in (p for p in load_points if p.scenario == scenario and p.summary is not None):
+            s, c = p.summary, p.summary.counts
+            values = [s.metrics[tag] if stat is None else s.stat(tag, stat) for _, tag, stat, _ in columns]
+            t.add_row(p.load, f"{c.completed}/{c.short}/{c.failed}",
+                      *(_f(v, digits) for v, (_, _, _, digits) in zip(values, columns)))
         t.caption = "latencies in ms; ok/short/fail = completed / fewer than OSL tokens / failed requests"
         tables.append(t)
     return tables

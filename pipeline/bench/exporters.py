@@ -8,7 +8,7 @@ Layout of ``artifacts/bench/<YYYYmmdd-HHMMSS>/`` (or ``--out``)::
                   (:mod:`pipeline.bench.aiperf_export`)
     plots/*.png   from summary.csv only (:mod:`pipeline.bench.plots`)
 
-The directory is written atomically (:func:`pipeline.artifacts.atomic_dir`).
+The directory is written atomically (:func:`pipeline.core.artifacts.atomic_dir`).
 """
 
 from __future__ import annotations
@@ -22,15 +22,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline import artifacts
 from pipeline.bench.metrics import METRICS, definitions
+from pipeline.bench.results import BENCH_JSON, BenchResult, LoadPoint
 from pipeline.bench.summary_csv import SUMMARY_CSV, csv_columns, csv_row
+from pipeline.core import artifacts
+
+__all__ = ["BENCH_JSON", "SCHEMA", "run_document", "vllm_block", "write_run"]
 
 SCHEMA = "trtpipe.bench/1"
-BENCH_JSON = "bench.json"
 
 
-def environment(run: Any) -> dict[str, Any]:
+def environment(run: BenchResult) -> dict[str, Any]:
     """Provenance: versions, machine, server/model metadata and config, build manifests."""
     env: dict[str, Any] = {
         "versions": artifacts.library_versions("tritonclient", "grpcio", "numpy", "transformers", "tokenizers"),
@@ -45,7 +47,7 @@ def environment(run: Any) -> dict[str, Any]:
         env["model"] = {"metadata": run.info.metadata, "config": run.info.config, "interface": run.info.interface}
     layout = run.layout
     if layout is not None:
-        from pipeline.layout import STAGES
+        from pipeline.core.layout import STAGES
 
         env["build"] = {"dir": str(layout.root)}
         for stage in STAGES:
@@ -53,9 +55,9 @@ def environment(run: Any) -> dict[str, Any]:
     return env
 
 
-def run_document(run: Any) -> dict[str, Any]:
+def run_document(run: BenchResult) -> dict[str, Any]:
     """The full ``bench.json`` document of a run."""
-    api = getattr(run, "api", None)
+    api = run.api
     cfg = run.spec.model_dump(mode="json") | {"url": run.url, "api": api.name if api is not None else "grpc",
                                              "openai_endpoint": api.endpoint if api is not None and api.name == "openai" else None,
                                              "tokenizer": run.tokenizer_path,
@@ -67,47 +69,40 @@ def run_document(run: Any) -> dict[str, Any]:
         "config": cfg,
         "environment": environment(run),
         "status": {"complete": not (run.interrupted or run.aborted), "interrupted": run.interrupted,
-                   "aborted": run.aborted, "warnings": run.warnings, "notes": getattr(run, "notes", [])},
+                   "aborted": run.aborted, "warnings": run.warnings, "notes": run.notes},
         "units": {tag: spec.unit for tag, spec in METRICS.items()} | {"times": "ns since run start (perf_counter_ns)"},
         "definitions": definitions(),
-        "gpus": getattr(run, "gpus", None),
-        "load_points": [p | ({"vllm": vllm_block(p)} if "summary" in p else {}) for p in run.load_points],
+        "gpus": run.gpus,
+        "load_points": [p.to_json() | ({"vllm": vllm_block(p)} if p.summary is not None else {}) for p in run.load_points],
         "requests": [r.to_json(run.t0_ns) for r in run.records],
     }
 
 
-#: vLLM benchmark_serving result key stem → our metric tag (vllm-project/vllm@0049e29c
-#: benchmarks/benchmark_serving.py, ``benchmark()``'s ``result`` dict and ``process_one_metric``)
-_VLLM_LATENCIES = {"ttft": "time_to_first_token", "tpot": "time_per_output_token", "itl": "inter_chunk_latency",
-                   "e2el": "request_latency"}
-
-
-def vllm_block(point: dict[str, Any]) -> dict[str, Any]:
+def vllm_block(point: LoadPoint) -> dict[str, Any]:
     """One load point's summary under the keys vLLM's ``benchmark_serving.py --save-result`` writes
-    (``duration`` s, ``completed``, token totals, throughputs, and ``mean_/median_/std_/p99_<m>_ms`` for
-    ttft, tpot, itl (= our per-chunk ``inter_chunk_latency``), e2el). vLLM's ``std`` is numpy's
-    population std like ours; its ``median`` is our p50."""
-    s = point["summary"]
-    m, c = s["metrics"], s["counts"]
-    out: dict[str, Any] = {
-        "duration": s["duration_s"], "completed": c["completed"], "total_input_tokens": c["input_tokens"],
-        "total_output_tokens": c["output_tokens"], "request_throughput": m["request_throughput"],
-        "request_goodput": m["request_goodput"], "output_throughput": m["output_token_throughput"],
-        "total_token_throughput": m["total_token_throughput"],
-        "max_concurrency": point.get("concurrency"), "request_rate": point.get("request_rate") or "inf",
-    }
-    for short, tag in _VLLM_LATENCIES.items():
-        st = m[tag]
+    (vllm-project/vllm@0049e29c benchmarks/benchmark_serving.py, ``benchmark()``'s ``result`` dict and
+    ``process_one_metric``): ``duration`` s, ``completed``, token totals, the run values, and
+    ``mean_/median_/std_/p90_/p95_/p99_<m>_ms`` for its latency stems (ttft, tpot, itl = our per-chunk
+    ``inter_chunk_latency``, e2el) — each metric's ``vllm`` name in :data:`pipeline.bench.metrics.METRICS`.
+    vLLM's ``std`` is numpy's population std like ours; its ``median`` is our p50."""
+    s = point.summary
+    assert s is not None
+    c = s.counts
+    named = sorted((m for m in METRICS.values() if m.vllm is not None), key=lambda m: m.vllm.pos)  # type: ignore[union-attr]
+    out: dict[str, Any] = {"duration": s.duration_s, "completed": c.completed, "total_input_tokens": c.input_tokens,
+                           "total_output_tokens": c.output_tokens}
+    out |= {m.vllm.name: s.metrics[m.tag] for m in named if not m.distribution}  # type: ignore[union-attr]
+    out |= {"max_concurrency": point.concurrency, "request_rate": point.request_rate or "inf"}
+    for m in (m for m in named if m.distribution):
+        st, short = s.metrics[m.tag], m.vllm.name  # type: ignore[union-attr]
         out |= {f"mean_{short}_ms": st["avg"], f"median_{short}_ms": st["p50"], f"std_{short}_ms": st["std"],
                 f"p90_{short}_ms": st["p90"], f"p95_{short}_ms": st["p95"], f"p99_{short}_ms": st["p99"]}
     return out
 
 
-def write_run(out: Path, run: Any) -> Path:
+def write_run(out: Path, run: BenchResult) -> Path:
     """Write ``bench.json``, ``summary.csv`` and the plots into ``out`` (atomically); returns ``out``."""
-    from pipeline.bench import plots
-
-    from pipeline.bench import aiperf_export
+    from pipeline.bench import aiperf_export, plots
 
     with artifacts.atomic_dir(Path(out)) as tmp:
         aiperf_export.write(tmp, run)
@@ -116,7 +111,7 @@ def write_run(out: Path, run: Any) -> Path:
             w = csv.DictWriter(f, fieldnames=csv_columns())
             w.writeheader()
             for point in run.load_points:
-                if "summary" in point:
+                if point.summary is not None:
                     w.writerow(csv_row(point))
         try:
             plots.write_plots(tmp)

@@ -47,7 +47,7 @@ from pipeline.bench.client import (
 )
 from pipeline.bench.prompts import Prompt
 from pipeline.bench.records import RequestRecord
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
 
 #: OpenAI endpoints by ``--openai-endpoint``
 OPENAI_ENDPOINTS = {"completions": "completions", "chat": "chat/completions"}

@@ -1,35 +1,14 @@
-"""LLM serving metrics over :class:`~pipeline.bench.records.RequestRecord` lists.
+"""LLM serving metrics over :class:`~pipeline.bench.records.RequestRecord` lists: one :class:`Metric` object each.
 
-Names follow AIPerf's metric tags (ai-dynamo/aiperf@db4f6397, ``aiperf/metrics/types/*.py``); the full
-definitions table with the vLLM/GenAI-Perf equivalents is docs/bench-metrics.md and :data:`DEFINITIONS`
-(also written into bench.json). In short, per request, times in ms:
+:data:`METRICS` is the registry: each metric's tag (AIPerf's, ai-dynamo/aiperf@db4f6397 ``aiperf/metrics/types/*.py``),
+display title, unit, direction, formula text, how it is computed (per request, or per run) and its names in AIPerf
+and vLLM. :func:`summarize`, :func:`definitions` (the ``definitions`` block of bench.json, and docs/bench-metrics.md),
+summary.csv, the console table, ``compare`` and the AIPerf/vLLM exports all read it; adding a metric is one entry.
 
-==================================  ==========  ==========================================================
-tag                                 unit        definition
-==================================  ==========  ==========================================================
-time_to_first_token (TTFT)          ms          first response carrying ≥1 token − request start
-time_to_second_token (TTST)         ms          second token-carrying response − first one
-inter_token_latency (ITL)           ms          per request: (E2E − TTFT) / (OSL − 1)  (AIPerf/GenAI-Perf)
-inter_chunk_latency (ICL)           ms          every gap between consecutive token-carrying responses
-                                                (vLLM's "ITL"), not normalised by tokens
-time_per_output_token (TPOT)        ms          per request: (E2E − TTFT) / (OSL − 1) (vLLM's name for ITL)
-request_latency (E2E)               ms          final response − request start
-output_token_throughput_per_user    tokens/s    per request: 1000 / ITL
-output_token_throughput_per_gpu     tokens/s    output_token_throughput / GPUs (tp × pp), when known
-input_sequence_length               tokens      prompt tokens per request
-output_sequence_length              tokens      tokens actually returned per request
-output_token_throughput             tokens/s    Σ output tokens / benchmark duration
-total_token_throughput              tokens/s    Σ (input + output tokens) / benchmark duration
-request_throughput                  requests/s  completed requests / benchmark duration
-request_goodput                     requests/s  completed requests meeting every SLO / benchmark duration
-==================================  ==========  ==========================================================
-
-Only measured (non-warmup) requests count. Latency distributions use requests that completed
-without error (short ones included and counted in ``short_requests``). The benchmark duration
-runs from the first measured request's start to the last measured response (ns → s).
-
-Goodput SLOs are in ms: ``ttft`` (TTFT), ``itl`` (the request's ITL as above), ``tpot`` (its TPOT),
-``e2e`` (request latency).
+Only measured (non-warmup) requests count. Latency distributions use requests that completed without error (short
+ones included and counted in ``short``). The benchmark duration runs from the first measured request's start to the
+last measured response (ns → s). Times are ms. Goodput SLOs are in ms: ``ttft`` (TTFT), ``itl`` (the request's ITL),
+``tpot`` (its TPOT), ``e2e`` (request latency).
 """
 
 from __future__ import annotations
@@ -39,48 +18,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline.bench.records import RequestRecord
+from pipeline.bench.results import Counts, OslCheck, Summary
 from pipeline.bench.stats import Stats
+from pipeline.recipe.bench import SLO_KEYS
+
+__all__ = ["METRICS", "SLO_KEYS", "Metric", "Peer", "definitions", "summarize"]
 
 _NS_PER_MS = 1e6
 
-
-@dataclasses.dataclass(frozen=True)
-class MetricSpec:
-    """A metric's identity: ``tag`` (JSON/CSV key), display ``title``, ``unit``, and direction.
-
-    ``distribution`` metrics are summarized with :class:`Stats`; the others are one number.
-    """
-
-    tag: str
-    title: str
-    unit: str
-    larger_is_better: bool
-    distribution: bool
-
-
-#: every metric, in display order (explicit registry, no import side effects)
-METRICS: dict[str, MetricSpec] = {
-    m.tag: m
-    for m in (
-        MetricSpec("time_to_first_token", "TTFT", "ms", False, True),
-        MetricSpec("time_to_second_token", "TTST", "ms", False, True),
-        MetricSpec("inter_token_latency", "ITL", "ms", False, True),
-        MetricSpec("inter_chunk_latency", "ICL", "ms", False, True),
-        MetricSpec("time_per_output_token", "TPOT", "ms", False, True),
-        MetricSpec("request_latency", "E2E latency", "ms", False, True),
-        MetricSpec("output_token_throughput_per_user", "Output tokens/s/user", "tokens/s", True, True),
-        MetricSpec("input_sequence_length", "ISL", "tokens", False, True),
-        MetricSpec("output_sequence_length", "OSL", "tokens", True, True),
-        MetricSpec("output_token_throughput", "Output tokens/s", "tokens/s", True, False),
-        MetricSpec("output_token_throughput_per_gpu", "Output tokens/s/GPU", "tokens/s", True, False),
-        MetricSpec("total_token_throughput", "Total tokens/s", "tokens/s", True, False),
-        MetricSpec("request_throughput", "Requests/s", "requests/s", True, False),
-        MetricSpec("request_goodput", "Goodput", "requests/s", True, False),
-    )
-}
-
-#: goodput SLO keys → the per-request value (ms) they bound
-SLO_KEYS = ("ttft", "itl", "tpot", "e2e")
+# ----------------------------------------------------------------------------------------- per-request values
 
 
 def ttft_ms(r: RequestRecord) -> float | None:
@@ -130,20 +76,130 @@ def itl_gaps_ms(r: RequestRecord) -> list[float]:
     return [(t1 - t0) / _NS_PER_MS / n1 for (t0, _), (t1, n1) in zip(times, times[1:])]
 
 
+def tokens_per_s_per_user(r: RequestRecord) -> float | None:
+    """1000 / ITL of one request (tokens/s), ``None`` without an ITL."""
+    return 1e3 / t if (t := itl_ms(r)) else None
+
+
+# ----------------------------------------------------------------------------------------- the registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Totals:
+    """What per-run metrics are computed from: one load point's duration (s), token and request counts, GPUs."""
+
+    duration_s: float
+    counts: Counts
+    gpus: int | None
+
+    def per_s(self, x: float | None) -> float | None:
+        """``x`` per second of the benchmark duration (``None`` for a zero duration or no ``x``)."""
+        return x / self.duration_s if x is not None and self.duration_s > 0 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """A metric's name in a peer tool's output: ``name`` (its key), ``header`` and ``unit`` as that tool displays
+    them, ``pos`` the metric's place in that tool's file (AIPerf: per-record metrics, then run metrics; vLLM:
+    run values, then latency stems)."""
+
+    name: str
+    pos: int
+    header: str = ""
+    unit: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """One metric: ``tag`` (JSON/CSV key), display ``title``, ``unit``, direction and ``formula`` (the definition text).
+
+    A distribution metric has ``per_request`` (one value or a list of values per completed request, summarized with
+    :class:`~pipeline.bench.stats.Stats`); a per-run metric has ``per_run`` (one number per load point, or ``None``).
+    ``aiperf``/``vllm`` are its names in those tools' exports, ``None`` when they have no such metric.
+    """
+
+    tag: str
+    title: str
+    unit: str
+    larger_is_better: bool
+    formula: str
+    per_request: Callable[[RequestRecord], float | list[float] | None] | None = None
+    per_run: Callable[[Totals], float | None] | None = None
+    aiperf: Peer | None = None
+    vllm: Peer | None = None
+
+    @property
+    def distribution(self) -> bool:
+        """Summarized as a distribution (avg, p50, …) rather than one value."""
+        return self.per_request is not None
+
+    def definition(self) -> dict[str, Any]:
+        """This metric's entry in the ``definitions`` block of bench.json."""
+        stats = "avg, min, max, std (population), p50, p90, p95, p99 (numpy linear interpolation) over the values"
+        return {"title": self.title, "unit": self.unit, "larger_is_better": self.larger_is_better,
+                "statistics": stats if self.distribution else "one value per load point", "formula": self.formula,
+                "aiperf": self.aiperf.name if self.aiperf else None, "vllm": self.vllm.header if self.vllm else None}
+
+
+#: every metric, in display/CSV order (an explicit registry, no import side effects)
+METRICS: dict[str, Metric] = {m.tag: m for m in (
+    Metric("time_to_first_token", "TTFT", "ms", False, "first token-carrying response − request start", ttft_ms,
+           aiperf=Peer("time_to_first_token", 1, "Time to First Token", "ms"), vllm=Peer("ttft", 0, "TTFT")),
+    Metric("time_to_second_token", "TTST", "ms", False, "second token-carrying response − first token-carrying response",
+           ttst_ms, aiperf=Peer("time_to_second_token", 2, "Time to Second Token", "ms")),
+    Metric("inter_token_latency", "ITL", "ms", False, "(E2E − TTFT) / (OSL − 1), one value per request", itl_ms,
+           aiperf=Peer("inter_token_latency", 7, "Inter Token Latency", "ms")),
+    Metric("inter_chunk_latency", "ICL", "ms", False,
+           "every gap between consecutive token-carrying responses (not ÷ tokens)", chunk_gaps_ms,
+           aiperf=Peer("inter_chunk_latency", 5, "Inter Chunk Latency", "ms"), vllm=Peer("itl", 2, "ITL")),
+    Metric("time_per_output_token", "TPOT", "ms", False,
+           "(E2E − TTFT) / (OSL − 1), one value per request (= inter_token_latency)", tpot_ms,
+           vllm=Peer("tpot", 1, "TPOT")),
+    Metric("request_latency", "E2E latency", "ms", False, "final response − request start", e2e_ms,
+           aiperf=Peer("request_latency", 3, "Request Latency", "ms"), vllm=Peer("e2el", 3, "E2EL")),
+    Metric("output_token_throughput_per_user", "Output tokens/s/user", "tokens/s", True,
+           "1000 / inter_token_latency (ms), per request", tokens_per_s_per_user,
+           aiperf=Peer("output_token_throughput_per_user", 8, "Output Token Throughput Per User", "tokens/sec/user")),
+    Metric("input_sequence_length", "ISL", "tokens", False, "prompt tokens", lambda r: r.input_tokens,
+           aiperf=Peer("input_sequence_length", 0, "Input Sequence Length", "tokens")),
+    Metric("output_sequence_length", "OSL", "tokens", True, "output tokens returned (the client's count, see osl_check)",
+           lambda r: r.output_tokens, aiperf=Peer("output_sequence_length", 6, "Output Sequence Length", "tokens")),
+    Metric("output_token_throughput", "Output tokens/s", "tokens/s", True, "per run: Σ OSL / benchmark duration",
+           per_run=lambda t: t.per_s(t.counts.output_tokens),
+           aiperf=Peer("output_token_throughput", 1, "Output Token Throughput", "tokens/sec"),
+           vllm=Peer("output_throughput", 2, "Output token throughput")),
+    Metric("output_token_throughput_per_gpu", "Output tokens/s/GPU", "tokens/s", True,
+           "per run: output_token_throughput / (tp × pp of the build's recipe)",
+           per_run=lambda t: t.per_s(t.counts.output_tokens / t.gpus) if t.gpus else None),
+    Metric("total_token_throughput", "Total tokens/s", "tokens/s", True, "per run: Σ (ISL + OSL) / benchmark duration",
+           per_run=lambda t: t.per_s(t.counts.input_tokens + t.counts.output_tokens),
+           vllm=Peer("total_token_throughput", 3, "Total Token throughput")),
+    Metric("request_throughput", "Requests/s", "requests/s", True, "per run: completed requests / benchmark duration",
+           per_run=lambda t: t.per_s(t.counts.completed),
+           aiperf=Peer("request_throughput", 0, "Request Throughput", "requests/sec"),
+           vllm=Peer("request_throughput", 0, "Request throughput")),
+    Metric("request_goodput", "Goodput", "requests/s", True,
+           "per run: completed requests meeting every SLO / benchmark duration", per_run=lambda t: t.per_s(t.counts.good),
+           aiperf=Peer("goodput", 8, "Goodput", "requests/sec"), vllm=Peer("request_goodput", 1, "Request goodput")),
+)}
+
+#: per-request SLO key (:data:`SLO_KEYS`) → the value (ms) it bounds
+_SLO_VALUES: dict[str, Callable[[RequestRecord], float | None]] = {"ttft": ttft_ms, "itl": itl_ms, "tpot": tpot_ms,
+                                                                   "e2e": e2e_ms}
+
+
 def meets_slos(r: RequestRecord, slos: dict[str, float]) -> bool:
-    """True when the request completed and every given SLO (ms) holds (see module docstring)."""
+    """True when the request completed and every given SLO (ms) holds (see module docstring).
+
+    Raises:
+        ValueError: an SLO key not in :data:`SLO_KEYS`.
+    """
     if not r.ok:
         return False
-    values: dict[str, Callable[[RequestRecord], float | None]] = {
-        "ttft": ttft_ms,
-        "itl": itl_ms,
-        "tpot": tpot_ms,
-        "e2e": e2e_ms,
-    }
     for key, limit in slos.items():
-        if key not in values:
+        if key not in _SLO_VALUES:
             raise ValueError(f"unknown goodput SLO {key!r}: use one of {', '.join(SLO_KEYS)}")
-        v = values[key](r)
+        v = _SLO_VALUES[key](r)
         if v is not None and v > limit:
             return False
     return True
@@ -157,7 +213,20 @@ def duration_s(records: Sequence[RequestRecord]) -> float:
     return (max(ends) - min(r.start_ns for r in records)) / 1e9
 
 
-def summarize(records: Sequence[RequestRecord], slos: dict[str, float] | None = None, gpus: int | None = None) -> dict[str, Any]:
+def values(metric: Metric, records: Sequence[RequestRecord]) -> list[float]:
+    """Every value of a distribution metric over ``records`` (list-valued metrics flattened), in its unit."""
+    assert metric.per_request is not None
+    out: list[float] = []
+    for r in records:
+        v = metric.per_request(r)
+        if isinstance(v, list):
+            out += v
+        elif v is not None:
+            out.append(float(v))
+    return out
+
+
+def summarize(records: Sequence[RequestRecord], slos: dict[str, float] | None = None, gpus: int | None = None) -> Summary:
     """All metrics of one load point.
 
     Args:
@@ -166,99 +235,34 @@ def summarize(records: Sequence[RequestRecord], slos: dict[str, float] | None = 
         gpus: GPUs serving the model (tp × pp); ``output_token_throughput_per_gpu`` is ``None`` without it.
 
     Returns:
-        ``{"counts": {...}, "duration_s": s, "metrics": {tag: Stats dict or number}}`` where
-        counts has ``requests`` (measured), ``completed``, ``failed``, ``short``, ``good``,
-        ``input_tokens``, ``output_tokens``, ``osl_mismatch``; ``osl_check`` says which output-token
-        counts were available (``client``, ``server``, ``retokenized``; see
-        :attr:`RequestRecord.osl_counts`), how many finished requests disagree and in what %, and up
-        to five examples.
+        The :class:`~pipeline.bench.results.Summary`: counts (``requests`` measured, ``completed``, ``failed``,
+        ``short``, ``good``, ``input_tokens``, ``output_tokens``, ``osl_mismatch``), duration (s), every metric of
+        :data:`METRICS` by tag, and the OSL check (see :attr:`RequestRecord.osl_counts`).
+
+    Raises:
+        ValueError: an unknown SLO key.
     """
     measured = [r for r in records if not r.warmup]
     done = [r for r in measured if r.ok]
-    dur = duration_s(measured)
-    in_tok = sum(r.input_tokens for r in done)
-    out_tok = sum(r.output_tokens for r in done)
-    good = sum(1 for r in done if meets_slos(r, slos)) if slos else None
-
-    def per_s(x: float) -> float | None:
-        return x / dur if dur > 0 else None
-
-    def dist(fn: Callable[[RequestRecord], float | None]) -> dict[str, Any]:
-        return Stats.of(v for v in map(fn, done) if v is not None).as_dict()
-
-    metrics: dict[str, Any] = {
-        "time_to_first_token": dist(ttft_ms),
-        "time_to_second_token": dist(ttst_ms),
-        "inter_token_latency": dist(itl_ms),
-        "inter_chunk_latency": Stats.of(g for r in done for g in chunk_gaps_ms(r)).as_dict(),
-        "time_per_output_token": dist(tpot_ms),
-        "request_latency": dist(e2e_ms),
-        "output_token_throughput_per_user": dist(lambda r: 1e3 / t if (t := itl_ms(r)) else None),
-        "input_sequence_length": dist(lambda r: float(r.input_tokens)),
-        "output_sequence_length": dist(lambda r: float(r.output_tokens)),
-        "output_token_throughput": per_s(out_tok),
-        "output_token_throughput_per_gpu": per_s(out_tok / gpus) if gpus else None,
-        "total_token_throughput": per_s(in_tok + out_tok),
-        "request_throughput": per_s(len(done)),
-        "request_goodput": per_s(good) if good is not None else None,
-    }
     finished = [r for r in measured if r.error is None and r.end_ns is not None]
     mismatched = [r for r in finished if r.osl_mismatch]
-    counts = {
-        "requests": len(measured),
-        "completed": len(done),
-        "failed": sum(1 for r in measured if r.error is not None),
-        "short": sum(1 for r in measured if r.short),
-        "good": good,
-        "input_tokens": in_tok,
-        "output_tokens": out_tok,
-        "osl_mismatch": len(mismatched),
-    }
-    osl_check = {
-        "methods": sorted({k for r in finished for k in r.osl_counts}),
-        "mismatch": len(mismatched),
-        "mismatch_pct": 100.0 * len(mismatched) / len(finished) if finished else None,
-        "examples": [{"index": r.index, "requested": r.requested_tokens} | r.osl_counts for r in mismatched[:5]],
-    }
-    return {"counts": counts, "duration_s": dur, "metrics": metrics, "osl_check": osl_check}
-
-
-#: metric tag → definition written into bench.json (``definitions``) and docs/bench-metrics.md:
-#: ``formula`` (per request unless it says per run), ``aiperf`` (AIPerf's tag, ai-dynamo/aiperf@db4f6397),
-#: ``vllm`` (the name vLLM's ``benchmark_serving`` prints, or ``None``)
-DEFINITIONS: dict[str, dict[str, str | None]] = {
-    "time_to_first_token": {"formula": "first token-carrying response − request start", "aiperf": "time_to_first_token",
-                            "vllm": "TTFT"},
-    "time_to_second_token": {"formula": "second token-carrying response − first token-carrying response",
-                             "aiperf": "time_to_second_token", "vllm": None},
-    "inter_token_latency": {"formula": "(E2E − TTFT) / (OSL − 1), one value per request", "aiperf": "inter_token_latency",
-                            "vllm": None},
-    "inter_chunk_latency": {"formula": "every gap between consecutive token-carrying responses (not ÷ tokens)",
-                            "aiperf": "inter_chunk_latency", "vllm": "ITL"},
-    "time_per_output_token": {"formula": "(E2E − TTFT) / (OSL − 1), one value per request (= inter_token_latency)",
-                              "aiperf": None, "vllm": "TPOT"},
-    "request_latency": {"formula": "final response − request start", "aiperf": "request_latency", "vllm": "E2EL"},
-    "output_token_throughput_per_user": {"formula": "1000 / inter_token_latency (ms), per request",
-                                         "aiperf": "output_token_throughput_per_user", "vllm": None},
-    "input_sequence_length": {"formula": "prompt tokens", "aiperf": "input_sequence_length", "vllm": None},
-    "output_sequence_length": {"formula": "output tokens returned (the client's count, see osl_check)",
-                               "aiperf": "output_sequence_length", "vllm": None},
-    "output_token_throughput": {"formula": "per run: Σ OSL / benchmark duration", "aiperf": "output_token_throughput",
-                                "vllm": "Output token throughput"},
-    "output_token_throughput_per_gpu": {"formula": "per run: output_token_throughput / (tp × pp of the build's recipe)",
-                                        "aiperf": None, "vllm": None},
-    "total_token_throughput": {"formula": "per run: Σ (ISL + OSL) / benchmark duration", "aiperf": None,
-                               "vllm": "Total Token throughput"},
-    "request_throughput": {"formula": "per run: completed requests / benchmark duration", "aiperf": "request_throughput",
-                           "vllm": "Request throughput"},
-    "request_goodput": {"formula": "per run: completed requests meeting every SLO / benchmark duration",
-                        "aiperf": "goodput", "vllm": "Request goodput"},
-}
+    counts = Counts(
+        requests=len(measured), completed=len(done), failed=sum(1 for r in measured if r.error is not None),
+        short=sum(1 for r in measured if r.short), good=sum(1 for r in done if meets_slos(r, slos)) if slos else None,
+        input_tokens=sum(r.input_tokens for r in done), output_tokens=sum(r.output_tokens for r in done),
+        osl_mismatch=len(mismatched),
+    )
+    totals = Totals(duration_s(measured), counts, gpus)
+    metrics = {tag: Stats.of(values(m, done)).as_dict() if m.per_request else m.per_run(totals)  # type: ignore[misc]
+               for tag, m in METRICS.items()}  # every metric has per_request or per_run
+    osl_check = OslCheck(
+        methods=sorted({k for r in finished for k in r.osl_counts}), mismatch=len(mismatched),
+        mismatch_pct=100.0 * len(mismatched) / len(finished) if finished else None,
+        examples=[{"index": r.index, "requested": r.requested_tokens} | r.osl_counts for r in mismatched[:5]],
+    )
+    return Summary(counts, totals.duration_s, metrics, osl_check)
 
 
 def definitions() -> dict[str, dict[str, Any]]:
     """Every metric's unit, direction, formula and peer names (the ``definitions`` block of bench.json)."""
-    stats = "avg, min, max, std (population), p50, p90, p95, p99 (numpy linear interpolation) over the values"
-    return {tag: {"title": m.title, "unit": m.unit, "larger_is_better": m.larger_is_better,
-                  "statistics": stats if m.distribution else "one value per load point"} | DEFINITIONS[tag]
-            for tag, m in METRICS.items()}
+    return {tag: m.definition() for tag, m in METRICS.items()}

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
 
 #: id range used without a tokenizer (any vocabulary of ≥ 32 000 tokens contains it)
 FALLBACK_ID_RANGE = (1000, 32000)
@@ -144,3 +144,47 @@ def load_tokenizer(path: Path) -> Any:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - any loader failure is the same user-facing problem
         raise UserError(f"{path}: no usable tokenizer ({' '.join(str(e).split())[:200]})") from None
+
+
+#: distinct synthetic prompts per scenario; requests cycle through them
+MAX_UNIQUE_PROMPTS = 512
+
+
+def added_special_tokens(tokenizer: Any) -> int:
+    """Tokens the tokenizer adds to a text by default (e.g. Llama 3's BOS ``<|begin_of_text|>``: 1)."""
+    return max(0, len(tokenizer.encode("a")) - len(tokenizer.encode("a", add_special_tokens=False)))
+
+
+def make_prompts(spec: Any, info: Any, isl: int, n: int, tokenizer: Any) -> list[Prompt]:
+    """``n`` (≤ :data:`MAX_UNIQUE_PROMPTS`) prompts of exactly ``isl`` tokens for the model's interface.
+
+    ``spec`` is the :class:`~pipeline.recipe.bench.BenchSpec` (its ``seed`` and ``dataset``), ``info`` the model's
+    :class:`~pipeline.bench.client.ModelInfo`. LLM-API and OpenAI servers tokenize with the tokenizer's special tokens
+    (``SamplingParams.add_special_tokens`` defaults to true; vLLM's too), so the text has ``isl`` minus those tokens
+    (the BOS of Llama 3) and the prompt is recorded as ``isl`` — what the model sees.
+
+    Raises:
+        UserError: a text model without a tokenizer, token-id dataset prompts without a tokenizer,
+            or an ISL smaller than the special tokens the server adds.
+    """
+    n = min(n, MAX_UNIQUE_PROMPTS)
+    adds = info.interface in ("llmapi", "openai")
+    extra = added_special_tokens(tokenizer) if adds and tokenizer is not None else 0
+    if spec.dataset is not None:
+        prompts = dataset_prompts(spec.dataset, tokenizer=tokenizer)
+        if info.interface == "tokens" and prompts[0].ids is None:
+            raise UserError(f"{spec.dataset}: text prompts for model {info.name!r} (token ids) need --tokenizer")
+        if extra:
+            prompts = [dataclasses.replace(p, num_tokens=p.num_tokens + extra) if p.num_tokens >= 0 else p for p in prompts]
+        return prompts
+    if info.takes_text:
+        if tokenizer is None:
+            raise UserError(
+                f"model {info.name!r} takes text: exact-ISL prompts need its tokenizer — pass --tokenizer DIR "
+                "(no tokenizer found in the last build)"
+            )
+        if isl - extra < 1:
+            raise UserError(f"ISL {isl}: model {info.name!r} adds {extra} special token(s) to every prompt; use ISL > {extra}")
+        prompts = text_prompts(n, isl - extra, seed=spec.seed + isl, tokenizer=tokenizer)
+        return [dataclasses.replace(p, num_tokens=isl) for p in prompts] if extra else prompts
+    return token_prompts(n, isl, seed=spec.seed + isl, tokenizer=tokenizer)

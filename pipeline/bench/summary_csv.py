@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.bench.metrics import METRICS
 from pipeline.bench.stats import STAT_FIELDS
+
+if TYPE_CHECKING:
+    from pipeline.bench.results import LoadPoint
 
 SUMMARY_CSV = "summary.csv"
 #: columns that identify a row (scenario × load point) and its counts
@@ -38,15 +41,16 @@ def csv_columns() -> list[str]:
     return cols
 
 
-def csv_row(point: dict[str, Any]) -> dict[str, Any]:
-    """The CSV row of one load point (``point`` as stored in bench.json)."""
-    s = point["summary"]
-    row: dict[str, Any] = {k: point.get(k) for k in ("scenario", "isl", "osl", "mode", "concurrency", "request_rate")}
-    row.update({k: s["counts"][k] for k in ("requests", "completed", "failed", "short")})
-    row["duration_s"] = s["duration_s"]
-    row["client_cpu_fraction"] = point.get("client_cpu_fraction")
+def csv_row(point: LoadPoint) -> dict[str, Any]:
+    """The CSV row of one summarized load point."""
+    s = point.summary
+    assert s is not None
+    row: dict[str, Any] = {k: getattr(point, k) for k in ("scenario", "isl", "osl", "mode", "concurrency", "request_rate")}
+    row.update({k: getattr(s.counts, k) for k in ("requests", "completed", "failed", "short")})
+    row["duration_s"] = s.duration_s
+    row["client_cpu_fraction"] = point.client_cpu_fraction
     for tag, spec in METRICS.items():
-        value = s["metrics"].get(tag)
+        value = s.metrics.get(tag)
         if spec.distribution:
             for stat in STAT_FIELDS:
                 row[column(tag, stat)] = (value or {}).get(stat)
@@ -61,7 +65,7 @@ def read_summary(run_dir: Path) -> list[dict[str, Any]]:
     Raises:
         UserError: ``run_dir`` has no summary.csv.
     """
-    from pipeline.errors import UserError
+    from pipeline.core.errors import UserError
 
     path = Path(run_dir) / SUMMARY_CSV
     if not path.is_file():

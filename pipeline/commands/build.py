@@ -21,11 +21,11 @@ def build(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override KEY=VALUE (dotted key), e.g. build.max_batch_size=64.")] = None,
 ) -> None:
     """Build a deployment from a recipe. Reruns reuse every stage whose inputs did not change."""
-    from pipeline import artifacts
+    from pipeline.build import stage as build_stage
+    from pipeline.build.seed import local_builds
+    from pipeline.core import artifacts
+    from pipeline.core.results import StageResult
     from pipeline.recipe import load_recipe
-    from pipeline.stages import build as build_stage
-    from pipeline.stages.results import StageResult
-    from pipeline.stages.seed import local_builds
 
     recipe = load_recipe(recipe_file, set_)
     build_dir = out or artifacts.default_build_dir(recipe.name or recipe_file.stem)

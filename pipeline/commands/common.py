@@ -8,9 +8,10 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from pipeline.errors import TrtpipeError
-from pipeline.quiet import debug_enabled
+from pipeline.core.errors import TrtpipeError
+from pipeline.core.quiet import debug_enabled
 
 console = Console()
 err_console = Console(stderr=True)
@@ -32,7 +33,7 @@ def handle_errors(fn: F) -> F:
         except TrtpipeError as e:
             if debug_enabled():
                 raise
-            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)  # the text, not markup
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             err_console.print("[yellow]interrupted[/]")

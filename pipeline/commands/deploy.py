@@ -23,8 +23,8 @@ def k8s(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe KEY=VALUE, e.g. target.gpus_per_node=8.")] = None,
 ) -> None:
     """Render a Kubernetes deployment of the same build; every object is schema-validated before it is written."""
-    from pipeline import artifacts
-    from pipeline.deploy import run
+    from pipeline.core import artifacts
+    from pipeline.deploy.stage import run
     from pipeline.recipe import load_recipe
 
     if out is None:

@@ -8,7 +8,7 @@ Examples::
     trtpipe eval BUILD --url localhost:8001 --task agreement # a running deployment of BUILD
 
 Exit status: 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 a user mistake (nothing written). The work is
-:func:`pipeline.stages.eval.run`; flags are validated overrides of the recipe's ``eval`` section.
+:func:`pipeline.eval.stage.run`; flags are validated overrides of the recipe's ``eval`` section.
 """
 
 from __future__ import annotations
@@ -24,68 +24,6 @@ from pipeline.commands.common import console, err_console, handle_errors
 FLAGS = {"task": "--task", "n": "--n", "rule": "--rule", "seed": "--seed", "max_output_tokens": "--max-output-tokens",
          "concurrency": "--concurrency"}
 EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}
-
-
-def _resolve(target: Path | None) -> tuple[Any, Any, Path]:
-    """``(layout, recipe or None, recipe_dir)`` of ``[BUILD_DIR | RECIPE]`` (default: the last build).
-
-    Raises:
-        UserError: nothing built / not a build directory.
-    """
-    from pipeline import artifacts
-    from pipeline.errors import UserError
-    from pipeline.layout import BuildLayout
-    from pipeline.recipe import load_recipe
-
-    if target is not None and target.suffix in (".yaml", ".yml"):
-        if not target.is_file():
-            raise UserError(f"{target}: no such recipe")
-        recipe = load_recipe(target)
-        layout = BuildLayout(artifacts.default_build_dir(recipe.name or target.stem))
-        if not layout.has_repository():
-            raise UserError(f"{target} is not built ({layout.root}): run `trtpipe build {target}` first")
-        return layout, recipe, target.parent
-    build = target if target is not None else artifacts.last_build()
-    if build is None:
-        raise UserError("no build found: give BUILD_DIR or RECIPE, or run `trtpipe build RECIPE` first")
-    layout = BuildLayout(build)
-    if not layout.has_repository():
-        raise UserError(f"{build} is not a build directory with a model repository: run `trtpipe build RECIPE` first")
-    recipe = load_recipe(layout.recipe_file) if layout.recipe_file.is_file() else None
-    return layout, recipe, Path(".")
-
-
-def result_tables(result: Any) -> list[Any]:
-    """The scores table (per metric: candidate, baseline, delta, CI, threshold, verdict) and the power table."""
-    from rich.table import Table
-
-    m, rule = result.means, result.rule
-    t = Table(title=f"trtpipe eval — task {result.task}, n={result.n}, rule {rule.rule}", title_justify="left")
-    for col in ("metric", "candidate", "baseline", "delta", "CI of delta", "threshold", "verdict"):
-        t.add_column(col, justify="right" if col != "metric" else "left")
-    checked = {c.metric: c for c in rule.checks}
-    for k in [*m["candidate"]]:
-        c = checked.get(k)
-        cand, base = m["candidate"][k], m["baseline"].get(k)
-        ci = "-" if c is None else f"[{c.ci[0] - (c.reference if rule.rule.startswith('mlperf') else 0):+.2f}, " \
-                                   f"{c.ci[1] - (c.reference if rule.rule.startswith('mlperf') else 0):+.2f}]"
-        if c is not None and rule.rule == "trtllm":
-            ci = "-"
-        thr = "-" if c is None else f"{c.threshold:+.2f}" if rule.rule == "paired" else f"{c.threshold:.2f}"
-        t.add_row(k, f"{cand:.2f}", "-" if base is None else f"{base:.2f}", "-" if base is None else f"{cand - base:+.2f}",
-                  ci, thr, "-" if c is None else c.verdict)
-    a = m["agreement"]
-    t.caption = (f"ROUGE F x100, gen_len in characters; agreement with the baseline: exact {a['exact_match_pct']:.0f} %, "
-                 f"ROUGE-L {a['rougeL_vs_baseline']:.1f}, median first divergent token "
-                 f"{'-' if a['median_first_divergent_token'] is None else int(a['median_first_divergent_token'])}")
-    p = Table(title="power analysis", title_justify="left")
-    for col in ("metric", "n", "threshold", "margin", "std error", "min detectable effect", "n for MDE <= margin", "supported"):
-        p.add_column(col, justify="right" if col != "metric" else "left")
-    for row in rule.power:
-        p.add_row(row.metric, str(row.n), f"{row.threshold:.2f}", f"{row.margin:.3f}", f"{row.se:.3f}", f"{row.mde:.3f}",
-                  "-" if row.n_required is None else f"{row.n_required:,}", "yes" if row.supported else "no")
-    p.caption = "one-sided alpha %g, beta %g (power %g)" % (result.spec.alpha, result.spec.beta, 1 - result.spec.beta)
-    return [t, p] if rule.power else [t]
 
 
 @handle_errors
@@ -105,18 +43,19 @@ def eval_cmd(
 ) -> None:
     """Accuracy gate: generate on the candidate and a baseline, score (ROUGE, agreement), decide PASS/FAIL/INCONCLUSIVE."""
     from pipeline.bench.console import progress_bar
-    from pipeline.errors import UserError
+    from pipeline.core.errors import UserError
+    from pipeline.core.layout import BuildLayout
+    from pipeline.eval import stage as stage
+    from pipeline.eval.report import result_tables
     from pipeline.eval.stats import PUBLISHED
-    from pipeline.layout import BuildLayout
     from pipeline.recipe import load_recipe
     from pipeline.recipe.eval import EvalSpec
-    from pipeline.stages import eval as stage
 
     if baseline is not None and baseline_recipe is not None:
         raise UserError("--baseline and --baseline-recipe exclude each other")
     if reference is not None and reference not in PUBLISHED:
         raise UserError(f"--reference {reference!r}: known references are {', '.join(PUBLISHED)}")
-    layout, recipe, recipe_dir = _resolve(target)
+    layout, recipe, recipe_dir = stage.resolve_candidate(target)
     overrides = {"task": task, "n": n, "rule": rule, "seed": seed, "max_output_tokens": max_output_tokens,
                  "concurrency": concurrency}
     spec = stage.with_overrides(recipe.eval if recipe is not None else EvalSpec(), overrides, flags=FLAGS)
@@ -137,16 +76,7 @@ def eval_cmd(
     candidate = stage.EvalTarget(layout=layout, url=url)
     status = lambda s: err_console.print(s, highlight=False)  # noqa: E731
     if baseline_recipe is not None:
-        from pipeline import artifacts
-        from pipeline.stages import build
-
-        br = load_recipe(baseline_recipe)
-        status(f"baseline: building {baseline_recipe} (reused when unchanged)")
-        last = artifacts.last_build()
-        res = build.run(br, artifacts.default_build_dir(br.name or baseline_recipe.stem), recipe_dir=baseline_recipe.parent, warn=status)
-        if last is not None:
-            artifacts.record_last_build(last)
-        base_target = stage.EvalTarget(layout=res.layout)
+        base_target = stage.EvalTarget(layout=stage.build_recipe_baseline(baseline_recipe, status))
     bar: dict[str, Any] = {}
 
     with progress_bar(err_console) as start:

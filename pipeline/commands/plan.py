@@ -1,36 +1,99 @@
-"""``trtpipe plan RECIPE``: GPU sizing — weights, KV-cache capacity, concurrency, throughput bounds and predictions."""
+"""``trtpipe plan RECIPE``: GPU sizing — weights, KV-cache capacity, concurrency, throughput bounds and predictions;
+``trtpipe plan [RECIPE] --against RUN_DIR``: predicted vs measured for a bench run; ``trtpipe plan measure-host``:
+this host's rates for the cpu target's predictions."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from pipeline.commands.common import console, err_console, handle_errors
 
+#: the (hidden) name of ``trtpipe plan RECIPE …``: what ``trtpipe plan`` runs unless a sub-command is named
+DEFAULT = "recipe"
 
+
+class _PlanGroup(TyperGroup):
+    """``trtpipe plan WORD …`` runs the sub-command WORD when there is one (``measure-host``), else the planning
+    command with every argument as given, so ``trtpipe plan RECIPE …`` and ``trtpipe plan --help`` read as before."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        if args and args[0] in self.commands and args[0] != DEFAULT:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        return self.commands[DEFAULT].make_context(info_name, list(args), parent=parent, **extra)
+
+
+app = typer.Typer(cls=_PlanGroup, help="Size a recipe: memory, KV cache, concurrency, throughput bounds and predictions; "
+                                       "compare predictions with a bench run (--against); measure this host (measure-host).",
+                  add_completion=False)
+
+
+def _concurrency(text: str) -> list[int] | None:
+    from pipeline.core.errors import UserError
+
+    if text.strip() == "all":
+        return None
+    try:
+        return [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise UserError(f"--concurrency {text!r}: expected comma-separated integers, e.g. 1,4,16 (or all)") from None
+
+
+def _against(runs: list[Path], recipe_file: Path | None, gpu: list[str] | None, concurrency: str, set_: list[str] | None,
+             json_out: bool, markdown: bool) -> None:
+    """``--against``: predicted vs measured for every closed-loop load point of ``runs``."""
+    import json
+
+    from pipeline.core.errors import UserError
+    from pipeline.plan.measured import compare_run, comparison_table
+
+    if gpu and len(gpu) > 1:
+        raise UserError("--against predicts on one GPU: give --gpu once")
+    if json_out and markdown:
+        raise UserError("--json and --markdown: give one")
+    conc = _concurrency(concurrency)
+    rows = [r for run in runs for r in compare_run(run, recipe_file, conc, gpu=gpu[0] if gpu else None, overrides=set_)]
+    typer.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2) if json_out
+               else comparison_table(rows, markdown=markdown))
+
+
+@app.command(DEFAULT, hidden=True)
 @handle_errors
 def plan(
-    recipe_file: Annotated[Path, typer.Argument(metavar="RECIPE", help="Recipe YAML, e.g. recipes/llama31_8b_h200_fp8.yaml.")],
+    recipe_file: Annotated[Path | None, typer.Argument(metavar="RECIPE", help="Recipe YAML, e.g. recipes/llama31_8b_h200_fp8.yaml (with --against: instead of the recipe the run recorded).")] = None,
     gpu: Annotated[list[str] | None, typer.Option(
         "--gpu", help="Plan on this catalog GPU instead of target.gpu (e.g. a100_40gb, l4, cpu); repeat to compare GPUs.")] = None,
     isl: Annotated[int | None, typer.Option("--isl", min=1, help="Input sequence length in tokens (with --osl; default: the recipe's bench scenarios).")] = None,
     osl: Annotated[int | None, typer.Option("--osl", min=1, help="Output sequence length in tokens (with --isl).")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (PlanResult; a list of them with several --gpu).")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (PlanResult; a list of them with several --gpu; with --against: PointComparison rows).")] = False,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override KEY=VALUE (dotted key), e.g. build.max_batch_size=64.")] = None,
+    against: Annotated[list[Path] | None, typer.Option("--against", metavar="RUN_DIR", help="Compare the prediction with this `trtpipe bench` run directory (bench.json) per load point; repeatable.")] = None,
+    concurrency: Annotated[str, typer.Option("--concurrency", help="With --against: the load points to compare, e.g. 1,4,16, or all.")] = "1,4,16",
+    markdown: Annotated[bool, typer.Option("--markdown", help="With --against: print a Markdown table.")] = False,
 ) -> None:
     """Estimate per-GPU memory, KV-cache capacity, max concurrency, throughput bounds and predicted
     throughput/latency of a recipe.
 
+    With --against RUN_DIR: measured vs predicted output tokens/s, TTFT and ITL per closed-loop load point of a
+    bench run. `trtpipe plan measure-host`: measure this host for the cpu target's predictions.
+
     Exit 0 when the recipe fits (with several --gpu: when it fits at least one), 2 when it does not (errors
-    printed with the numbers) or on a user mistake.
+    printed with the numbers) or on a user mistake; with --against, 0 when every point was compared.
     """
-    from pipeline.errors import UserError
+    from pipeline.core.errors import UserError
     from pipeline.plan import plan_recipe
     from pipeline.plan.render import print_plan, render_comparison
     from pipeline.recipe import load_recipe
 
+    if against:
+        if isl is not None or osl is not None:
+            raise UserError("--isl/--osl do not go with --against: the run's own load points are compared")
+        return _against(against, recipe_file, gpu, concurrency, set_, json_out, markdown)
+    if recipe_file is None:
+        raise UserError("missing RECIPE: trtpipe plan RECIPE (or trtpipe plan --against RUN_DIR, trtpipe plan measure-host)")
     if (isl is None) != (osl is None):
         raise UserError("--isl and --osl go together: give both, e.g. --isl 128 --osl 128")
     recipe = load_recipe(recipe_file, set_)
@@ -53,3 +116,24 @@ def plan(
                 err_console.print(f"[bold red]error:[/] {recipe_file}: does not fit {r.target}: " + "; ".join(r.verdict.errors),
                                   highlight=False, soft_wrap=True)
         raise typer.Exit(2)
+
+
+@app.command("measure-host")
+@handle_errors
+def measure_host(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the measurements; write nothing.")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="Write here instead of the file the planner reads ($TRTPIPE_HOST_FILE, else cpu_host.yaml in trtpipe's cache, ~/.cache/trtpipe).")] = None,
+) -> None:
+    """Measure this host's weight-read bandwidth, GEMM rates and CPU-engine overheads (about a minute, all cores; run
+    it on an idle machine) and write them to the user's cache, where `trtpipe plan` on the cpu target then uses them
+    instead of the shipped reference host's."""
+    import yaml
+
+    from pipeline.core import hardware
+    from pipeline.plan.host import HEADER, measure
+
+    host = measure(log=lambda line: console.print(line, highlight=False))
+    if dry_run:
+        typer.echo(yaml.safe_dump(host.model_dump(), sort_keys=False, allow_unicode=True, width=120))
+        return
+    console.print(f"wrote {hardware.write_host(host, out or hardware.host_file(), HEADER)}", highlight=False, soft_wrap=True)

@@ -20,7 +20,7 @@ def validate(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override KEY=VALUE (dotted key), e.g. build.max_batch_size=64.")] = None,
 ) -> None:
     """Validate recipe files (schema, cross-field rules, and whether it fits its GPU); one line per file. Exit 2 if any is invalid."""
-    from pipeline.errors import RecipeError
+    from pipeline.core.errors import RecipeError
     from pipeline.plan import check_fits
     from pipeline.recipe import load_recipe
 

@@ -21,8 +21,8 @@ def release(
     """Show the release matrix, print the image for a TensorRT-LLM version, or check an image's packages."""
     from rich.table import Table
 
-    from pipeline import release as rel
-    from pipeline.errors import UserError
+    from pipeline.core.errors import UserError
+    from pipeline.trtllm import release as rel
 
     if check_image is not None:
         matches = [r for r in rel.releases() if r.image == check_image or r.triton_container == check_image]

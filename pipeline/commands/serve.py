@@ -1,7 +1,7 @@
 """``trtpipe serve [ARTIFACT_DIR | RECIPE]``: Triton on a built model repository.
 
 Foreground until Ctrl-C / SIGTERM (clean stop), or ``--detach`` (recorded in
-``artifacts/serve.json``) with ``--status`` / ``--stop``. The work is :func:`pipeline.stages.serve.run`.
+``artifacts/serve.json``) with ``--status`` / ``--stop``. The work is :func:`pipeline.serve.stage.run`.
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ def serve(
     stop: Annotated[bool, typer.Option("--stop", help="Stop the detached server (graceful, then kill).")] = False,
 ) -> None:
     """Serve a build with Triton (gRPC, HTTP, metrics) until Ctrl-C, or in the background with --detach."""
-    from pipeline.errors import StageError, UserError
-    from pipeline.stages import serve as srv
+    from pipeline.core.errors import StageError, UserError
+    from pipeline.serve import registry
+    from pipeline.serve import stage as srv
+    from pipeline.serve.compat import ServeTarget
 
-    state_file = srv.state_path()
+    state_file = registry.state_path()
     if status or stop:
         if target is not None or detach or (status and stop):
             raise UserError("--status and --stop take no ARTIFACT_DIR and exclude each other and --detach")
@@ -47,10 +49,10 @@ def serve(
             _stop(state_file)
         return
 
-    resolved = srv.ServeTarget.resolve(target)
+    resolved = ServeTarget.resolve(target)
     if detach:
-        old = srv.read_state(state_file)
-        if old is not None and srv.state_alive(old):
+        old = registry.read_state(state_file)
+        if old is not None and registry.state_alive(old):
             raise UserError(f"a detached server is already running (pid {old['pid']}, gRPC {old['grpc_url']}): run `trtpipe serve --stop` first")
         state_file.unlink(missing_ok=True)
     options = srv.ServeOptions(
@@ -111,17 +113,17 @@ def _raise_on_sigterm() -> dict[int, Any]:
 
 
 def _status(state_file: Path) -> None:
-    from pipeline.stages import serve as srv
+    from pipeline.serve import registry
 
-    state = srv.read_state(state_file)
+    state = registry.read_state(state_file)
     if state is None:
         console.print(f"not running (no {state_file})", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
-    if not srv.state_alive(state):
+    if not registry.state_alive(state):
         state_file.unlink(missing_ok=True)
         console.print(f"not running: pid {state.get('pid')} is gone (removed stale {state_file})", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
-    ready = srv.state_ready(state)
+    ready = registry.state_ready(state)
     console.print(
         f"running (pid {state['pid']}), {'[green]ready[/]' if ready else '[yellow]not ready[/]'}\n"
         f"  gRPC    {state['grpc_url']}\n  HTTP    http://{state['http_url']}\n"
@@ -133,9 +135,9 @@ def _status(state_file: Path) -> None:
 
 
 def _stop(state_file: Path) -> None:
-    from pipeline.stages import serve as srv
+    from pipeline.serve import registry
 
-    state, was_running = srv.stop_detached(state_file)
+    state, was_running = registry.stop_detached(state_file)
     if state is None:
         console.print(f"no detached server (no {state_file})", highlight=False, soft_wrap=True)
     elif was_running:

@@ -7,7 +7,7 @@ Examples::
     trtpipe tune tunes/x.yaml --mlflow-uri http://mlflow:5000
     trtpipe tune tunes/x.yaml --no-mlflow --out /tmp/t
 
-The work is :mod:`pipeline.tune` (:func:`pipeline.tune.runner.run_sweep`); this module parses flags, shows one
+The work is :mod:`pipeline.tune` (:func:`pipeline.tune.stage.run_sweep`); this module parses flags, shows one
 progress display for the whole sweep and prints the result. Exit 0 with a result, 2 on a bad tune file
 (nothing written), 130 on Ctrl-C (finished points stay and are reused by the next run).
 """
@@ -52,12 +52,12 @@ def tune(
 ) -> None:
     """Sweep knobs of a recipe (isolation / stacked / cumulative / grid), measure every point for real, gate
     accuracy, and write the tables, the Pareto front and the best configuration that meets the SLOs."""
-    from pipeline import artifacts
+    from pipeline.core import artifacts
     from pipeline.tune.spec import load_tune
 
     t = load_tune(tune_file)
     if dry_run:
-        from pipeline.tune.runner import dry_run as plan_all
+        from pipeline.tune.stage import dry_run as plan_all
 
         rows = plan_all(t)
         from rich.console import Console
@@ -86,7 +86,7 @@ def _run(t: Any, run_dir: Path, mlflow_uri: str | None, no_mlflow: bool) -> None
     from pipeline.recipe import dump_recipe
     from pipeline.recipe.consumers import flatten
     from pipeline.tune import report
-    from pipeline.tune.runner import planned_total, run_sweep
+    from pipeline.tune.stage import planned_total, run_sweep
 
     tracker = None
     if not no_mlflow:

@@ -30,7 +30,6 @@ see :class:`~pipeline.cpu_runtime.model.Decoder`).
 from __future__ import annotations
 
 import collections
-import ctypes
 import itertools
 import json
 import logging
@@ -38,14 +37,21 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pipeline.core.geometry import geometry_from_dict
+from pipeline.cpu_runtime.host import release_freed_heap, release_openmp_pool
 from pipeline.cpu_runtime.kv import kv_slots
-from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder, Geometry, StepBatch
+from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder, StepBatch
+from pipeline.cpu_runtime.requests import (
+    ErrorCallback,
+    SequenceState,
+    TokensCallback,
+    checked_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,65 +60,6 @@ ENGINE_CONFIG = "engine_config.json"
 RUNTIME = "trtpipe-torch"
 #: How long shutdown waits for the engine threads (s); a step takes well under a second.
 _STOP_TIMEOUT_S = 30.0
-
-TokensCallback = Callable[[list[int], bool], None]
-ErrorCallback = Callable[[str], None]
-
-
-class _Seq:
-    """One request's state (owned by the scheduler thread except ``done``/``lock``)."""
-
-    __slots__ = ("rid", "prompt", "max_new", "min_tokens", "end_id", "stop_words", "on_tokens", "on_error",
-                 "slot", "prefilled", "generated", "done", "lock", "arrival")
-
-    def __init__(self, rid, prompt, max_new, min_tokens, end_id, stop_words, on_tokens, on_error):
-        self.rid, self.prompt, self.max_new = rid, prompt, max_new
-        self.min_tokens, self.end_id, self.stop_words = min_tokens, end_id, stop_words
-        self.on_tokens, self.on_error = on_tokens, on_error
-        self.slot: int | None = None
-        self.prefilled = 0  # prompt tokens whose K/V are in the cache
-        self.generated: list[int] = []
-        self.done = False  # no callback may run once set (under ``lock``)
-        self.lock = threading.Lock()
-        self.arrival = time.perf_counter()
-
-
-def release_freed_heap() -> None:
-    """Return heap memory freed while loading to the OS (glibc ``malloc_trim(0)``, all arenas).
-
-    Packing the weights frees the dense copies, but glibc keeps freed arena pages mapped, so they still count in
-    RSS: SmolLM2's engine was 914 MiB after load and 860 MiB after the trim (measured on this 2-core host). A no-op
-    where the C library has no ``malloc_trim`` (musl, macOS).
-    """
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-#: ``omp_pause_soft`` of ``omp_pause_resource_t`` (OpenMP 5.0): release the pool's threads, keep nothing else.
-_OMP_PAUSE_SOFT = 1
-
-
-def release_openmp_pool() -> bool:
-    """Release the calling thread's OpenMP worker threads (libgomp ``omp_pause_resource_all(omp_pause_soft)``).
-
-    Every thread that has run a parallel region (any multi-threaded torch op) keeps a pool of idle workers, and
-    libgomp counts them: once it manages more threads than the process may use cores, every worker spins only briefly
-    at a barrier and then sleeps in the kernel (``do_spin`` in libgomp ``config/linux/wait.h``@a1dcfe9:47-58). A
-    decode step has ~150 parallel regions, so it then pays a futex sleep and wake-up for most of them. SmolLM2 at one
-    sequence, 2 threads on this 2-core host, after one ``torch.sum`` on the thread that created the engine (2
-    processes each way, alternated, 2 requests of 200 tokens each, 2026-11-26): 23.0–26.0 ms per step and ~130 sleeps
-    of the scheduler thread per step with that thread's pool kept, 14.4–18.7 ms and none with it released. The pool is
-    created again the next time the thread runs parallel work. Returns ``False`` where libgomp is not loaded (another OpenMP
-    runtime) or the caller is inside a parallel region.
-    """
-    try:
-        gomp = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
-        return gomp.omp_pause_resource_all(_OMP_PAUSE_SOFT) == 0
-    except (OSError, AttributeError):
-        return False
-
 
 class CpuEngine:
     """A loaded CPU engine directory (``engine_config.json`` + plain HF weights) serving requests.
@@ -159,7 +106,7 @@ class CpuEngine:
         model_cfg = json.loads((self.engine_dir / "config.json").read_text())
         import psutil
 
-        geo = Geometry.from_config(model_cfg)
+        geo = geometry_from_dict(model_cfg)
         # the weights are about to take their size out of the available memory
         weights = sum(f.stat().st_size for f in self.engine_dir.glob("*.safetensors"))
         slots, self.kv_tokens = kv_slots(
@@ -178,15 +125,15 @@ class CpuEngine:
         self.chunked = bool(cfg.get("enable_chunked_prefill", False) if enable_chunked_prefill is None else enable_chunked_prefill)
 
         self._cv = threading.Condition()
-        self._inbox: collections.deque[_Seq] = collections.deque()
-        self._cancels: list[_Seq] = []
-        self._requests: dict[str, _Seq] = {}  # accepted, not finished/cancelled (under _cv)
+        self._inbox: collections.deque[SequenceState] = collections.deque()
+        self._cancels: list[SequenceState] = []
+        self._requests: dict[str, SequenceState] = {}  # accepted, not finished/cancelled (under _cv)
         self._ids = itertools.count()
         self._closed = False
         self._fatal: str | None = None
         # scheduler-thread state
-        self._waiting: collections.deque[_Seq] = collections.deque()
-        self._active: list[_Seq] = []  # index = KV slot (kept compact)
+        self._waiting: collections.deque[SequenceState] = collections.deque()
+        self._active: list[SequenceState] = []  # index = KV slot (kept compact)
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._counters = {"forward_passes": 0, "forward_s": 0.0, "step_s": 0.0, "tokens": 0}
         self._batch_hist: collections.Counter = collections.Counter()
@@ -198,7 +145,7 @@ class CpuEngine:
         if self._build_error is not None:
             self._thread.join()
             raise self._build_error
-        self.vocab_size = self.model.geo.vocab
+        self.vocab_size = self.model.geo.vocab_size
         release_freed_heap()
         self._delivery.start()
         self.load_time_s = time.perf_counter() - t0
@@ -258,37 +205,15 @@ class CpuEngine:
         off and the prompt exceeds ``max_num_tokens``. ``RuntimeError`` after :meth:`shutdown` or when
         the scheduler thread has died.
         """
-        c = self._cfg
-        n = len(input_ids)
-        if n == 0:
-            raise ValueError("input_ids is empty: a prompt needs at least one token")
-        if n > c["max_input_len"]:
-            raise ValueError(f"prompt has {n} tokens, more than the engine's max_input_len {c['max_input_len']}")
-        if max_new_tokens < 1:
-            raise ValueError(f"request_output_len must be at least 1, got {max_new_tokens}")
-        if min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {min_tokens}")
-        if n + max_new_tokens > c["max_seq_len"]:
-            raise ValueError(
-                f"prompt {n} + request_output_len {max_new_tokens} = {n + max_new_tokens} tokens exceeds the "
-                f"engine's max_seq_len {c['max_seq_len']}"
-            )
-        if not self.chunked and n > c["max_num_tokens"]:
-            raise ValueError(
-                f"prompt has {n} tokens, more than max_num_tokens {c['max_num_tokens']} and chunked prefill is off"
-            )
-        ids = [int(t) for t in input_ids]
-        if min(ids) < 0 or max(ids) >= self.vocab_size:
-            raise ValueError(f"input_ids hold token ids outside [0, {self.vocab_size})")
-        eid = -1 if end_id is None or end_id < 0 else int(end_id)
-        words = [list(map(int, w)) for w in (stop_words or []) if len(w)]
+        ids, min_tokens, eid, words = checked_request(self._cfg, self.chunked, self.vocab_size, input_ids,
+                                                      max_new_tokens, min_tokens, end_id, stop_words)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the CPU engine is shut down")
             if self._fatal is not None:
                 raise RuntimeError(f"the CPU engine's scheduler stopped: {self._fatal}")
             rid = f"cpu-{next(self._ids)}"
-            seq = _Seq(rid, ids, int(max_new_tokens), int(min_tokens) if eid >= 0 else 0, eid, words, on_tokens, on_error)
+            seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error)
             self._requests[rid] = seq
             self._inbox.append(seq)
             self._cv.notify()
@@ -383,7 +308,7 @@ class CpuEngine:
             seq.slot = len(self._active)
             self._active.append(seq)
 
-    def _release(self, seq: _Seq) -> None:
+    def _release(self, seq: SequenceState) -> None:
         """Free ``seq``'s slot (moving the last slot's sequence into it) or drop it from the queue."""
         if seq.slot is None:
             try:
@@ -400,12 +325,12 @@ class CpuEngine:
             self._active[hole] = moved
         self._active.pop()
 
-    def _build(self) -> tuple[StepBatch, list[_Seq]]:
+    def _build(self) -> tuple[StepBatch, list[SequenceState]]:
         budget = int(self._cfg["max_num_tokens"])
         tokens: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        decode: list[_Seq] = []
+        decode: list[SequenceState] = []
         ctx: list[int] = []
         for seq in self._active:  # slot order
             if seq.prefilled == len(seq.prompt) and seq.generated:

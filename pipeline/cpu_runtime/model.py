@@ -1,7 +1,7 @@
 """The CPU engine's decoder: a Llama-family transformer in plain torch with a slot KV cache.
 
 What makes it fast on a few CPU cores (measured on 2 AVX-512 cores, SmolLM2-135M fp32; see
-``scripts/bench_cpu.py``):
+``benchmarks/bench_cpu.py``):
 
 - **Prepacked GEMMs, one copy of each weight.** Every Linear weight is reordered once into oneDNN's blocked
   layout (``torch.ops.mkldnn._reorder_linear_weight``). Steps of up to :data:`NATIVE_GEMM_MAX_ROWS` tokens (every
@@ -38,29 +38,26 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.core.geometry import ModelGeometry, geometry_from_dict
 from pipeline.cpu_runtime import native
+from pipeline.cpu_runtime.linear import (
+    NATIVE_GEMM_MAX_ROWS,
+    Linear,
+    mkldnn_linear_available,
+)
+from pipeline.cpu_runtime.weights import Weights
 
 #: Architectures whose HF implementation equals this module's decoder (config.json ``architectures[0]``).
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 #: Rope types implemented by :func:`rope_inv_freq` (transformers ``ROPE_INIT_FUNCTIONS`` names).
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
-#: Batch-size hint for the oneDNN weight reorder. Measured on 2 AVX-512 cores, one SmolLM2 step's
-#: GEMMs with hint 64 vs 1/4/16/128: within noise from 1 to 100 rows, best at 4–16 rows.
-PACK_BATCH_HINT = 64
-#: Most rows (tokens) a GEMM hands to the native kernel (``linear_packed_*`` in ``kernels/decoder.c``) instead of
-#: oneDNN, on the same packed weights. Measured on 2 AVX-512 cores (Zen 4), the 121 GEMMs of one SmolLM2 step,
-#: native vs oneDNN: float32 16.7 vs 23.2 ms at 1 row, 27.8 vs 30.9 at 16, 165 vs 166 at 128, 341 vs 330 at
-#: 256; bfloat16 8.7 vs 12.8 at 1, 13.5 vs 17.1 at 16, 82 vs 85 at 128.
-NATIVE_GEMM_MAX_ROWS = 128
 
 
 class UnsupportedModelError(ValueError):
@@ -113,134 +110,11 @@ def rope_inv_freq(cfg: dict[str, Any], head_dim: int) -> torch.Tensor:
     return inv
 
 
-def mkldnn_linear_available() -> bool:
-    """Whether torch has the oneDNN packed-linear ops (x86 builds with mkldnn)."""
-    return bool(
-        torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
-
-
-class Linear:
-    """``y = x @ weight.T (+ bias)`` for ``x`` of shape ``[tokens, in]``, weight ``[out, in]``, both in the
-    weight's dtype (float32 or bfloat16; oneDNN accumulates bfloat16 products in float32).
-
-    With ``packed`` the weight is reordered into oneDNN's blocked layout (the dense copy is dropped);
-    otherwise ``F.linear`` runs on the dense weight. After :meth:`use_native` accepted the kernels, inputs of
-    at most :data:`NATIVE_GEMM_MAX_ROWS` rows run the native kernel on the same packed weight.
-    """
-
-    __slots__ = ("weight", "bias", "packed", "out_features", "in_features", "_native", "_weight_ptr")
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, packed: bool):
-        self.out_features, self.in_features = weight.shape
-        self.packed = packed
-        w = weight.contiguous()
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT) if packed else w
-        self.bias = None if bias is None else bias.contiguous()
-        self._native: native.Kernels | None = None
-        self._weight_ptr = 0
-
-    def use_native(self, kernels: native.Kernels | None) -> bool:
-        """Run inputs of up to :data:`NATIVE_GEMM_MAX_ROWS` rows with ``kernels`` when they read this packed
-        weight as oneDNN does (:meth:`~pipeline.cpu_runtime.native.Kernels.packed_layout_ok`); returns whether.
-        ``None``: oneDNN (or ``F.linear``) for every size again."""
-        self._native, self._weight_ptr = None, 0
-        if kernels is not None and self.packed and kernels.packed_layout_ok(
-                self.weight, self.out_features, self.in_features, self.weight.dtype, self.bias):
-            self._native, self._weight_ptr = kernels, torch.ops.mkldnn.data_ptr(self.weight)
-        return self._native is not None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._native is not None and x.shape[0] <= NATIVE_GEMM_MAX_ROWS and x.dtype == self.weight.dtype:
-            return self._native.linear(x, self._weight_ptr, self.out_features, self.in_features, self.bias,
-                                       torch.get_num_threads())
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
-
-
-def _safetensors_index(path: Path) -> tuple[int, dict[str, Any]]:
-    """(data start offset in bytes, header dict) of a .safetensors file."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-    return 8 + n, header
-
-
 #: Compute dtypes of :class:`Decoder` by their recipe names (``build.cpu.dtype``).
 COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-_ST_DTYPES = {"F32": (np.float32, torch.float32), "BF16": (np.uint16, torch.bfloat16), "F16": (np.float16, torch.float16)}
-
-
-class _Weights:
-    """Tensors of the engine directory's ``model.safetensors`` files, read through a read-only mmap
-    (only what is used becomes resident; :meth:`mapped` keeps a tensor file-backed)."""
-
-    def __init__(self, engine_dir: Path):
-        files = sorted(Path(engine_dir).glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"{engine_dir}: no *.safetensors weights")
-        self._where: dict[str, tuple[Path, int, dict[str, Any]]] = {}
-        for f in files:
-            start, header = _safetensors_index(f)
-            for name, meta in header.items():
-                if name != "__metadata__":
-                    self._where[name] = (f, start, meta)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._where
-
-    def mapped(self, name: str) -> torch.Tensor:
-        """The tensor backed by the file's pages (read-only; do not write to it)."""
-        f, start, meta = self._where[name]
-        np_dtype, t_dtype = _ST_DTYPES[meta["dtype"]]
-        a, b = meta["data_offsets"]
-        arr = np.memmap(f, dtype=np_dtype, mode="r", offset=start + a, shape=tuple(meta["shape"]))
-        import warnings
-
-        with warnings.catch_warnings():  # read-only memmap: torch warns that it is not writable
-            warnings.simplefilter("ignore", UserWarning)
-            t = torch.from_numpy(arr)
-        return t.view(t_dtype) if t_dtype == torch.bfloat16 else t
-
-    def get(self, name: str, dtype: torch.dtype) -> torch.Tensor:
-        """A private in-memory copy in ``dtype``."""
-        return self.mapped(name).to(dtype=dtype, copy=True)
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """Shape of the decoder (from config.json)."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    eps: float
-
-    @property
-    def group(self) -> int:
-        """Query heads per KV head."""
-        return self.heads // self.kv_heads
-
-    def kv_bytes_per_token(self, element_bytes: int = 4) -> int:
-        """K+V bytes of one token over all layers, ``element_bytes`` per value (4 float32, 2 bfloat16)."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * element_bytes
-
-    @classmethod
-    def from_config(cls, cfg: dict[str, Any]) -> "Geometry":
-        heads = cfg["num_attention_heads"]
-        return cls(
-            layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
-            kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            vocab=cfg["vocab_size"], eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        )
+#: RMSNorm epsilon when config.json has no ``rms_norm_eps`` (transformers ``LlamaConfig``'s default).
+DEFAULT_RMS_NORM_EPS = 1e-6
 
 
 class SlotKvCache:
@@ -251,15 +125,16 @@ class SlotKvCache:
     reserved size (``slots × slot_len`` tokens) is an upper bound on RAM, not a cost at start.
     """
 
-    def __init__(self, geo: Geometry, slots: int, slot_len: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, geo: ModelGeometry, slots: int, slot_len: int, dtype: torch.dtype = torch.float32):
         self.slots, self.slot_len, self.dtype = slots, slot_len, dtype
-        shape = (slots, geo.kv_heads, slot_len, geo.head_dim)
-        self.k = [torch.empty(shape, dtype=dtype) for _ in range(geo.layers)]
-        self.v = [torch.empty(shape, dtype=dtype) for _ in range(geo.layers)]
+        shape = (slots, geo.num_key_value_heads, slot_len, geo.head_dim)
+        self.k = [torch.empty(shape, dtype=dtype) for _ in range(geo.num_hidden_layers)]
+        self.v = [torch.empty(shape, dtype=dtype) for _ in range(geo.num_hidden_layers)]
 
     @property
     def reserved_bytes(self) -> int:
-        """Bytes reserved (virtual) for all layers' K and V."""
+        """Bytes reserved (virtual) for all layers' K and V: slots × slot_len ×
+        :meth:`~pipeline.core.geometry.ModelGeometry.kv_bytes_per_token` (element size of ``dtype``)."""
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
     def move(self, src: int, dst: int, length: int) -> None:
@@ -327,13 +202,14 @@ class Decoder:
         cfg = json.loads((engine_dir / "config.json").read_text())
         check_supported(cfg)
         self.config = cfg
-        self.geo = geo = Geometry.from_config(cfg)
-        self.packed = mkldnn_linear_available() if pack is None else (pack and mkldnn_linear_available())
+        self.geo = geo = geometry_from_dict(cfg)  # ModelGeometry: the shape, and the one KV bytes-per-token rule
+        self.eps = float(geo.rms_norm_eps if geo.rms_norm_eps is not None else DEFAULT_RMS_NORM_EPS)
+        self.packed = mkldnn_linear_available(dtype) if pack is None else (pack and mkldnn_linear_available(dtype))
         self.dtype = cd = dtype
-        w = _Weights(engine_dir)
+        w = Weights(engine_dir)
         f32 = torch.float32
         self.layers: list[dict[str, Any]] = []
-        for i in range(geo.layers):
+        for i in range(geo.num_hidden_layers):
             p = f"model.layers.{i}."
             qkv_w = torch.cat([w.mapped(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).to(cd)
             qkv_b = None
@@ -366,10 +242,10 @@ class Decoder:
         self.cache = SlotKvCache(geo, slots, slot_len, kv_dtype)
         self.scale = 1.0 / math.sqrt(geo.head_dim)
         kn = native.kernels(kernels)
-        if kn and geo.group > native.MAX_GROUP:
+        if kn and geo.heads_per_kv_head > native.MAX_GROUP:
             if kernels == "native":
                 raise native.KernelUnavailable(f"the native decode attention takes at most {native.MAX_GROUP} query "
-                                               f"heads per KV head; this model has {geo.group}")
+                                               f"heads per KV head; this model has {geo.heads_per_kv_head}")
             kn = None
         self._kernels = kn
         #: kernels in use: ``native-avx512`` / ``native`` (:mod:`pipeline.cpu_runtime.native`) or ``torch``
@@ -459,30 +335,30 @@ class Decoder:
         if self.fused_decode and b.n_decode == T and T <= NATIVE_GEMM_MAX_ROWS:
             g = self.geo
             self._kernels.decode_layers(
-                self._layer_table, self.dtype != torch.float32, self.cache.dtype != torch.float32, x, g.heads,
-                g.kv_heads, g.head_dim,
+                self._layer_table, self.dtype != torch.float32, self.cache.dtype != torch.float32, x, g.num_attention_heads,
+                g.num_key_value_heads, g.head_dim,
                 self.layers[0]["down"].in_features, self.cos, self.sin, b.positions.contiguous(), b.slots.contiguous(),
-                b.decode_ctx.contiguous(), self.cache.slots, self.cache.slot_len, g.eps, self.scale, torch.get_num_threads())
+                b.decode_ctx.contiguous(), self.cache.slots, self.cache.slot_len, self.eps, self.scale, torch.get_num_threads())
         elif self._kernels:
             x = self._layers_native(b, x, chunk_masks)
         else:
             x = self._layers_torch(b, x, chunk_masks)
         last = x[b.logit_rows]
-        h = F.rms_norm(last, (self.geo.hidden,), self.norm, self.geo.eps)
+        h = F.rms_norm(last, (self.geo.hidden_size,), self.norm, self.eps)
         return self.lm_head(h.to(self.dtype)).float() if self.dtype != torch.float32 else self.lm_head(h)
 
     def _layers_native(self, b: StepBatch, x: torch.Tensor, chunk_masks: list[torch.Tensor | None]) -> torch.Tensor:
         """The decoder layers with the native kernels; ``x`` float32 ``[T, hidden]`` (updated in place, returned)."""
         g, kn = self.geo, self._kernels
         T = x.shape[0]
-        D, H, KVH, eps = g.head_dim, g.heads, g.kv_heads, g.eps
+        D, H, KVH, eps, group = g.head_dim, g.num_attention_heads, g.num_key_value_heads, self.eps, g.heads_per_kv_head
         cd = self.dtype
         lowp = cd != torch.float32
         nd = b.n_decode
         threads = torch.get_num_threads()
         positions, slots = b.positions.contiguous(), b.slots.contiguous()
         dec_slots, dec_lens = slots[:nd], b.decode_ctx.contiguous()  # the decode tokens come first
-        h = torch.empty(T, g.hidden, dtype=cd)  # each GEMM's normalised input, in the GEMM dtype
+        h = torch.empty(T, g.hidden_size, dtype=cd)  # each GEMM's normalised input, in the GEMM dtype
         layers = self.layers
         kn.add_rms_norm(x, None, layers[0]["ln1"], eps, h, threads)
         for i, L in enumerate(layers):
@@ -490,7 +366,7 @@ class Decoder:
             q = torch.empty(T, H, D)
             kn.rope_kv_write(L["qkv"](h), self.cos, self.sin, positions, slots, H, kc, vc, q, threads)
             if nd:
-                dec = kn.decode_attention(q[:nd].view(nd, KVH, g.group, D), kc, vc, dec_slots, dec_lens, self.scale,
+                dec = kn.decode_attention(q[:nd].view(nd, KVH, group, D), kc, vc, dec_slots, dec_lens, self.scale,
                                           threads).view(nd, H, D)
             if nd == T:
                 attn = dec
@@ -514,7 +390,7 @@ class Decoder:
         ``F.rms_norm`` (bitwise equal to transformers' formula in float32)."""
         g = self.geo
         T = x.shape[0]
-        D, H, KVH = g.head_dim, g.heads, g.kv_heads
+        D, H, KVH, group, hidden = g.head_dim, g.num_attention_heads, g.num_key_value_heads, g.heads_per_kv_head, g.hidden_size
         cd = self.dtype
         lowp = cd != torch.float32  # float32 skips the casts below (each is a dispatch even when a no-op)
         cos = self.cos[b.positions].unsqueeze(1)  # [T, 1, D]
@@ -533,9 +409,9 @@ class Decoder:
             dec_mask = torch.zeros(n_slots, 1, 1, ctx).masked_fill_(
                 (torch.arange(ctx).unsqueeze(0) >= lens.unsqueeze(1)).view(n_slots, 1, 1, ctx), float("-inf"))
             dec_slot_idx = torch.tensor(b.decode_slots, dtype=torch.int64)
-        eps = g.eps
+        eps = self.eps
         for i, L in enumerate(self.layers):
-            h = F.rms_norm(x, (g.hidden,), L["ln1"], eps)
+            h = F.rms_norm(x, (hidden,), L["ln1"], eps)
             qkv = L["qkv"](h.to(cd)).float() if lowp else L["qkv"](h)  # RoPE and attention in float32
             qk = self._rope(qkv[:, :nq + nkv].view(T, H + KVH, D), cos, sin_signed)
             q, k = qk[:, :H], qk[:, H:]
@@ -545,9 +421,9 @@ class Decoder:
             vc[b.slots, :, b.positions] = v.to(vc.dtype)
             attn = None if decode_only else torch.empty(T, H, D)
             if nd:
-                qd = q[:nd].reshape(nd, KVH, g.group, D)
+                qd = q[:nd].reshape(nd, KVH, group, D)
                 if not contiguous:
-                    full = qd.new_zeros(n_slots, KVH, g.group, D)
+                    full = qd.new_zeros(n_slots, KVH, group, D)
                     full[dec_slot_idx] = qd
                     qd = full
                 o = self._decode_attention_torch(qd, kc[:n_slots, :, :ctx].float(), vc[:n_slots, :, :ctx].float(), dec_mask)
@@ -560,7 +436,7 @@ class Decoder:
             if b.chunks:
                 self._prefill_attention(q, kc, vc, b, chunk_masks, attn)
             x = x + L["o"](attn.view(T, nq).to(cd) if lowp else attn.view(T, nq))
-            h = F.rms_norm(x, (g.hidden,), L["ln2"], eps)
+            h = F.rms_norm(x, (hidden,), L["ln2"], eps)
             gu = L["gate_up"](h.to(cd) if lowp else h)
             inter = gu.shape[1] // 2
             x = x + L["down"](F.silu(gu[:, :inter]) * gu[:, inter:])

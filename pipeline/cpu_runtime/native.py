@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ _COMPILE_TIMEOUT_S = 120
 
 class KernelUnavailable(UserError, RuntimeError):
     """The native kernels cannot be built or loaded here (one line: why). Reaches the user only where they were
-    asked for (``TRTPIPE_CPU_KERNELS=native``): a :class:`~pipeline.errors.UserError`, one line and exit 2."""
+    asked for (``TRTPIPE_CPU_KERNELS=native``): a :class:`~pipeline.core.errors.UserError`, one line and exit 2."""
 
 
 class KernelChoiceError(UserError, ValueError):

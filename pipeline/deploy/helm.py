@@ -23,11 +23,18 @@ from typing import Any
 
 import yaml
 
+from pipeline.core.errors import MissingToolError, StageError
 from pipeline.deploy import metrics
 from pipeline.deploy.spec import (
-    PORTS, SHM_MULTI_GPU, SHM_SINGLE_GPU, STARTUP_TIMEOUT_S, TRITONSERVER, DeploySpec,
+    ADMIN_APIS,
+    ADMIN_HEADER,
+    ADMIN_SECRET_KEY,
+    PORTS,
+    STARTUP_TIMEOUT_S,
+    TRITONSERVER,
+    DeploySpec,
+    shm_size,
 )
-from pipeline.errors import MissingToolError, StageError
 from pipeline.triton.process import DEFAULT_SHM_PREFIX
 
 CHART_VERSION = "0.1.0"
@@ -37,6 +44,14 @@ MIN_CPU, GIB_PER_CPU = 4, 8
 #: probes: readiness/liveness periods of Triton's own k8s-onprem chart (server deploy/k8s-onprem/templates/
 #: deployment.yaml@4b5445910791: readiness 5 s × 3, liveness 10 s × 3, startup every 10 s)
 PROBE_PERIOD_S = {"startup": 10, "readiness": 5, "liveness": 10}
+#: where the multi-node leader gets ``kubectl`` (mpirun's rsh agent is ``kubectl exec``, as in kubernetes-sigs/lws
+#: docs/examples/tensorrt-llm/build/server.py@4aaf9d50f542 and its Dockerfile@64b20ff7ea7b, which installs kubectl
+#: into a custom image). The stock Triton image has none (tensorrtllm_backend dockerfile/
+#: Dockerfile.triton.trt_llm_backend@ce68ff5fd0a7:122-140), so an init container copies the binary out of the
+#: Kubernetes project's own kubectl image: kubernetes/kubernetes build/server-image/kubectl/Dockerfile@109cf6820d2f
+#: (FROM debian-base + coreutils, binary at /bin/kubectl; so /bin/cp exists). Pinned by tag; kubectl talks to the
+#: API server within the ±1 minor skew of kubernetes' version-skew policy for 1.33-1.35 clusters.
+KUBECTL_IMAGE = "registry.k8s.io/kubectl:v1.34.1"
 
 
 def _image(ref: str) -> dict[str, str]:
@@ -79,20 +94,25 @@ def chart_values(spec: DeploySpec) -> dict[str, Any]:
             "requests": {"cpu": str(cpu), "memory": f"{cpu * GIB_PER_CPU}Gi"},
             "limits": {"memory": f"{cpu * GIB_PER_CPU}Gi"},
         },
-        "shm": {"sizeLimit": SHM_SINGLE_GPU if spec.gpus_per_pod == 1 else SHM_MULTI_GPU},
+        # capped at the memory limit: a memory-backed emptyDir is charged to it (spec.shm_size)
+        "shm": {"sizeLimit": shm_size(spec.gpus_per_pod, f"{cpu * GIB_PER_CPU}Gi")},
         "terminationGracePeriodSeconds": 30,
         "service": {"type": "ClusterIP"},
         "triton": {"binary": TRITONSERVER, "ports": dict(PORTS), "exitTimeoutSecs": 5, "logVerbose": 0,
-                   "shmRegionPrefix": DEFAULT_SHM_PREFIX},
+                   "shmRegionPrefix": DEFAULT_SHM_PREFIX,
+                   # as `trtpipe serve` off loopback: these APIs answer only requests with header `<header>: <key>`;
+                   # the key is in a Secret (created with a random key, kept across upgrades, or an existing one)
+                   "adminApi": {"apis": list(ADMIN_APIS), "header": ADMIN_HEADER,
+                                "secret": {"create": True, "name": "", "key": ADMIN_SECRET_KEY}}},
         "probes": {
             "startup": {"periodSeconds": PROBE_PERIOD_S["startup"],
                         "failureThreshold": STARTUP_TIMEOUT_S // PROBE_PERIOD_S["startup"]},
             "readiness": {"periodSeconds": PROBE_PERIOD_S["readiness"], "failureThreshold": 3},
             "liveness": {"periodSeconds": PROBE_PERIOD_S["liveness"], "failureThreshold": 3},
         },
-        "multiNode": {"workerWaitSeconds": 600},
+        "multiNode": {"workerWaitSeconds": 600, "kubectlImage": KUBECTL_IMAGE},
         "autoscaling": {
-            "enabled": True, "minReplicas": 1, "maxReplicas": 4, "metric": metrics.DEFAULT_SIGNAL,
+            "enabled": True, "minReplicas": 1, "maxReplicas": 4, "metric": metrics.default_signal(spec.engine),
             "signals": {k: {"record": s.record, "expr": s.expr, "target": s.target} for k, s in signals.items()},
         },
         "monitoring": {

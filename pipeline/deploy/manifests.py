@@ -9,14 +9,39 @@ from typing import Any
 
 import yaml
 
-from pipeline.deploy.spec import PORTS, SHM_MULTI_GPU, SHM_SINGLE_GPU, DeploySpec
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
+from pipeline.deploy.spec import (
+    ADMIN_APIS,
+    ADMIN_HEADER,
+    ADMIN_KEY_ENV,
+    ADMIN_SECRET_KEY,
+    PORTS,
+    DeploySpec,
+    shm_size,
+)
 
 #: PVC the manifests mount (the chart's default ``modelRepository.pvc.claimName``)
 CLAIM = "trtpipe-builds"
 #: KServe's data-plane ports for a runtime container: HTTP 8080, gRPC 9000 (kserve config/runtimes/
 #: kserve-tritonserver.yaml@v0.20.0 passes --http-port=8080 --grpc-port=9000); metrics stay on Triton's 8002
 KSERVE_PORTS = {"http": 8080, "grpc": 9000, "metrics": PORTS["metrics"]}
+#: the InferenceService deployment mode without Knative. kserve pkg/constants/constants.go: "RawDeployment" is the
+#: only raw mode at v0.15.0 (@d20d4228a8b2:417); v0.16.0 adds "Standard" and keeps "RawDeployment" as its legacy
+#: alias (@5b033a402442:466-467), still accepted at v0.20.0 (@1fb781055dd1:564-565)
+KSERVE_DEPLOYMENT_MODE = "RawDeployment"
+#: no KServe HPA. With no autoscalerClass KServe creates a CPU-utilization HPA (hpa_reconciler.go@v0.20.0
+#: getHPAMetrics, default 80 %), which a GPU LLM server's CPU load does not track. "external" is the one class
+#: v0.15.0 … v0.20.0 all accept that creates none (v0.15.0 autoscaler_reconciler.go createAutoscaler: hpa|external|
+#: keda; hpa_reconciler.go shouldCreateHPA: only without a class or with "hpa"); "none" first appears in v0.16.0.
+#: Scale with the Helm chart's custom-metric HPA on the predictor Deployment instead (docs/deploy-k8s.md).
+KSERVE_AUTOSCALER_CLASS = "external"
+#: CPU cores and memory per GPU of the KServe predictor (the Helm chart's rule: max(4, GPUs) CPUs, 8 GiB per CPU)
+KSERVE_MIN_CPU, KSERVE_GIB_PER_CPU = 4, 8
+
+
+def admin_secret_name(spec: DeploySpec) -> str:
+    """The Secret holding the Triton admin key of the KServe runtime (created by the user: docs/deploy-k8s.md)."""
+    return f"{spec.name}-triton-admin"
 
 
 def _volume() -> dict[str, Any]:
@@ -45,7 +70,9 @@ def dynamo_objects(spec: DeploySpec, image: str) -> list[dict[str, Any]]:
     worker: dict[str, Any] = {
         "componentType": "worker",
         "replicas": 1,
-        "envFromSecret": "hf-token-secret",
+        # no envFromSecret: the operator turns it into a non-optional envFrom.secretRef (ai-dynamo/dynamo
+        # deploy/cloud/operator/internal/dynamo/graph.go@52c2429d3511 GenerateBasePodSpec), so a missing Secret stops the pod;
+        # the worker loads the build's local checkpoint and needs no Hugging Face token
         "resources": {"requests": {"gpu": str(spec.gpus_per_pod)}, "limits": {"gpu": str(spec.gpus_per_pod)}},
         "envs": [{"name": "TRTPIPE_ENGINE_ARGS", "value": yaml.safe_dump(spec.engine_args, sort_keys=False)}],
         "extraPodSpec": {
@@ -57,10 +84,15 @@ def dynamo_objects(spec: DeploySpec, image: str) -> list[dict[str, Any]]:
     }
     if spec.multi_node:
         worker["multinode"] = {"nodeCount": spec.nodes}
+    annotations = {}
+    dyn = spec.release.dynamo_runtime
+    if dyn and image == dyn.image:
+        annotations = {"trtpipe.dev/dynamo-release": dyn.dynamo, "trtpipe.dev/dynamo-tensorrt-llm": dyn.tensorrt_llm}
     dgd = {
         "apiVersion": "nvidia.com/v1alpha1",
         "kind": "DynamoGraphDeployment",
-        "metadata": {"name": spec.name, "labels": {"trtpipe.dev/recipe": spec.recipe.name}},
+        "metadata": {"name": spec.name, "labels": {"trtpipe.dev/recipe": spec.recipe.name},
+                     **({"annotations": annotations} if annotations else {})},
         "spec": {
             "backendFramework": "trtllm",
             "services": {
@@ -86,8 +118,11 @@ def kserve_objects(spec: DeploySpec) -> list[dict[str, Any]]:
             "GPUs; the KServe rendering is single-node: use --format helm (LeaderWorkerSet)"
         )
     runtime = f"{spec.name}-triton"
-    argv = spec.triton_argv(KSERVE_PORTS)
+    admin = f"{','.join(ADMIN_APIS)}:{ADMIN_HEADER}=$({ADMIN_KEY_ENV})"
+    argv = spec.triton_argv(KSERVE_PORTS, extra_args=[f"--http-restricted-api={admin}", f"--grpc-restricted-protocol={admin}"])
     gpu = str(spec.gpus_per_pod)
+    cpu = max(KSERVE_MIN_CPU, spec.gpus_per_pod)
+    memory = f"{cpu * KSERVE_GIB_PER_CPU}Gi"
     serving_runtime = {
         "apiVersion": "serving.kserve.io/v1alpha1",
         "kind": "ServingRuntime",
@@ -101,6 +136,9 @@ def kserve_objects(spec: DeploySpec) -> list[dict[str, Any]]:
                 "name": "kserve-container",
                 "image": spec.release.image,
                 "command": argv,
+                # Triton's admin APIs answer only requests carrying this key (the kubelet expands $(TRITON_ADMIN_KEY))
+                "env": [{"name": ADMIN_KEY_ENV, "valueFrom": {"secretKeyRef": {
+                    "name": admin_secret_name(spec), "key": ADMIN_SECRET_KEY}}}],
                 "ports": [{"name": "http", "containerPort": KSERVE_PORTS["http"], "protocol": "TCP"}],
                 "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": KSERVE_PORTS["http"]},
                                    "periodSeconds": 5, "failureThreshold": 3},
@@ -113,17 +151,20 @@ def kserve_objects(spec: DeploySpec) -> list[dict[str, Any]]:
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
         "metadata": {"name": spec.name, "labels": {"trtpipe.dev/recipe": spec.recipe.name},
-                     "annotations": {"serving.kserve.io/deploymentMode": "Standard"}},
+                     "annotations": {"serving.kserve.io/deploymentMode": KSERVE_DEPLOYMENT_MODE,
+                                     "serving.kserve.io/autoscalerClass": KSERVE_AUTOSCALER_CLASS}},
         "spec": {"predictor": {
-            "minReplicas": 1, "maxReplicas": 4,
+            "minReplicas": 1, "maxReplicas": 1,
             "nodeSelector": {"nvidia.com/gpu.product": spec.gpu_product},
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "volumes": [_volume(), {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SINGLE_GPU if spec.gpus_per_pod == 1 else SHM_MULTI_GPU}}],
+            "volumes": [_volume(), {"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                                   "sizeLimit": shm_size(spec.gpus_per_pod, memory)}}],
             "model": {
                 "modelFormat": {"name": "triton", "version": "2"},
                 "runtime": runtime,
                 "protocolVersion": "v2",
-                "resources": {"requests": {"nvidia.com/gpu": gpu}, "limits": {"nvidia.com/gpu": gpu}},
+                "resources": {"requests": {"nvidia.com/gpu": gpu, "cpu": str(cpu), "memory": memory},
+                              "limits": {"nvidia.com/gpu": gpu, "memory": memory}},
                 "volumeMounts": [_mount(spec), {"name": "dshm", "mountPath": "/dev/shm"}],
             },
         }},

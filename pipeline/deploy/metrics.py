@@ -21,7 +21,9 @@ Sources (upstream code, file@commit):
   to the engine's event loop and returns at once, so Triton's compute time there covers only that hand-off:
   the queue/compute ratio is a weak load signal on this path (said in docs/deploy-k8s.md).
 
-The default signal is the queue/compute ratio of NVIDIA's Triton + TensorRT-LLM autoscaling tutorial
+The default signal depends on the backend (:data:`DEFAULT_SIGNALS`): for the C++ backend the executor's waiting
+queue (``waiting_requests``; the ratio below barely moves there, see :data:`DEFAULT_SIGNALS`), for the LLM-API
+model the queue/compute ratio of NVIDIA's Triton + TensorRT-LLM autoscaling tutorial
 (triton-inference-server/tutorials ``Deployment/Kubernetes/EKS_Multinode_Triton_TRTLLM/multinode_helm_chart/
 triton-metrics_prometheus-rule.yaml@66481c48dc8d``, record ``triton:queue_compute:ratio``, HPA target ``1000m`` in
 ``TensorRT-LLM_Autoscaling_and_Load_Balancing/chart/templates/horizontal-pod-autoscaler.yaml@d459ddd7d195``).
@@ -123,11 +125,27 @@ SIGNALS: dict[str, AutoscalingSignal] = {
         series=("nv_trt_llm_kv_cache_block_metrics",),
     ),
 }
+#: the signal the chart scales on by default, per engine kind. C++ backend (tensorrt): the executor's waiting
+#: queue. Its execute() only enqueues: the backend stamps compute start when execute() hands the request to the
+#: executor and compute end at the final response (triton-inference-server/tensorrtllm_backend
+#: inflight_batcher_llm/src/model_instance_state.cc@c2e65b8:924-956,1334-1395), so nv_inference_queue_duration_us counts only Triton's
+#: queue in front of a non-blocking execute and the ratio stays near 0 under load; the requests waiting for a
+#: batch slot are nv_trt_llm_request_metrics{request_type="waiting"} (same repository,
+#: inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc@c2e65b8:38-40,169).
+#: LLM-API python model (pytorch): only Triton's core series exist, so the tutorial's ratio is all there is.
+DEFAULT_SIGNALS = {"tensorrt": "waiting_requests", "pytorch": "queue_compute_ratio"}
+#: the fallback (every backend exports its series)
 DEFAULT_SIGNAL = "queue_compute_ratio"
 
 
+def default_signal(engine: str) -> str:
+    """The autoscaling signal the chart uses for ``engine`` unless ``autoscaling.metric`` says otherwise."""
+    key = DEFAULT_SIGNALS.get(engine, DEFAULT_SIGNAL)
+    return key if SIGNALS[key].available_for(engine) else DEFAULT_SIGNAL
+
+
 def signals_for(engine: str) -> dict[str, AutoscalingSignal]:
-    """The signals whose series the backend serving ``engine`` exports (the default one always applies)."""
+    """The signals whose series the backend serving ``engine`` exports (:data:`DEFAULT_SIGNAL` always applies)."""
     return {k: s for k, s in SIGNALS.items() if s.available_for(engine)}
 
 

@@ -1,7 +1,7 @@
 """What a Kubernetes deployment of one build needs, resolved once from a recipe or a build directory.
 
 :func:`resolve` turns ``RECIPE`` or ``BUILD_DIR`` into a frozen :class:`DeploySpec`: names, the Triton container
-of the release matrix for the engine's TensorRT-LLM (:func:`pipeline.release.for_tensorrt_llm`), the GPU
+of the release matrix for the engine's TensorRT-LLM (:func:`pipeline.trtllm.release.for_tensorrt_llm`), the GPU
 layout (tp × pp ranks, GPUs per node, nodes per instance), where the build directory lives inside the pods
 (the model repository refers to the engine and checkpoint by absolute path, so the build must be mounted
 at the path it was built at), ports and the Triton argv (:func:`pipeline.triton.server.triton_command`), and
@@ -17,13 +17,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from pipeline import release as release_matrix
-from pipeline.errors import UserError
-from pipeline.layout import LLMAPI_MODEL_YAML, BuildLayout
+from pipeline.core.errors import UserError
+from pipeline.core.layout import LLMAPI_MODEL_YAML, BuildLayout
+from pipeline.engine.result import EngineResult
 from pipeline.recipe import Recipe
-from pipeline.stages.results import EngineResult
-from pipeline.triton.model_config import layouts
+from pipeline.serve import stage as _serve_stage
 from pipeline.triton.server import CONTAINER_TRITONSERVER, triton_command
+from pipeline.triton_repo import layouts
+from pipeline.trtllm import release as release_matrix
 
 #: where the trtpipe GPU image keeps builds (Dockerfile: ``artifacts`` → ``/models``, the volume to mount)
 DEFAULT_MOUNT_PATH = "/models"
@@ -37,13 +38,48 @@ POD_HOST = "0.0.0.0"
 SHM_SINGLE_GPU = "2Gi"
 #: memory-backed /dev/shm for multi-GPU pods (NCCL + python backend): NVIDIA's EKS multi-node chart sizes
 #: it 256Gi (tutorials Deployment/Kubernetes/EKS_Multinode_Triton_TRTLLM/multinode_helm_chart/chart/templates/
-#: deployment.yaml@f59d968829e0); it is bounded by the pod's memory limit anyway
+#: deployment.yaml@f59d968829e0). A memory-backed emptyDir is charged to the pod's memory cgroup, so the rendered
+#: size is capped at the pod's memory limit (:func:`shm_size`)
 SHM_MULTI_GPU = "256Gi"
+#: Triton's administrative APIs a pod restricts behind a key, and the header carrying it: the same as local
+#: ``trtpipe serve`` off loopback (pipeline.serve.stage.ADMIN_APIS / ADMIN_HEADER)
+ADMIN_APIS = _serve_stage.ADMIN_APIS
+ADMIN_HEADER = _serve_stage.ADMIN_HEADER
+#: the container env var holding the admin key. The kubelet expands ``$(VAR)`` in ``command``/``args`` from the
+#: container's env (kubernetes/kubernetes third_party/forked/golang/expansion/expand.go@fde22c3f9aac ``Expand`` /
+#: ``MappingFuncFor``: an undefined ``$(name)`` is left as written, so shell ``$((i + 1))`` survives)
+ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
+#: key of the admin-key entry in the Secret
+ADMIN_SECRET_KEY = "admin-key"
 #: startup budget for loading the engine from the volume (s); docs/deploy-gpu.md suggests `--timeout 600`
 #: for a large engine on local disk, tripled for network volumes and multi-node start-up
 STARTUP_TIMEOUT_S = 1800
 #: Helm release / object names must be DNS-1123 labels; 53 leaves room for suffixes (Helm's own limit)
 MAX_NAME = 53
+
+
+def gib(quantity: str) -> float:
+    """A Kubernetes binary/decimal memory quantity (``64Gi``, ``2G``, ``512Mi``) in GiB."""
+    m = re.fullmatch(r"([0-9.]+)([KMGTPE]i?|k)?", str(quantity).strip())
+    if not m:
+        raise UserError(f"{quantity!r}: not a Kubernetes memory quantity (e.g. 64Gi)")
+    units = {None: 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+    return float(m.group(1)) * units[m.group(2)] / 2**30
+
+
+def shm_size(gpus_per_pod: int, memory_limit: str | None) -> str:
+    """The ``/dev/shm`` emptyDir size of a pod: 2Gi for one GPU, 256Gi for several, never above ``memory_limit``.
+
+    A ``medium: Memory`` emptyDir is tmpfs charged to the pod's memory cgroup; the kubelet sizes it to the
+    smallest of node allocatable, the pod's memory limit and the volume's sizeLimit (kubernetes/kubernetes
+    pkg/volume/emptydir/empty_dir.go@e62f9625cf60 ``calculateEmptyDirMemorySize``), so a sizeLimit above the
+    limit only promises space the limit takes back.
+    """
+    want = SHM_SINGLE_GPU if gpus_per_pod == 1 else SHM_MULTI_GPU
+    if memory_limit and gib(want) > gib(memory_limit):
+        return memory_limit
+    return want
 
 
 def dns_name(text: str) -> str:
@@ -102,13 +138,13 @@ class DeploySpec(BaseModel):
         """True when one instance spans nodes (rendered as a LeaderWorkerSet)."""
         return self.nodes > 1
 
-    def triton_argv(self, ports: dict[str, int] | None = None) -> list[str]:
+    def triton_argv(self, ports: dict[str, int] | None = None, extra_args: list[str] | tuple[str, ...] = ()) -> list[str]:
         """``tritonserver`` argv for one pod (single node): :func:`pipeline.triton.server.triton_command`."""
 
         p = ports or PORTS
         return triton_command(
             TRITONSERVER, self.repository, http_port=p["http"], grpc_port=p["grpc"], metrics_port=p["metrics"],
-            host=POD_HOST, world_size=self.world_size,
+            host=POD_HOST, world_size=self.world_size, extra_args=extra_args,
         )
 
 
@@ -156,8 +192,8 @@ def resolve(target: Path, *, overrides: list[str] | None = None, mount_path: str
         UserError: the target is missing or not a recipe/build, the recipe targets the CPU, the release matrix
             has no container for the engine's TensorRT-LLM, or the build is not mountable at its paths.
     """
-    from pipeline.engine.pytorch import llm_api_kwargs
     from pipeline.recipe import load_recipe
+    from pipeline.trtllm.llmapi import llm_api_kwargs
 
     target = Path(target)
     if target.is_dir():

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.errors import StageError
+from pipeline.core.errors import StageError
 
 #: Kubernetes versions every object is validated against: the chart's minimum (Chart.yaml kubeVersion
 #: ``>=1.29``) and a recent one; both ship in kubernetes-validate 1.37.
@@ -46,9 +46,8 @@ def load_objects(paths: list[Path]) -> list[tuple[Path, dict[str, Any]]]:
 
 @functools.cache
 def _k8s_definitions(version: str):
-    from referencing import Resource
-
     from kubernetes_validate import utils
+    from referencing import Resource
 
     v = [x for x in utils.all_versions() if utils.major_minor(x) <= utils.major_minor(version)][-1]
     return Resource.from_contents(utils.schema_contents(f"kubernetes-json-schema/v{v}-local-strict/_definitions.json", v))

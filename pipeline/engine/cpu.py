@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import (
+from pipeline.core.artifacts import (
     MANIFEST,
     atomic_dir,
     base_manifest,
@@ -50,12 +50,13 @@ from pipeline.artifacts import (
     stable_hash,
     write_manifest,
 )
-from pipeline.errors import StageError, UserError
-from pipeline.layout import BuildLayout
-from pipeline.models import geometry_from_dict
+from pipeline.core.errors import StageError, UserError
+from pipeline.core.geometry import geometry_from_dict
+from pipeline.core.layout import BuildLayout
+from pipeline.engine.result import EngineResult
+from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.consumers import consumed
-from pipeline.stages.results import EngineResult, QuantizeResult
 
 STAGE = EngineResult.STAGE
 ENGINE_CONFIG = "engine_config.json"
@@ -72,7 +73,7 @@ def _model_config(hf_ckpt: Path, recipe: Recipe, dry_run: bool) -> dict[str, Any
     without a checkpoint, the known geometry of ``model.source`` stands in (pipeline/data/models.yaml)."""
     path = hf_ckpt / "config.json"
     if not path.is_file() and dry_run:
-        from pipeline.models import geometry_for_source
+        from pipeline.core.geometry import geometry_for_source
 
         geo = geometry_for_source(recipe.model.source)
         if geo is not None:
@@ -95,7 +96,11 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
     for an unsupported model, ``kv_cache_config.max_tokens`` below ``max_seq_len``, or ``max_seq_len`` above the
     model's ``max_position_embeddings``.
     """
-    from pipeline.cpu_runtime.model import COMPUTE_DTYPES, UnsupportedModelError, check_supported
+    from pipeline.cpu_runtime.model import (
+        COMPUTE_DTYPES,
+        UnsupportedModelError,
+        check_supported,
+    )
 
     b = recipe.build
     try:
@@ -165,7 +170,7 @@ def _cache_key(recipe: Recipe, quantized: QuantizeResult, dry_run: bool) -> str:
 
 def _weights_key(hf_ckpt_sha256: str, dtype: str) -> str:
     """What ``model.safetensors``, ``config.json`` and the tokenizer files depend on: the quantized checkpoint
-    (by its content, :func:`pipeline.artifacts.sha256_tree`), the weight dtype, this builder and the libraries
+    (by its content, :func:`pipeline.core.artifacts.sha256_tree`), the weight dtype, this builder and the libraries
     that write them. The limits in ``engine_config.json`` are not part of it."""
     return stable_hash(
         {
@@ -217,7 +222,11 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
     """
     import torch
 
-    from pipeline.cpu_runtime.dequant import DequantError, iter_dequantized, plain_config
+    from pipeline.cpu_runtime.dequant import (
+        DequantError,
+        iter_dequantized,
+        plain_config,
+    )
 
     out_dir = layout.engine
     if not dry_run:

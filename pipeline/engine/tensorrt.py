@@ -15,46 +15,52 @@ Stage directory (``<build>/engine/``)::
 model's ``gpt_model_path`` points at (the backend reads only ``config.json`` and ``rank{N}.engine``).
 
 Every knob is passed explicitly (defaults moved between TensorRT-LLM versions). Knobs the tool would
-silently override (:func:`pipeline.engine.contract.effective_plugins`) are passed with the value the engine
+silently override (:func:`pipeline.trtllm.contract.effective_plugins`) are passed with the value the engine
 will really get, and listed under ``adjustments`` in the manifest. ``tensorrt_llm`` is never imported here:
 versions come from package metadata, the engine's ``config.json`` and ``nvidia-smi``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
 import shutil
 import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import atomic_dir, base_manifest, file_hashes, library_versions, peak_rss_bytes, stable_hash, write_manifest
-from pipeline.engine import contract
-from pipeline.errors import MissingToolError, StageError, UserError
-from pipeline.layout import BuildLayout
-from pipeline.models import geometry_for_source, geometry_from_config
+from pipeline.core.artifacts import (
+    atomic_dir,
+    base_manifest,
+    library_versions,
+    peak_rss_bytes,
+    stable_hash,
+    write_manifest,
+)
+from pipeline.core.errors import MissingToolError, StageError, UserError
+from pipeline.core.geometry import geometry_for_source, geometry_from_config
+from pipeline.core.layout import BuildLayout
+from pipeline.engine.result import EngineResult
+from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.consumers import consumed
-from pipeline.stages.results import EngineResult, QuantizeResult
+from pipeline.trtllm import contract
+from pipeline.trtllm.runtime import (
+    BUILD_CONFIG,
+    BUILD_LOG,
+    ENGINE_DIR,
+    MODEL_CONFIG,
+    SCRIPT,
+    TIMING_CACHE,
+    engine_file_hashes,
+    runtime_facts,
+)
 
 TOOL = "trtllm-build"
-ENGINE_DIR = "."
-SCRIPT = "trtllm_build.sh"
-BUILD_CONFIG = "build_config.json"
-MODEL_CONFIG = "checkpoint_config.json"
-BUILD_LOG = "build.log"
-TIMING_CACHE = "timing.cache"
-#: Files trtpipe writes next to the engine; everything else in the stage dir is trtllm-build output.
-OWN_FILES = frozenset({SCRIPT, BUILD_CONFIG, MODEL_CONFIG, BUILD_LOG, TIMING_CACHE, "manifest.json"})
 #: Seconds to wait for trtllm-build to exit after SIGTERM (Ctrl-C) before SIGKILL.
 TERMINATE_GRACE_S = 10.0
-#: Seconds allowed for ``nvidia-smi`` / a version probe subprocess.
-PROBE_TIMEOUT_S = 20.0
 
 
 # ----------------------------------------------------------------------------------------------- plan
@@ -161,103 +167,7 @@ def script_text(argv: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# ------------------------------------------------------------------------------------------ runtime
-def _dist_version(*names: str) -> str | None:
-    for n in names:
-        try:
-            return metadata.version(n)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def _import_version(module: str) -> str | None:
-    """``module.__version__`` from a child interpreter (keeps heavy imports out of this process)."""
-    if importlib.util.find_spec(module) is None:
-        return None
-    try:
-        out = subprocess.run([sys.executable, "-c", f"import {module}; print({module}.__version__)"],
-                             capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else None
-
-
-def gpu_facts() -> list[dict[str, str]]:
-    """``[{name, compute_capability}]`` per visible GPU from ``nvidia-smi``; ``[]`` without it or on error."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        out = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    gpus = []
-    for line in out.stdout.splitlines():
-        name, _, cc = line.rpartition(",")
-        if name.strip():
-            gpus.append({"name": name.strip(), "compute_capability": cc.strip()})
-    return gpus
-
-
-def runtime_facts() -> dict[str, Any]:
-    """What this machine offers an engine: ``tensorrt_llm`` and ``tensorrt`` versions (``None`` when absent)
-    and ``gpus`` (``[{name, compute_capability}]``, empty on CPU). Nothing heavy is imported here."""
-    return {
-        "tensorrt_llm": _dist_version("tensorrt_llm", "tensorrt-llm") or _import_version("tensorrt_llm"),
-        "tensorrt": _dist_version("tensorrt", "tensorrt-cu13", "tensorrt-cu12") or _import_version("tensorrt"),
-        "gpus": gpu_facts(),
-    }
-
-
-def check_engine_compatible(manifest: dict[str, Any], runtime: dict[str, Any], *, stage_dir: Path | None = None) -> list[str]:
-    """Why the engine of ``manifest`` cannot be served on ``runtime`` (:func:`runtime_facts`); ``[]`` = compatible.
-
-    Checks: the engine was built; TensorRT-LLM and TensorRT versions equal the build's; at least
-    world_size GPUs with the build GPU's compute capability; and, when ``stage_dir`` (the engine stage
-    directory) is given, every recorded engine file still has its sha256.
-    """
-    problems: list[str] = []
-    status = manifest.get("status")
-    if status != "built":
-        problems.append(f"the engine was not built (status {status!r}); run `trtpipe build` where trtllm-build exists")
-        return problems
-    versions = manifest.get("versions") or {}
-    for key, label in (("tensorrt_llm", "TensorRT-LLM"), ("tensorrt", "TensorRT")):
-        want, have = versions.get(key), runtime.get(key)
-        if want and have is None:
-            problems.append(f"{label} is not installed here; the engine was built with {label} {want}")
-        elif want and have != want:
-            problems.append(f"engine built with {label} {want}, this runtime has {have}: rebuild the engine")
-    want_cc = (manifest.get("gpu") or {}).get("compute_capability")
-    gpus = runtime.get("gpus") or []
-    world = int(manifest.get("world_size") or 1)
-    if not gpus:
-        problems.append("no NVIDIA GPU is visible (nvidia-smi)")
-    elif len(gpus) < world:
-        problems.append(f"the engine needs {world} GPUs (tp×pp), {len(gpus)} visible")
-    for i, g in enumerate(gpus[:world]):
-        if want_cc and g.get("compute_capability") != want_cc:
-            problems.append(f"GPU {i} ({g.get('name')}) has compute capability {g.get('compute_capability')}, "
-                            f"the engine was built for {want_cc}: rebuild on this GPU type")
-    if stage_dir is not None:
-        engine_dir = Path(stage_dir) / manifest.get("engine_dir", ENGINE_DIR)
-        have_files = engine_file_hashes(engine_dir) if engine_dir.is_dir() else {}
-        for rel, sha in sorted((manifest.get("engine_files") or {}).items()):
-            if rel not in have_files:
-                problems.append(f"engine file {engine_dir / rel} is missing")
-            elif have_files[rel] != sha:
-                problems.append(f"engine file {engine_dir / rel} changed on disk since the build (sha256 differs)")
-    return problems
-
-
 # ---------------------------------------------------------------------------------------------- run
-def engine_file_hashes(engine_dir: Path) -> dict[str, str]:
-    """``{relative path: sha256}`` of trtllm-build's output in ``engine_dir`` (trtpipe's own files excluded)."""
-    return {rel: sha for rel, sha in file_hashes(Path(engine_dir)).items() if rel not in OWN_FILES}
-
-
 def _run_tool(tool: str, argv: list[str], cwd: Path, failed_log: Path) -> None:
     """Run ``tool argv[1:]`` in ``cwd``, streaming output to ``cwd/build.log`` and stderr; raise on failure."""
     log_path = cwd / BUILD_LOG

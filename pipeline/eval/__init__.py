@@ -1,1 +1,1 @@
-"""Accuracy evaluation: tasks, scores and statistics of `trtpipe eval` (stage: pipeline.stages.eval)."""
+"""Accuracy evaluation: tasks, scores and statistics of `trtpipe eval` (stage: pipeline.eval.stage; its tables: pipeline.eval.report)."""

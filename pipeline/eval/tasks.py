@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import artifacts
-from pipeline.errors import UserError
+from pipeline.core import artifacts
+from pipeline.core.errors import UserError
 
 EMBEDDED_FILE = "embedded_summaries.jsonl"
 #: the instruction put before every article (chat template of the build's tokenizer around it)
@@ -89,8 +89,8 @@ def agreement(calibration: Any, tokenizer: Any, base_dir: Path) -> list[EvalSamp
     Args:
         calibration: the recipe's ``quantization.calibration`` (its dataset must be ``embedded``).
     """
-    from calib import EMBEDDED, pack, split
-    from calib.sources import embedded_source
+    from pipeline.quantize.calib import EMBEDDED, pack, split
+    from pipeline.quantize.calib.sources import embedded_source
 
     if calibration.dataset != EMBEDDED:
         raise UserError(f"--task agreement uses the embedded calibration text; this recipe calibrates on "

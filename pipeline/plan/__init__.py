@@ -17,13 +17,24 @@ See docs/plan.md for the formulas, the constants and how the estimates compare w
 
 from pipeline.plan.achievable import Efficiency, Prediction, SchedulerLimits, StepCost
 from pipeline.plan.measured import PointComparison, compare_run
-from pipeline.plan.memory import WeightBytes, activation_bytes, kv_bytes_per_token, kv_capacity_tokens, weight_bytes
+from pipeline.plan.memory import (
+    WeightBytes,
+    activation_bytes,
+    kv_capacity_tokens,
+    weight_bytes,
+)
 from pipeline.plan.perf import Roofline
-from pipeline.plan.planner import FitVerdict, MemoryPlan, PlanResult, ScenarioPlan, ThroughputPoint, check_fits, plan_recipe
-from pipeline.plan.predict import predict
+from pipeline.plan.planner import check_fits, plan_recipe, predict
+from pipeline.plan.result import (
+    FitVerdict,
+    MemoryPlan,
+    PlanResult,
+    ScenarioPlan,
+    ThroughputPoint,
+)
 
 __all__ = [
     "Efficiency", "FitVerdict", "MemoryPlan", "PlanResult", "PointComparison", "Prediction", "Roofline", "ScenarioPlan",
     "SchedulerLimits", "StepCost", "ThroughputPoint", "WeightBytes", "activation_bytes", "check_fits", "compare_run",
-    "kv_bytes_per_token", "kv_capacity_tokens", "plan_recipe", "predict", "weight_bytes",
+    "kv_capacity_tokens", "plan_recipe", "predict", "weight_bytes",
 ]

@@ -8,8 +8,9 @@ and model as any recipe, so the fit calibrates exactly the code path users get.
 
 :func:`fit` (scipy least squares on log errors; scipy comes with nvidia-modelopt) refits the free
 parameters; :func:`evaluate` scores an :class:`Efficiency`; :func:`leave_one_gpu_out` refits without each
-GPU and scores it on that GPU, :func:`leave_one_pair_out` the same per ISL/OSL pair. ``scripts/calibrate_plan.py`` runs them and writes
-``pipeline/data/plan_efficiency.yaml``.
+GPU and scores it on that GPU, :func:`leave_one_pair_out` the same per ISL/OSL pair. :func:`calibrate` runs them
+all and returns the document of ``pipeline/data/plan_efficiency.yaml`` (:func:`dump` writes it, :func:`drift`
+compares it with the shipped one); ``benchmarks/calibrate_plan.py`` is the command line around them.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from importlib import resources
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from pipeline import gpus
+from pipeline.core import hardware
 from pipeline.plan.achievable import Efficiency
+from pipeline.plan.model_inputs import EFFICIENCY_FILE
 from pipeline.recipe import Recipe
 
 CALIBRATION_FILE = "data/plan_calibration.yaml"
@@ -72,7 +74,7 @@ def points() -> list[CalibrationPoint]:
     return out
 
 
-def trtllm_bench_settings(gpu: gpus.GpuSpec, param_count: int, weight_bytes_per_param: float, kv_bytes_per_token: int,
+def trtllm_bench_settings(gpu: hardware.GpuSpec, param_count: int, weight_bytes_per_param: float, kv_bytes_per_token: int,
                           isl: int, osl: int, kv_fraction: float = 0.95) -> tuple[int, int]:
     """``(max_batch_size, max_num_tokens)`` that ``trtllm-bench build --dataset`` picks (TensorRT-LLM
     tensorrt_llm/bench/build/tuning.py: calc_engine_setting + finetune_setting).
@@ -104,15 +106,15 @@ def trtllm_bench_settings(gpu: gpus.GpuSpec, param_count: int, weight_bytes_per_
 
 def point_recipe(p: CalibrationPoint) -> Recipe:
     """The recipe that reproduces a published run's conditions (see ``plan_calibration.yaml``)."""
-    from pipeline.models import known_geometry
+    from pipeline.core.geometry import known_geometry
 
     raw = _raw()
     cond = raw["conditions"]
     geo = known_geometry(raw["model"])
     assert geo is not None
-    gpu = gpus.catalog()[p.gpu]
+    gpu = hardware.catalog()[p.gpu]
     kv_b = 1 if p.kv_cache_dtype in ("fp8", "int8") else 2
-    kv_tok = 2 * geo.num_hidden_layers * geo.num_key_value_heads * geo.head_dim * kv_b
+    kv_tok = geo.kv_bytes_per_token(kv_b)
     bs, tok = trtllm_bench_settings(gpu, geo.num_parameters, 1.0 if p.qformat == "fp8" else 2.0, kv_tok, p.isl, p.osl,
                                     cond["kv_cache_free_gpu_mem_fraction"])
     tpb = cond["tokens_per_block"]
@@ -219,3 +221,69 @@ def leave_one_pair_out(pts: list[CalibrationPoint] | None = None) -> list[PointR
         eff = fit([p for p in pts if (p.isl, p.osl) != pair])
         out += evaluate(eff, [p for p in pts if (p.isl, p.osl) == pair])
     return out
+
+
+EFFICIENCY_HEADER = """\
+# Fitted efficiency parameters of the achievable-throughput model (pipeline/plan/achievable.py).
+# WRITTEN BY benchmarks/calibrate_plan.py (pipeline.plan.calibration.calibrate) from pipeline/data/plan_calibration.yaml
+# — rerun it, do not edit.
+#
+# fitted (least squares on ln(predicted / published), 27 points):
+#   bw_frac          achieved fraction of peak DRAM bandwidth streaming weights, activations, logits and KV
+#   gemm_frac        achieved fraction of the dense tensor-core peak of the GEMM dtype
+#   attn_frac        achieved fraction of the dense tensor-core peak in prefill attention (ceiling 0.75 = FA3)
+#   seq_overhead_us  time per sequence per step outside the GEMM/attention roofline (runtime, sampling)
+# fixed (not identifiable from max-load points, whose steps last 20-300 ms):
+#   step_overhead_ms 0.5 ± 0.5 ms per step: ~32 layers x ~10 kernels x ~1.5 us launch each
+# rel_error: the largest RMS of ln(predicted / published) when a GPU (or an ISL/OSL pair) is left out of the
+#   fit and predicted — the error seen on data the fit had not seen; predictions add terms for uncalibrated
+#   conditions (pipeline/plan/model_inputs.py).
+"""
+
+
+def _round(d: dict, n: int = 4) -> dict:
+    return {k: round(v, n) if isinstance(v, float) else v for k, v in d.items()}
+
+
+def calibrate() -> dict:
+    """The document of ``plan_efficiency.yaml``: :func:`fit` on every point (``fitted``, ``fixed``, ``fit``
+    summary, ``points``), :func:`leave_one_gpu_out` (per GPU: its parameters, summary and per-point errors) and
+    :func:`leave_one_pair_out` (summary); ``rel_error`` = the largest RMS log error of those refits (the error
+    on data a fit had not seen). Deterministic: same table → same parameters (to the optimizer's tolerance);
+    thirteen least-squares fits, a few seconds."""
+    eff = fit()
+    results = evaluate(eff)
+    logo_out = {}
+    for g, (e, rs) in leave_one_gpu_out().items():
+        logo_out[g] = {"params": _round({k: getattr(e, k) for k in FREE}), **_round(summary(rs)),
+                       "errors": [round(r.error, 4) for r in rs]}
+    lopo_summ = summary(leave_one_pair_out())
+    rel_error = max(max(v["rms_log_error"] for v in logo_out.values()), lopo_summ["rms_log_error"])
+    return {
+        "source": f"fit of benchmarks/calibrate_plan.py on {_raw()['source']}",
+        "fitted": _round({k: getattr(eff, k) for k in FREE}),
+        "fixed": dict(FIXED),
+        "rel_error": round(rel_error, 4),
+        "fit": _round(summary(results)),
+        "leave_one_gpu_out": logo_out,
+        "leave_one_pair_out": _round(lopo_summ),
+        "points": [{"gpu": r.gpu, "isl": r.isl, "osl": r.osl, "published": r.published, "predicted": round(r.predicted, 1),
+                    "error": round(r.error, 4), "batch": r.batch, "limited_by": r.limited_by} for r in results],
+    }
+
+
+def dump(data: dict) -> str:
+    """``data`` (:func:`calibrate`'s document) as the text of ``plan_efficiency.yaml``, header first."""
+    return EFFICIENCY_HEADER + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120)
+
+
+def shipped() -> dict:
+    """The shipped ``plan_efficiency.yaml`` document."""
+    return yaml.safe_load(resources.files("pipeline").joinpath(EFFICIENCY_FILE).read_text())
+
+
+def drift(old: dict, new: dict, rel_tol: float = 1e-3, abs_tol: float = 1e-3) -> dict[str, tuple[float, float]]:
+    """The fitted parameters that differ between two documents beyond the tolerances: ``{name: (old, new)}``;
+    empty when ``new`` reproduces ``old``."""
+    return {k: (old["fitted"][k], new["fitted"][k]) for k in new["fitted"]
+            if not math.isclose(old["fitted"][k], new["fitted"][k], rel_tol=rel_tol, abs_tol=abs_tol)}

@@ -1,9 +1,10 @@
 """Predicted vs measured: compare :func:`pipeline.plan.predict` with ``trtpipe bench`` runs (``bench.json``).
 
-:func:`compare_run` reads a run directory, takes its recipe (``--recipe``, else the ``recipe.yaml`` of the build
+:func:`compare_run` reads a run directory, takes its recipe (the one given, else the ``recipe.yaml`` of the build
 directory the run recorded), and for each closed-loop load point (ISL/OSL × concurrency) returns the measured
-output tokens/s, mean TTFT and mean ITL (ms) next to the prediction and its expected error. Used by
-``scripts/plan_vs_measured.py``; a sweep tool can call it per point.
+output tokens/s, mean TTFT and mean ITL (ms) next to the prediction and its expected error;
+:func:`comparison_table` formats them. ``trtpipe plan [RECIPE] --against RUN_DIR`` prints them; a sweep tool can
+call :func:`compare_run` per point.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from pipeline.errors import UserError
-from pipeline.plan.achievable import Prediction
-
 from pipeline.bench.exporters import BENCH_JSON  # noqa: E402  (the run file name)
+from pipeline.core.errors import UserError
+from pipeline.plan.achievable import Prediction
 
 
 class PointComparison(BaseModel):
@@ -40,12 +40,12 @@ class PointComparison(BaseModel):
 
 
 def load_bench(run_dir: Path) -> dict:
-    """The ``bench.json`` document of a run directory (:meth:`pipeline.bench.run.BenchResult.read`).
+    """The ``bench.json`` document of a run directory (:meth:`pipeline.bench.results.BenchResult.read`).
 
     Raises:
         UserError: it is missing, not JSON, or not a trtpipe bench document.
     """
-    from pipeline.bench.run import BenchResult
+    from pipeline.bench.results import BenchResult
 
     doc = BenchResult.read(run_dir)
     if not str(doc.get("schema", "")).startswith("trtpipe.bench/"):
@@ -55,7 +55,7 @@ def load_bench(run_dir: Path) -> dict:
 
 def recipe_of_run(doc: dict) -> Path | None:
     """The recipe YAML a run was made against: the resolved recipe of the build the run recorded."""
-    from pipeline.layout import BuildLayout
+    from pipeline.core.layout import BuildLayout
 
     build = (doc.get("config") or {}).get("build_dir") or ((doc.get("environment") or {}).get("build") or {}).get("dir")
     recipe = BuildLayout(Path(build)).recipe_file if build else None
@@ -63,21 +63,22 @@ def recipe_of_run(doc: dict) -> Path | None:
 
 
 def compare_run(run_dir: Path, recipe_path: Path | None = None, concurrency: list[int] | None = None,
-                *, gpu: str | None = None) -> list[PointComparison]:
+                *, gpu: str | None = None, overrides: list[str] | None = None) -> list[PointComparison]:
     """Measured vs predicted for every closed-loop load point of ``run_dir`` (only ``concurrency`` values when
-    given), in the order of the run.
+    given), in the order of the run. ``gpu``: predict on this catalog GPU (or ``cpu``) instead of the recipe's
+    target; ``overrides``: ``KEY=VALUE`` recipe overrides (:func:`pipeline.recipe.load_recipe`).
 
     Raises:
         UserError: no bench.json, no recipe (pass one), a recipe that cannot be predicted, no matching point.
     """
-    from pipeline.plan.predict import predict
+    from pipeline.plan.planner import predict
     from pipeline.recipe import load_recipe
 
     doc = load_bench(run_dir)
     path = recipe_path or recipe_of_run(doc)
     if path is None:
-        raise UserError(f"{run_dir}: the run recorded no build directory with a recipe.yaml: pass the recipe (--recipe)")
-    recipe = load_recipe(Path(path))
+        raise UserError(f"{run_dir}: the run recorded no build directory with a recipe.yaml: pass the recipe (trtpipe plan RECIPE --against RUN_DIR)")
+    recipe = load_recipe(Path(path), overrides)
     out = []
     for p in doc.get("load_points", []):
         if p.get("mode") != "concurrency" or "summary" not in p:
@@ -102,3 +103,27 @@ def compare_run(run_dir: Path, recipe_path: Path | None = None, concurrency: lis
         want = f" at concurrency {','.join(map(str, concurrency))}" if concurrency else ""
         raise UserError(f"{run_dir}: no completed closed-loop load point{want} in {BENCH_JSON}")
     return out
+
+
+def _f(x: float | None, nd: int = 1) -> str:
+    return "—" if x is None else f"{x:,.{nd}f}"
+
+
+def comparison_table(rows: list[PointComparison], *, markdown: bool = False) -> str:
+    """``rows`` as a plain-text table (or a Markdown one): run, ISL/OSL, concurrency, measured and predicted
+    output tokens/s (± expected error), the error, whether the measurement is in the band, TTFT and ITL (ms)
+    measured / predicted."""
+    head = ["run", "ISL/OSL", "conc.", "measured tok/s", "predicted tok/s", "error", "in band", "TTFT ms meas/pred",
+            "ITL ms meas/pred"]
+    table = []
+    for r in rows:
+        p = r.predicted
+        table.append([Path(r.run_dir).name, f"{r.isl}/{r.osl}", str(r.concurrency), _f(r.measured_output_tokens_per_s),
+                      f"{p.output_tokens_per_s:,.1f} ±{p.rel_error:.0%}", f"{r.error:+.0%}", "yes" if r.within else "no",
+                      f"{_f(r.measured_ttft_ms, 0)} / {_f(p.ttft_ms, 0)}", f"{_f(r.measured_itl_ms)} / {_f(p.itl_ms)}"])
+    if markdown:
+        return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(t) + " |" for t in table])
+    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    lines += ["  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(t, widths))) for t in table]
+    return "\n".join(lines)

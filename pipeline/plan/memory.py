@@ -1,4 +1,5 @@
-"""Memory formulas of the planner: weight bytes per qformat, KV-cache bytes, runtime reserve, KV capacity.
+"""Memory formulas of the planner: weight bytes per qformat, runtime reserve, KV capacity. (KV-cache bytes per
+token: :meth:`pipeline.core.geometry.ModelGeometry.kv_bytes_per_token`, the one rule.)
 
 Every function is pure (geometry + numbers in, bytes or tokens out) so that tests can check them on a
 toy geometry by hand. Units: bytes (B) unless the name says otherwise; 1 GiB = 2^30 B, 1 MiB = 2^20 B.
@@ -15,7 +16,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
-from pipeline.models import ModelGeometry
+from pipeline.core.geometry import ModelGeometry
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -167,17 +168,6 @@ def weight_bytes(
         norm_params=norm_params, linear_bytes=L * lin_w, scale_bytes=L * lin_s, embedding_bytes=embed_b,
         lm_head_bytes=head_b, norm_bytes=norm_params * dtype_bytes, total_bytes=total, per_gpu_bytes=math.ceil(per_gpu),
     )
-
-
-def kv_bytes_per_token(geo: ModelGeometry, kv_dtype_bytes: int, *, tp_size: int = 1, pp_size: int = 1) -> int:
-    """KV-cache bytes per token on one GPU.
-
-    2 (K and V) × layers_per_stage × kv_heads_per_rank × head_dim × kv_dtype_bytes, with
-    layers_per_stage = ceil(layers / pp) and kv_heads_per_rank = max(1, kv_heads / tp) (KV heads are
-    replicated when tp > kv_heads). kv_dtype_bytes: 1 for an fp8/int8 KV cache, else the model dtype (2).
-    Llama-3.1-8B, fp8 KV: 2 × 32 × 8 × 128 × 1 = 65,536 B = 64 KiB per token.
-    """
-    return geo.kv_bytes_per_token(kv_dtype_bytes, tp_size=tp_size, pp_size=pp_size)
 
 
 def activation_bytes(geo: ModelGeometry, *, max_num_tokens: int, max_batch_size: int, max_beam_width: int = 1,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from pipeline import gpus
-from pipeline.models import ModelGeometry
+from pipeline.core import hardware
+from pipeline.core.geometry import ModelGeometry
 
 #: GEMM compute dtype per qformat: the tensor-core rate that bounds prefill (and decode when compute-bound).
 #: Weight-only formats (int4_awq, int4_wo, int8_wo) dequantize to 16-bit and run 16-bit GEMMs.
@@ -40,7 +40,7 @@ def prefill_flops(geo: ModelGeometry, isl: int) -> float:
     return 2 * matmul_params(geo) * isl + 2 * geo.num_hidden_layers * geo.num_attention_heads * geo.head_dim * isl * isl
 
 
-def peak_flops(gpu: gpus.GpuSpec, compute: str, dtype_bytes: int) -> float:
+def peak_flops(gpu: hardware.GpuSpec, compute: str, dtype_bytes: int) -> float:
     """Dense tensor peak (FLOP/s) of the GEMM dtype; falls back to BF16 when the GPU lacks that path."""
     rate = {"bf16": gpu.bf16_tflops, "fp8": gpu.fp8_tflops, "fp4": gpu.fp4_tflops, "int8": gpu.int8_tops}[compute]
     if rate is None:

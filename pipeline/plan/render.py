@@ -8,7 +8,7 @@ from rich.text import Text
 
 from pipeline.plan.achievable import Prediction
 from pipeline.plan.memory import GIB
-from pipeline.plan.planner import PlanResult
+from pipeline.plan.result import PlanResult
 
 
 def _g(b: float) -> str:
@@ -31,33 +31,31 @@ def _ms(x: float | None) -> str:
 _SHORT = {"kv_cache": "KV", "max_batch_size": "batch", "max_num_tokens": "tokens", "compute": "compute", "concurrency": "conc."}
 
 
-def render(plan: PlanResult, concurrency: list[int] | None = None) -> Group:
-    """Tables for memory, per-scenario capacity with throughput bound and prediction, the prediction per
-    bench concurrency, then the verdict lines."""
+def _memory_table(plan: PlanResult) -> Table:
+    """Memory budget (GiB) per GPU or of the host: total, weights, reserve, free, KV cache, unused."""
     m, w = plan.memory, plan.memory.weights
-    par = f" × tp{plan.tp_size} pp{plan.pp_size}" if plan.tp_size * plan.pp_size > 1 else ""
-    title = Text.assemble((plan.recipe, "bold"), (
-        f": {plan.model_source} ({w.total_params / 1e9:.2f} B params stored) · {plan.qformat} "
-        f"(KV {plan.kv_cache_dtype}) · {plan.engine} engine · {plan.gpu_name}{par}"
-    ))
-    where = "per GPU" if plan.target != "host" else "host"
-    mt = Table(title=f"Memory ({where}, GiB)", title_justify="left", show_edge=False)
+    gpu = plan.target != "host"
+    mt = Table(title=f"Memory ({'per GPU' if gpu else 'host'}, GiB)", title_justify="left", show_edge=False)
     mt.add_column("item")
     mt.add_column("GiB", justify="right")
     mt.add_column("how")
-    mt.add_row("device memory" if plan.target != "host" else "host memory", _g(m.total_bytes),
-               "nvidia-smi total" if plan.target != "host" else "psutil total")
+    mt.add_row("device memory" if gpu else "host memory", _g(m.total_bytes), "nvidia-smi total" if gpu else "psutil total")
     mt.add_row("weights", _g(w.per_gpu_bytes),
                f"{w.qformat} Linear {_g(w.linear_bytes + w.scale_bytes)} + embed {_g(w.embedding_bytes)} + "
                f"lm_head {_g(w.lm_head_bytes)} (= {w.total_bytes / 1e9:.2f} GB)")
     mt.add_row("activations (est.)", _g(m.activation_bytes), "∝ max_num_tokens, logits ∝ max_batch_size")
-    mt.add_row("runtime (est.)", _g(m.overhead_bytes), "CUDA context + workspaces" if plan.target != "host" else "Python/torch/Triton stubs")
-    mt.add_row("free after load", _g(m.free_bytes), "× free_gpu_memory_fraction → KV" if plan.target != "host" else "")
+    mt.add_row("runtime (est.)", _g(m.overhead_bytes), "CUDA context + workspaces" if gpu else "Python/torch/Triton stubs")
+    mt.add_row("free after load", _g(m.free_bytes), "× free_gpu_memory_fraction → KV" if gpu else "")
     how = (f"{m.kv_tokens:,} tokens × {m.kv_token_bytes:,} B/token ({m.kv_limited_by.replace('_', ' ')}"
            + (f" {m.kv_fraction}" if m.kv_limited_by == "fraction" else "") + ")")
     mt.add_row("KV cache", _g(m.kv_pool_bytes), how)
     mt.add_row("unused", _g(m.unused_bytes), f"{m.full_sequences_at_max_seq_len} full sequences of max_seq_len {m.max_seq_len:,} fit")
+    return mt
 
+
+def _scenario_tables(plan: PlanResult) -> tuple[Table, Table]:
+    """Capacity per ISL/OSL (KV sequences, concurrency, its limit, prefill, saturation) and output tokens/s at
+    maximum load (roofline bound, prediction, batch, TTFT, ITL, the 90 % knee)."""
     st = Table(title="Capacity per ISL/OSL (tokens)", title_justify="left", show_edge=False)
     for col in ("ISL/OSL", "KV seqs", "conc.", "limit", "prefill ms", "saturates"):
         st.add_column(col, justify="left" if col in ("ISL/OSL", "limit") else "right", no_wrap=True)
@@ -75,8 +73,11 @@ def render(plan: PlanResult, concurrency: list[int] | None = None) -> Group:
         pt.add_row(f"{s.isl}/{s.osl}", _tps(s.peak_output_tokens_per_s), _pred(p),
                    "—" if p is None else f"{p.batch:,} ({_SHORT[p.limited_by]})", _ms(p and p.ttft_ms), _ms(p and p.itl_ms),
                    "—" if s.knee_batch is None else f"{s.knee_batch:,}")
+    return st, pt
 
-    conc = sorted(set(concurrency or []))
+
+def _concurrency_table(plan: PlanResult, conc: list[int]) -> Table:
+    """Per bench concurrency: the roofline bound, the prediction, per-user tokens/s, TTFT and ITL."""
     ct = Table(title="Per bench concurrency (closed loop): output tokens/s bound and predicted, per-user tokens/s, TTFT, ITL",
                title_justify="left", show_edge=False)
     for col in ("ISL/OSL", "conc.", "bound", "predicted", "per user", "TTFT ms", "ITL ms"):
@@ -89,22 +90,42 @@ def render(plan: PlanResult, concurrency: list[int] | None = None) -> Group:
             b = bound.get(p.concurrency) if p.concurrency is not None and p.concurrency <= s.max_concurrency else None
             ct.add_row(f"{s.isl}/{s.osl}", f"{p.concurrency}" + (" (queues)" if p.limited_by != "concurrency" else ""),
                        _tps(b) if s.curve else "—", _pred(p), f"{p.per_user_tokens_per_s:,.0f}", _ms(p.ttft_ms), _ms(p.itl_ms))
+    return ct
 
-    lines: list = [title, mt, Text(""), st, Text(""), pt]
+
+def _prediction_line(plan: PlanResult) -> Text | None:
+    """How the prediction was made: the host's measured rates, or the calibrated GPU efficiencies and error."""
+    if plan.efficiency is None:
+        return None
+    e = plan.efficiency
+    extra = ", ".join(f"{k} ±{v:.0%}" for k, v in plan.error_terms.items())
+    if plan.target == "host":
+        how = (f"  prediction: the host's measured bandwidth and GEMM rate, CPU-engine overheads {e.step_overhead_ms:.1f} ms "
+               f"per step + {e.seq_overhead_us:.0f} µs per sequence (measured); ±{e.rel_error:.0%}: not calibrated "
+               "against served throughput (trtpipe plan --against RUN_DIR) — docs/plan.md")
+    else:
+        how = (f"  prediction: η_bw {e.bw_frac:.2f}, η_gemm {e.gemm_frac:.2f}, η_attn {e.attn_frac:.2f}, "
+               f"{e.seq_overhead_us:.1f} µs/sequence + {e.step_overhead_ms:g} ms per step; error ±{e.rel_error:.0%} where "
+               "calibrated" + (f" (+ uncalibrated: {extra})" if extra else "") + " — docs/plan.md")
+    return Text(how, style="dim")
+
+
+def render(plan: PlanResult, concurrency: list[int] | None = None) -> Group:
+    """Tables for memory, per-scenario capacity with throughput bound and prediction, the prediction per
+    bench concurrency, then the verdict lines."""
+    w = plan.memory.weights
+    par = f" × tp{plan.tp_size} pp{plan.pp_size}" if plan.tp_size * plan.pp_size > 1 else ""
+    title = Text.assemble((plan.recipe, "bold"), (
+        f": {plan.model_source} ({w.total_params / 1e9:.2f} B params stored) · {plan.qformat} "
+        f"(KV {plan.kv_cache_dtype}) · {plan.engine} engine · {plan.gpu_name}{par}"
+    ))
+    st, pt = _scenario_tables(plan)
+    lines: list = [title, _memory_table(plan), Text(""), st, Text(""), pt]
+    conc = sorted(set(concurrency or []))
     if conc and any(s.predicted_by_concurrency for s in plan.scenarios):
-        lines += [Text(""), ct]
-    if plan.efficiency is not None:
-        e = plan.efficiency
-        extra = ", ".join(f"{k} ±{v:.0%}" for k, v in plan.error_terms.items())
-        if plan.target == "host":
-            how = (f"  prediction: the host's measured bandwidth and GEMM rate, CPU-engine overheads {e.step_overhead_ms:.1f} ms "
-                   f"per step + {e.seq_overhead_us:.0f} µs per sequence (measured); ±{e.rel_error:.0%}: not calibrated "
-                   "against served throughput (scripts/plan_vs_measured.py) — docs/plan.md")
-        else:
-            how = (f"  prediction: η_bw {e.bw_frac:.2f}, η_gemm {e.gemm_frac:.2f}, η_attn {e.attn_frac:.2f}, "
-                   f"{e.seq_overhead_us:.1f} µs/sequence + {e.step_overhead_ms:g} ms per step; error ±{e.rel_error:.0%} where "
-                   "calibrated" + (f" (+ uncalibrated: {extra})" if extra else "") + " — docs/plan.md")
-        lines.append(Text(how, style="dim"))
+        lines += [Text(""), _concurrency_table(plan, conc)]
+    how = _prediction_line(plan)
+    lines += [how] if how is not None else []
     v = plan.verdict
     lines.append(Text.from_markup("[bold green]fits[/]" if v.ok else "[bold red]does not fit[/]"))
     lines += [Text.assemble(("  error: ", "red"), e) for e in v.errors]

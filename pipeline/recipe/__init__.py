@@ -6,10 +6,26 @@ Sections (one module each): ``model``/``target`` (:mod:`.model`), ``quantization
 """
 
 from pipeline.recipe.bench import BenchSpec, ScenarioSpec
-from pipeline.recipe.build import BuildSpec, CpuEngineSpec, KvCacheSpec, PluginSpec, SchedulerSpec
-from pipeline.recipe.load import dump_recipe, load_recipe, parse_overrides, recipe_json_schema
+from pipeline.recipe.build import (
+    BuildSpec,
+    CpuEngineSpec,
+    KvCacheSpec,
+    PluginSpec,
+    SchedulerSpec,
+)
+from pipeline.recipe.load import (
+    dump_recipe,
+    load_recipe,
+    parse_overrides,
+    recipe_json_schema,
+)
 from pipeline.recipe.model import EMBEDDED_SMOLLM2, ModelSpec, TargetSpec
-from pipeline.recipe.quant import KV_CACHE_QUANT_ALGO, QUANT_ALGO, CalibrationSpec, QuantSpec
+from pipeline.recipe.quant import (
+    KV_CACHE_QUANT_ALGO,
+    QUANT_ALGO,
+    CalibrationSpec,
+    QuantSpec,
+)
 from pipeline.recipe.schema import Recipe
 from pipeline.recipe.serve import ServingSpec
 

@@ -1,14 +1,130 @@
-"""``bench`` section: ISL/OSL scenarios and load points for ``trtpipe bench``."""
+"""``bench`` section: ISL/OSL scenarios and load points for ``trtpipe bench``.
+
+Every field that ``trtpipe bench`` can override declares its flag here, on the field (a :class:`Flag` in its
+``Annotated`` metadata: name, help, how the option's text becomes the field's value); the command's options, the
+overrides and the error messages are generated from it (:mod:`pipeline.bench.options`). A new knob is one field.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from pipeline.recipe.base import StrictModel
-from pipeline.recipe.bounds import INT32_MAX, MAX_CONCURRENCY, MAX_DURATION_S, MAX_REQUESTS, MAX_TIMEOUT_S, SEED_MAX
+from pipeline.recipe.bounds import (
+    INT32_MAX,
+    MAX_CONCURRENCY,
+    MAX_DURATION_S,
+    MAX_REQUESTS,
+    MAX_TIMEOUT_S,
+    SEED_MAX,
+)
+
+#: goodput SLO keys (ms): ``ttft`` (TTFT), ``itl`` (the request's ITL), ``tpot`` (its TPOT), ``e2e`` (request latency)
+SLO_KEYS = ("ttft", "itl", "tpot", "e2e")
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """The command-line option that sets a field, declared on the field (``Annotated[T, Flag(...)]``).
+
+    ``name`` is the option (``--concurrency``); ``help`` its help text; ``kind`` the type the option's text is parsed
+    as (``str``, ``int``, ``float``, ``Path``, ``bool`` for an on/off flag, ``list[str]`` for a repeatable one);
+    ``parse(value, name)`` turns that into the field's value (raising ``UserError`` naming the option); ``min`` is the
+    option's range check; ``shows_default`` shows (and passes) the field's default rather than "not given";
+    ``clears`` sets other fields when this one is given (``{"request_rate": []}``); ``excludes`` names fields whose
+    options cannot be given together with this one.
+    """
+
+    name: str
+    help: str
+    kind: Any = str
+    parse: Callable[[Any, str], Any] | None = None
+    min: float | None = None
+    shows_default: bool = False
+    clears: dict[str, Any] = dataclasses.field(default_factory=dict)
+    excludes: tuple[str, ...] = ()
+
+
+def _user_error(message: str) -> Exception:
+    from pipeline.core.errors import UserError
+
+    return UserError(message)
+
+
+def parse_ints(text: str, flag: str) -> list[int]:
+    """``"1,8,64"`` → ``[1, 8, 64]``.
+
+    Raises:
+        UserError: not comma-separated integers, or a value < 1 (names ``flag``).
+    """
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise _user_error(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,8,64") from None
+    if not values or min(values) < 1:
+        raise _user_error(f"{flag} {text!r}: values must be >= 1")
+    return values
+
+
+def parse_floats(text: str, flag: str) -> list[float]:
+    """``"0.5,2"`` → ``[0.5, 2.0]``.
+
+    Raises:
+        UserError: not comma-separated numbers, or a value <= 0 (names ``flag``).
+    """
+    try:
+        values = [float(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise _user_error(f"{flag} {text!r}: expected comma-separated numbers, e.g. 0.5,2") from None
+    if not values or min(values) <= 0:
+        raise _user_error(f"{flag} {text!r}: values must be > 0")
+    return values
+
+
+def parse_scenario(text: str, flag: str = "--scenario") -> tuple[int, int]:
+    """``"100:2000"`` → ``(100, 2000)`` (ISL, OSL in tokens).
+
+    Raises:
+        UserError: not ``ISL:OSL``, or a value < 1.
+    """
+    try:
+        isl, osl = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise _user_error(f"{flag} {text!r}: expected ISL:OSL, e.g. 100:2000") from None
+    if isl < 1 or osl < 1:
+        raise _user_error(f"{flag} {text!r}: ISL and OSL must be >= 1")
+    return isl, osl
+
+
+def parse_scenarios(items: list[str], flag: str = "--scenario") -> list[dict[str, int]]:
+    """``["100:2000", "100:100"]`` → ``[{"isl": 100, "osl": 2000}, {"isl": 100, "osl": 100}]`` (tokens)."""
+    return [{"isl": i, "osl": o} for i, o in (parse_scenario(t, flag) for t in items)]
+
+
+def parse_goodput(items: list[str], flag: str = "--goodput") -> dict[str, float]:
+    """``["ttft:200,itl:20"]`` or ``["ttft:200", "itl:20"]`` → ``{"ttft": 200.0, "itl": 20.0}`` (ms).
+
+    Raises:
+        UserError: not ``KEY:MS``, or a key not in :data:`SLO_KEYS`.
+    """
+    out: dict[str, float] = {}
+    for item in items:
+        for part in item.replace(" ", ",").split(","):
+            if not part:
+                continue
+            key, _, value = part.partition(":")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                raise _user_error(f"{flag} {part!r}: expected KEY:MS, e.g. ttft:200") from None
+            if key not in SLO_KEYS:
+                raise _user_error(f"{flag} {part!r}: unknown SLO {key!r} (use {', '.join(SLO_KEYS)})")
+    return out
 
 
 class ScenarioSpec(StrictModel):
@@ -28,23 +144,36 @@ class ScenarioSpec(StrictModel):
 class BenchSpec(StrictModel):
     """Default benchmark of the deployment; every field can be overridden by a ``trtpipe bench`` flag."""
 
-    model: str = Field(
+    model: Annotated[str, Flag("--model", (
+        "ensemble | tensorrt_llm | tensorrt_llm_bls (default: recipe/last build, else ensemble); the LLM-API "
+        "(build.engine: pytorch) repository has only tensorrt_llm. With --api openai: the served model name (default: "
+        "the only one GET /v1/models lists)."))] = Field(
         default="ensemble", min_length=1, description=(
             "Triton model to load: `ensemble`/`tensorrt_llm_bls` (text) or `tensorrt_llm` (token ids; with build.engine "
             "pytorch it is the LLM-API text model); any other decoupled model with one of these interfaces works too."
         )
     )
-    scenarios: list[ScenarioSpec] = Field(
+    scenarios: Annotated[list[ScenarioSpec], Flag(
+        "--scenario", "ISL:OSL, repeatable (e.g. --scenario 100:2000 --scenario 100:100).", list[str], parse_scenarios,
+    )] = Field(
         default_factory=lambda: [ScenarioSpec(isl=100, osl=2000)], min_length=1, description="ISL/OSL pairs."
     )
-    concurrency: list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]] = Field(
+    concurrency: Annotated[list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]], Flag(
+        "--concurrency", "Closed-loop load points, e.g. 1,8,64,256.", parse=parse_ints,
+        clears={"request_rate": []},  # explicit concurrency wins over a recipe's request_rate
+    )] = Field(
         default_factory=lambda: [1, 8, 64, 256], min_length=1, description="Closed-loop load points: requests always in flight."
     )
-    request_rate: list[Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]] | None = Field(
+    request_rate: Annotated[list[Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]] | None, Flag(
+        "--request-rate", "Open-loop load points in requests/s, e.g. 0.5,2.", parse=parse_floats, excludes=("concurrency",),
+    )] = Field(
         default=None, description="Open-loop load points in requests/s (instead of concurrency)."
     )
-    arrival: Literal["poisson", "constant"] = Field(default="poisson", description="Inter-arrival distribution for request_rate.")
-    num_requests: int | None = Field(
+    arrival: Annotated[Literal["poisson", "constant"], Flag(
+        "--arrival", "poisson | constant (with --request-rate).")] = Field(default="poisson", description="Inter-arrival distribution for request_rate.")
+    num_requests: Annotated[int | None, Flag("--num-requests", (
+        "Measured requests per load point (default: the recipe's max(requests_per_load × load, min_requests), 4 and 16 "
+        "unless set)."), int, min=1)] = Field(
         default=None,
         ge=1,
         le=MAX_REQUESTS,
@@ -54,29 +183,40 @@ class BenchSpec(StrictModel):
         default=4.0, gt=0, le=1e4, allow_inf_nan=False, description="Default measured requests per unit of load (concurrency, or requests/s)."
     )
     min_requests: int = Field(default=16, ge=1, le=MAX_REQUESTS, description="Fewest measured requests of a load point by default.")
-    warmup_requests: int = Field(default=2, ge=0, le=MAX_REQUESTS, description="Requests sent first and excluded from statistics.")
-    request_timeout_s: float = Field(default=600.0, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False, description="Per-request timeout in seconds (at most a day).")
-    goodput: dict[Literal["ttft", "itl", "tpot", "e2e"], Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S * 1000, allow_inf_nan=False)]] = Field(
+    warmup_requests: Annotated[int, Flag(
+        "--warmup", "Warmup requests per load point (excluded).", int, min=0)] = Field(default=2, ge=0, le=MAX_REQUESTS, description="Requests sent first and excluded from statistics.")
+    request_timeout_s: Annotated[float, Flag(
+        "--timeout", "Per-request timeout in seconds.", float, min=0.001)] = Field(default=600.0, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False, description="Per-request timeout in seconds (at most a day).")
+    goodput: Annotated[dict[Literal[SLO_KEYS], Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S * 1000, allow_inf_nan=False)]], Flag(
+        "--goodput", "SLOs in ms: ttft:200,itl:20 (keys ttft, itl, tpot, e2e; repeatable).", list[str], parse_goodput,
+    )] = Field(
         default_factory=dict, description="SLOs in ms for goodput, e.g. {ttft: 200, itl: 20}."
     )
-    seed: int = Field(default=0, ge=0, le=SEED_MAX, description="Seed in [0, 2^32) of the synthetic prompts and of Poisson arrivals.")
-    duration_s: float | None = Field(
+    seed: Annotated[int, Flag("--seed", "Seed of the synthetic prompts and Poisson arrivals.", int)] = Field(default=0, ge=0, le=SEED_MAX, description="Seed in [0, 2^32) of the synthetic prompts and of Poisson arrivals.")
+    duration_s: Annotated[float | None, Flag(
+        "--duration", "Measure each load point for this many seconds instead.", float, min=0.1)] = Field(
         default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False,
         description="Measure each load point for this many seconds instead of a request count (at most a week)."
     )
-    dataset: Path | None = Field(
+    dataset: Annotated[Path | None, Flag("--dataset", (
+        "JSONL prompts (text/prompt/input_ids) instead of synthetic ones; the ISL of --isl/--scenario is then only a "
+        "label (each request records its own input tokens)."), Path)] = Field(
         default=None, description=(
             "JSONL prompts (text/prompt/input_ids) instead of synthetic ones; the scenario ISL is then only a label "
             "(each request records its own input tokens)."
         ),
     )
-    allow_short: bool = Field(
+    allow_short: Annotated[bool, Flag(
+        "--allow-short", "Do not fail when requests return fewer than OSL tokens although min_tokens forced it.", bool,
+    )] = Field(
         default=False, description=(
             "Accept requests that return fewer than OSL tokens although exact OSL was forced (min_tokens): by default "
             "such a run fails, naming the requests and how short they were."
         ),
     )
-    server_timestamps: bool = Field(
+    server_timestamps: Annotated[bool, Flag(
+        "--server-timestamps", "Also request the server's perf timestamps (return_perf_metrics).", bool,
+    )] = Field(
         default=False, description="Also ask the server for its per-request perf timestamps (return_perf_metrics)."
     )
 

@@ -5,7 +5,7 @@ LLM-API ``KvCacheConfig`` / ``SchedulerConfig``) and is passed explicitly to the
 defaults changed between TensorRT-LLM versions (e.g. tokens_per_block 64 → 32,
 use_paged_context_fmha False → True). The Triton parameter names
 (``kv_cache_free_gpu_mem_fraction``, ``max_tokens_in_paged_kv_cache``, …) appear only in
-:mod:`pipeline.stages.triton_repo`, the single translation point.
+:mod:`pipeline.triton_repo.stage`, the single translation point.
 """
 
 from __future__ import annotations

@@ -1,31 +1,36 @@
 """Values derived from a recipe (and the model it names): the ONE place each rule lives.
 
-Recipe validation, the planner and every engine builder call these instead of re-deriving:
+Validation, the planner and every engine builder call these instead of re-deriving:
 
 * :func:`model_dtype` — the checkpoint/export dtype behind ``model.dtype: auto``;
 * :func:`max_seq_len` / :func:`require_max_seq_len` — ``build.max_seq_len`` or the model's
   ``max_position_embeddings``;
-* :func:`format_problems` — whether a qformat / KV-cache dtype runs on a GPU architecture.
+* :func:`format_problems` — whether a qformat / KV-cache dtype runs on a GPU architecture;
+* :func:`cpu_engine_problems` — build knobs the CPU engine cannot honour.
+
+Each function takes the recipe sections it reads (:class:`ModelSpec`, :class:`TargetSpec`, :class:`BuildSpec`,
+:class:`QuantSpec`), never the whole recipe: :mod:`pipeline.recipe.schema` validates the root model with them, so
+this module must not depend on it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
 
 if TYPE_CHECKING:
-    from pipeline.gpus import GpuSpec
+    from pipeline.core.hardware import GpuSpec
     from pipeline.recipe.build import BuildSpec
+    from pipeline.recipe.model import ModelSpec, TargetSpec
     from pipeline.recipe.quant import QuantSpec
-    from pipeline.recipe.schema import Recipe
 
 #: dtype used when ``model.dtype`` is ``auto`` and the checkpoint does not say (TensorRT-LLM quantize.py
 #: defaults ``--dtype auto`` to the checkpoint's ``torch_dtype``; float16 when absent)
 DEFAULT_CHECKPOINT_DTYPE = "float16"
 
 
-def model_dtype(recipe: Recipe, checkpoint_dtype: str | None) -> str:
+def model_dtype(model: ModelSpec, target: TargetSpec, checkpoint_dtype: str | None) -> str:
     """The dtype the quantize stage exports in and the engine computes in (torch name, e.g. ``bfloat16``).
 
     ``model.dtype`` when set; for ``auto`` the checkpoint's ``dtype``/``torch_dtype``
@@ -33,11 +38,11 @@ def model_dtype(recipe: Recipe, checkpoint_dtype: str | None) -> str:
     checkpoint becomes float16 on GPU targets, as TensorRT-LLM ``examples/quantization/quantize.py``
     does (docs/reference/quantization.md §2.1), and stays float32 on the ``cpu`` target.
     """
-    name = recipe.model.dtype
+    name = model.dtype
     if name != "auto":
         return name
     name = checkpoint_dtype or DEFAULT_CHECKPOINT_DTYPE
-    if name == "float32" and recipe.target.gpu != "cpu":
+    if name == "float32" and target.gpu != "cpu":
         return "float16"
     return name
 
@@ -92,12 +97,12 @@ def format_problems(quant: QuantSpec, gpu: GpuSpec) -> list[tuple[str, str]]:
     return out
 
 
-def cpu_engine_problems(recipe: Recipe) -> list[tuple[str, str]]:
+def cpu_engine_problems(build: BuildSpec) -> list[tuple[str, str]]:
     """Build knobs the CPU engine cannot honour (``[(field, message)]``): it keeps no KV blocks for reuse
     across requests, has no host offload tier and no sliding window, decodes greedily, and reserves each
     request's KV slot at admission (GUARANTEED_NO_EVICT). ``enable_block_reuse`` defaults to true
     (TensorRT-LLM's default): only a recipe that asks for it explicitly is refused."""
-    b = recipe.build
+    b = build
     kv = b.kv_cache_config
     out = []
     if kv.enable_block_reuse and "enable_block_reuse" in kv.model_fields_set:

@@ -3,7 +3,7 @@
 ``load_recipe(path, overrides)`` reads the file with a bounded YAML loader (no anchors/aliases, no
 duplicate keys, size and depth capped: :mod:`pipeline.recipe.yaml_bounded`), applies ``--set``
 overrides (``build.max_batch_size=64``) to the raw mapping, validates the whole recipe, and on
-failure raises :class:`pipeline.errors.RecipeError` whose message is e.g.::
+failure raises :class:`pipeline.core.errors.RecipeError` whose message is e.g.::
 
     recipes/x.yaml:12 quantization.qformat: 'fp9' is not one of fp8, int8_sq, int4_awq, …
 """
@@ -18,7 +18,7 @@ import pydantic
 import yaml
 from pydantic import ValidationError
 
-from pipeline.errors import RecipeError
+from pipeline.core.errors import RecipeError
 from pipeline.recipe.schema import Recipe, RecipeCheckError
 from pipeline.recipe.yaml_bounded import BoundedYAMLError, compose_bounded, load_bounded
 
@@ -190,7 +190,7 @@ def override_section(spec: S, overrides: dict[str, Any], *, section: str, flags:
     Raises:
         UserError: a value the section rejects (one line naming the flag, else ``section.field``).
     """
-    from pipeline.errors import UserError
+    from pipeline.core.errors import UserError
 
     data = spec.model_dump()
     data.update({k: v for k, v in overrides.items() if v is not None})

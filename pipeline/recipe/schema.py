@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from pipeline import gpus
-from pipeline.models import geometry_for_source
+from pipeline.core import hardware
+from pipeline.core.geometry import geometry_for_source
+from pipeline.recipe import derived
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bench import BenchSpec
 from pipeline.recipe.build import BuildSpec
 from pipeline.recipe.eval import EvalSpec
 from pipeline.recipe.model import ModelSpec, TargetSpec
-from pipeline.recipe import derived
 from pipeline.recipe.quant import BLOCK_QFORMATS, QuantSpec
 from pipeline.recipe.serve import ServingSpec
 
@@ -40,9 +40,9 @@ class Recipe(StrictModel):
 
     # ------------------------------------------------------------------ derived values
     @property
-    def gpu(self) -> gpus.GpuSpec | None:
+    def gpu(self) -> hardware.GpuSpec | None:
         """The catalog entry of ``target.gpu`` (``None`` for the cpu target)."""
-        return None if self.target.gpu == gpus.CPU_TARGET else gpus.lookup(self.target.gpu)
+        return None if self.target.gpu == hardware.CPU_TARGET else hardware.lookup(self.target.gpu)
 
     @property
     def triton_max_batch_size(self) -> int:
@@ -75,7 +75,7 @@ class Recipe(StrictModel):
                 "build.workers", f"{b.workers} build processes for {self.target.world_size} rank(s) (tp × pp): lower it "
                 "(trtllm-build builds one rank per worker)",
             )
-        if self.target.gpu == gpus.CPU_TARGET:  # the CPU deployment runs on this machine: one process per instance
+        if self.target.gpu == hardware.CPU_TARGET:  # the CPU deployment runs on this machine: one process per instance
             cores = len(os.sched_getaffinity(0))
             for name in ("preprocessing_instance_count", "postprocessing_instance_count", "bls_instance_count"):
                 if getattr(s, name) > 4 * cores:
@@ -83,10 +83,10 @@ class Recipe(StrictModel):
 
     def _check_target(self) -> None:
         t, engine = self.target.gpu, self.build.engine
-        if t != gpus.CPU_TARGET and gpus.lookup(t) is None:
-            known = ", ".join(sorted(gpus.catalog()))
+        if t != hardware.CPU_TARGET and hardware.lookup(t) is None:
+            known = ", ".join(sorted(hardware.catalog()))
             raise RecipeCheckError("target.gpu", f"'{t}' is not in the GPU catalog ({known}) nor 'cpu'")
-        if (t == gpus.CPU_TARGET) != (engine == "cpu"):
+        if (t == hardware.CPU_TARGET) != (engine == "cpu"):
             raise RecipeCheckError(
                 "build.engine",
                 f"engine '{engine}' does not run on target '{t}': use engine cpu with target cpu, "
@@ -95,8 +95,8 @@ class Recipe(StrictModel):
 
     def _check_formats(self) -> None:
         q = self.quantization
-        if self.target.gpu == gpus.CPU_TARGET:
-            problems = derived.cpu_engine_problems(self)
+        if self.target.gpu == hardware.CPU_TARGET:
+            problems = derived.cpu_engine_problems(self.build)
             if problems:
                 raise RecipeCheckError(*problems[0])
             if q.qformat == "nvfp4":
@@ -169,7 +169,7 @@ class Recipe(StrictModel):
                     f"tp_size × pp_size = {t.world_size} spans nodes of {t.gpus_per_node} GPUs but is not a multiple "
                     "of it: every node of a multi-node instance runs the same number of ranks",
                 )
-        if t.gpu == gpus.CPU_TARGET and t.world_size != 1:
+        if t.gpu == hardware.CPU_TARGET and t.world_size != 1:
             raise RecipeCheckError("target.tp_size", "the cpu target runs one rank: tp_size and pp_size must be 1")
         geo = geometry_for_source(self.model.source)
         if geo is not None:

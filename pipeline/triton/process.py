@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
 
 #: default python-backend shared-memory region prefix of Triton (names under /dev/shm)
 DEFAULT_SHM_PREFIX = "triton_python_backend_shm_region_"

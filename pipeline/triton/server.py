@@ -3,7 +3,7 @@
 
 Two installations are supported:
 
-* **GPU** — the Triton container of the release matrix (:func:`pipeline.release.default_release`;
+* **GPU** — the Triton container of the release matrix (:func:`pipeline.trtllm.release.default_release`;
   ``/opt/tritonserver/bin/tritonserver`` with its own backends).
 * **CPU** — the Triton 2.51 binary bundled in PyPI ``nvidia-pytriton==0.7.0``. It runs only when
   prepared as found in the CPU probes (docs/reference/cpu-stack.md §1): a backend directory holding
@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import MissingToolError, StageError, UserError
+from pipeline.core.errors import MissingToolError, StageError, UserError
 from pipeline.triton.process import (
     DEFAULT_SHM_PREFIX,
     check_ports_free,
@@ -104,7 +104,7 @@ def cpu_triton(cache_root: Path | None = None) -> TritonInstall:
     Raises:
         MissingToolError: nvidia-pytriton is not installed, or lacks a stub for this Python.
     """
-    from pipeline import artifacts
+    from pipeline.core import artifacts
 
     root = _pytriton_root()
     if root is None or not (root / "tritonserver" / "bin" / "tritonserver").is_file():

@@ -17,17 +17,16 @@ is reported ``FAILED`` and not written (a rerun tries it again).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline import artifacts
-from pipeline.errors import TrtpipeError
-from pipeline.layout import BuildLayout
-from pipeline.stages.seed import seed_build
+from pipeline.build.seed import seed_build
+from pipeline.core import artifacts
+from pipeline.core.errors import TrtpipeError
+from pipeline.core.layout import BuildLayout
 from pipeline.tune.points import (
     Point,
     is_full_precision,
@@ -55,21 +54,14 @@ def read_point(out: Path, point_id: str) -> dict[str, Any] | None:
         return None
 
 
-def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    tmp.replace(path)
-
-
 def donors(out: Path) -> list[Path]:
     """Build directories of the tune that finished (the baseline included)."""
     return [p for p in [*sorted((Path(out) / "points").glob("*/build")), Path(out) / "baseline"] if (p / "recipe.yaml").is_file()]
 
 
 def build_point(recipe: Any, build_dir: Path, recipe_dir: Path, out: Path, status: Callable[[str], None]) -> Any:
-    """Seed then build (``pipeline.stages.build.run``); the user's last build stays recorded as it was."""
-    from pipeline.stages import build
+    """Seed then build (``pipeline.build.stage.run``); the user's last build stays recorded as it was."""
+    from pipeline.build import stage as build
 
     seed_build(build_dir, recipe, donors(out))
     with artifacts.last_build_kept():  # a tune's point builds are not "the last build" of `trtpipe serve` / `bench`
@@ -78,7 +70,7 @@ def build_point(recipe: Any, build_dir: Path, recipe_dir: Path, out: Path, statu
 
 def baseline_layout(tune: Any, out: Path, status: Callable[[str], None]) -> BuildLayout:
     """The gate's full-precision baseline of the base recipe, built (or reused) into ``out/baseline``."""
-    from pipeline.stages.eval import baseline_recipe
+    from pipeline.eval.stage import baseline_recipe
 
     return build_point(baseline_recipe(tune.base), Path(out) / "baseline", tune.recipe_dir, out, status).layout
 
@@ -111,7 +103,7 @@ def measure(point: Point, tune: Any, out: Path, *, on_stage: Callable[[str], Non
                                  for (i, o, c), v in plan.predicted.items()]}
     if not plan.fits:
         doc.update(status="SKIPPED", reason=plan.reason, timings_s={"total": round(time.monotonic() - t0, 3)})
-        _write_json_atomic(pdir / POINT_JSON, doc)
+        artifacts.write_atomic(pdir / POINT_JSON, json.dumps(doc, indent=2, default=str) + "\n")
         (pdir / "recipe.yaml").write_text(dump_recipe(point.recipe))
         return doc
     timings: dict[str, float] = {}
@@ -123,15 +115,16 @@ def measure(point: Point, tune: Any, out: Path, *, on_stage: Callable[[str], Non
     timings["total"] = round(time.monotonic() - t0, 3)
     doc.update(status="DONE", reason="", timings_s=timings, finished_at=artifacts.utc_now())
     (pdir / "recipe.yaml").write_text(dump_recipe(point.recipe))
-    _write_json_atomic(pdir / POINT_JSON, doc)
+    artifacts.write_atomic(pdir / POINT_JSON, json.dumps(doc, indent=2, default=str) + "\n")
     return doc
 
 
 def _measure(point: Point, tune: Any, out: Path, pdir: Path, doc: dict[str, Any], timings: dict[str, float],
              on_stage: Callable[[str], None], status: Callable[[str], None]) -> None:
-    from pipeline.bench.run import check_outcome
-    from pipeline.stages import bench, serve
-    from pipeline.stages import eval as ev
+    from pipeline.bench import stage as bench
+    from pipeline.bench.results import check_outcome
+    from pipeline.eval import stage as ev
+    from pipeline.serve import stage as serve
     from pipeline.tune.analysis import load_points
 
     t = time.monotonic()
@@ -162,7 +155,7 @@ def _measure(point: Point, tune: Any, out: Path, pdir: Path, doc: dict[str, Any]
             result = bench.run(tune.bench, bench.BenchTarget(url=handle.grpc_url, layout=res.layout, out=run_dir,
                                                               metrics_url=handle.metrics_url))
             check_outcome(result)
-            doc_b = {"load_points": result.load_points}
+            doc_b = {"load_points": [p.to_json() for p in result.load_points]}
             repeats.append({"bench_dir": str(run_dir), "load_points": load_points(doc_b, gpus)})
             timings[f"bench_{r}"] = round(time.monotonic() - t, 3)
         doc["repeats"] = repeats

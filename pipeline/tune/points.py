@@ -13,9 +13,9 @@ import dataclasses
 import itertools
 from typing import Any
 
-from pipeline.artifacts import stable_hash
+from pipeline.build.seed import STAGE_CONSUMERS, stage_inputs
+from pipeline.core.artifacts import stable_hash
 from pipeline.recipe.consumers import consumed
-from pipeline.stages.seed import STAGE_CONSUMERS, stage_inputs
 from pipeline.tune.spec import KnobValue, Tune, apply_changes
 
 
@@ -127,9 +127,9 @@ def numerics_changed(recipe: Any, base: Any) -> bool:
 
 
 def is_full_precision(recipe: Any) -> bool:
-    """``recipe`` has the eval baseline's numerics: those of :func:`pipeline.stages.eval.baseline_recipe` (qformat
+    """``recipe`` has the eval baseline's numerics: those of :func:`pipeline.eval.stage.baseline_recipe` (qformat
     full_prec, kv_cache_dtype none, float32 on the CPU engine), which alone defines the reference."""
-    from pipeline.stages.eval import baseline_recipe
+    from pipeline.eval.stage import baseline_recipe
 
     return not numerics_changed(recipe, baseline_recipe(recipe))
 
@@ -163,9 +163,8 @@ def plan_point(recipe: Any, bench: Any, recipe_dir: Any) -> PlanCheck:
 
     No GPU time: memory arithmetic and the calibrated step model (:mod:`pipeline.plan`).
     """
-    from pipeline.errors import UserError
-    from pipeline.plan.planner import plan_recipe
-    from pipeline.plan.predict import predict
+    from pipeline.core.errors import UserError
+    from pipeline.plan.planner import plan_recipe, predict
 
     try:
         plan = plan_recipe(recipe, recipe_dir=recipe_dir)

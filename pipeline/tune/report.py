@@ -1,5 +1,5 @@
 """Results of a sweep: the mode tables, the accuracy table, the Pareto front (table + PNG), the best recipe and
-``report.md`` — all written into the tune's run directory from a :class:`~pipeline.tune.runner.SweepResult`.
+``report.md`` — all written into the tune's run directory from a :class:`~pipeline.tune.stage.SweepResult`.
 
 Files: ``report.md``, ``results.json`` (every point, summarised), ``pareto.png``, ``best_recipe.yaml`` (only
 when a configuration met the SLOs and passed the gate or needed none; the recipe is the point's resolved
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.tune import analysis as an
-from pipeline.tune.runner import SweepResult
+from pipeline.tune.stage import SweepResult
 
 REPORT_MD, RESULTS_JSON, PARETO_PNG, BEST_RECIPE = "report.md", "results.json", "pareto.png", "best_recipe.yaml"
 

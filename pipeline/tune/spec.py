@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from pipeline.errors import RecipeError, UserError
+from pipeline.core.errors import RecipeError, UserError
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.load import (  # the recipe loader's own error helpers
     _describe,

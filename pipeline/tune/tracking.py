@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
 
 RUNS_FILE = "mlflow_runs.json"
 EXPERIMENT = "trtpipe-tune"
@@ -85,7 +85,7 @@ class Tracker:
         """Log a finished or skipped point as a child run (once); returns its run id."""
         from mlflow.entities import Metric
 
-        from pipeline import artifacts
+        from pipeline.core import artifacts
         from pipeline.recipe.consumers import flatten
 
         pid = doc["id"]

@@ -42,12 +42,37 @@ trtpipe.dev/recipe: {{ .Values.model.recipe | quote }}
 {{- $argv = concat $argv (list "--model-control-mode=explicit" "--load-model=tensorrt_llm") -}}
 {{- end -}}
 {{- $argv = concat $argv (list "--disable-auto-complete-config" (printf "--backend-config=python,shm-region-prefix-name=%s" $prefix)) -}}
+{{- $argv = concat $argv (include "trtpipe.restrictedApiArgs" $ | fromJsonArray) -}}
 {{- if and $multiNode (ne $rank 0) }}
 {{- $argv = concat $argv (list "--allow-http=false" "--allow-grpc=false" "--allow-metrics=false") -}}
 {{- end -}}
 {{- if lt $rank (sub $world 1) }}{{ $argv = append $argv ":" }}{{ end -}}
 {{- end -}}
 {{- toJson $argv -}}
+{{- end -}}
+
+{{/* Triton's administrative APIs behind a key, as `trtpipe serve` restricts them off loopback
+     (pipeline.serve.stage.ServeOptions.restricted_api_args): `--http-restricted-api=<apis>:<header>=<key>` and
+     `--grpc-restricted-protocol=…` (server@r26.04 src/command_line_parser.cc). Health, metadata, inference and
+     statistics stay open. The key is `$(TRITON_ADMIN_KEY)`, which the kubelet expands from the container's env
+     (the Secret below) before the process starts. Returns a JSON list. */}}
+{{- define "trtpipe.restrictedApiArgs" -}}
+{{- $a := .Values.triton.adminApi -}}
+{{- $spec := printf "%s:%s=$(TRITON_ADMIN_KEY)" (join "," $a.apis) $a.header -}}
+{{- toJson (list (printf "--http-restricted-api=%s" $spec) (printf "--grpc-restricted-protocol=%s" $spec)) -}}
+{{- end -}}
+
+{{- define "trtpipe.adminSecretName" -}}
+{{- .Values.triton.adminApi.secret.name | default (printf "%s-triton-admin" (include "trtpipe.fullname" .)) -}}
+{{- end -}}
+
+{{/* the admin key from the Secret (required: Triton must not start with its admin APIs open) */}}
+{{- define "trtpipe.adminKeyEnv" -}}
+- name: TRITON_ADMIN_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "trtpipe.adminSecretName" . }}
+      key: {{ .Values.triton.adminApi.secret.key }}
 {{- end -}}
 
 {{/* argv of the single-node server container */}}

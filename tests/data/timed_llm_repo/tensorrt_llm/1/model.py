@@ -25,7 +25,6 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-
 #: tokens between cancellation checks (each check is an IPC round trip to the server)
 CANCEL_CHECK_EVERY = 10
 

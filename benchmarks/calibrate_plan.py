@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Refit the planner's achievable-throughput model on the published TensorRT-LLM table and ship the result.
+
+Reads ``pipeline/data/plan_calibration.yaml`` (NVIDIA's v0.17 Llama-3.1-8B TP1 max-load output tokens/s on
+H100 / L40S / A100, nine ISL/OSL pairs), fits the free efficiency parameters
+(:data:`pipeline.plan.calibration.FREE`: fractions of peak bandwidth, GEMM and attention compute, per-sequence
+overhead) by least squares on ln(predicted / published), refits once per GPU without that GPU
+(leave-one-GPU-out) and once per ISL/OSL pair without it, and writes ``pipeline/data/plan_efficiency.yaml``: the
+parameters, the expected relative error, and every point's published vs predicted. The work is
+:func:`pipeline.plan.calibration.calibrate`; this harness prints it and writes the file of the installed package.
+
+    .venv/bin/python benchmarks/calibrate_plan.py            # refit, write the YAML, print the tables
+    .venv/bin/python benchmarks/calibrate_plan.py --check    # refit and compare with the shipped file, write nothing
+    .venv/bin/python benchmarks/calibrate_plan.py --markdown # also print the per-point table as Markdown (docs/plan.md)
+
+Deterministic: same table → same parameters (to the optimizer's tolerance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pipeline
+from pipeline.plan import calibration as cal
+
+OUT = Path(pipeline.__file__).resolve().parent / cal.EFFICIENCY_FILE
+LABEL = {"h100_sxm": "H100 SXM FP8", "l40s": "L40S FP8", "a100_80gb": "A100 80GB FP16"}
+
+
+def _print(data: dict, markdown: bool) -> None:
+    summ, logo, lopo = data["fit"], data["leave_one_gpu_out"], data["leave_one_pair_out"]
+    print("fitted:", data["fitted"], "fixed:", data["fixed"])
+    print(f"fit: median |error| {summ['median_abs_error']:.1%}, worst {summ['worst_abs_error']:.1%}, "
+          f"RMS log error {summ['rms_log_error']:.3f}")
+    for g, v in logo.items():
+        print(f"leave out {g:10s}: median |error| {v['median_abs_error']:.1%}, worst {v['worst_abs_error']:.1%}, "
+              f"RMS log {v['rms_log_error']:.3f}  (params {v['params']})")
+    print(f"leave out each ISL/OSL pair: median |error| {lopo['median_abs_error']:.1%}, worst "
+          f"{lopo['worst_abs_error']:.1%}, RMS log {lopo['rms_log_error']:.3f}")
+    print(f"expected relative error (1 sigma): {data['rel_error']:.1%}")
+    pts = data["points"]
+
+    def logo_error(r: dict) -> float:
+        same = [(x["isl"], x["osl"]) for x in pts if x["gpu"] == r["gpu"]]
+        return logo[r["gpu"]]["errors"][same.index((r["isl"], r["osl"]))]
+
+    print(f"\n{'GPU':16s} {'ISL/OSL':>11s} {'published':>10s} {'predicted':>10s} {'error':>7s} {'LOGO':>7s} {'batch':>6s}")
+    for r in pts:
+        print(f"{LABEL[r['gpu']]:16s} {r['isl']:>5d}/{r['osl']:<5d} {r['published']:>10,.0f} {r['predicted']:>10,.0f} "
+              f"{r['error']:>+7.1%} {logo_error(r):>+7.1%} {r['batch']:>6d}")
+    if markdown:
+        print("\n| GPU (format) | ISL/OSL | published tok/s | predicted tok/s | error | error, GPU left out | batch (limit) |")
+        print("|---|---|---|---|---|---|---|")
+        for r in pts:
+            print(f"| {LABEL[r['gpu']]} | {r['isl']}/{r['osl']} | {r['published']:,.0f} | {r['predicted']:,.0f} | "
+                  f"{r['error']:+.1%} | {logo_error(r):+.1%} | {r['batch']} ({r['limited_by'].replace('_', ' ')}) |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="refit and compare with the shipped file; write nothing")
+    ap.add_argument("--markdown", action="store_true", help="print the per-point table as Markdown")
+    ap.add_argument("--out", type=Path, default=OUT, help=f"where to write (default {OUT})")
+    args = ap.parse_args(argv)
+
+    data = cal.calibrate()
+    _print(data, args.markdown)
+    if args.check:
+        diff = cal.drift(cal.shipped(), data)
+        print("shipped parameters reproduce" if not diff else f"shipped parameters differ: {diff}")
+        return 1 if diff else 0
+    args.out.write_text(cal.dump(data))
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""Model geometry (layers, hidden size, heads, …) from a config.json or the known-model table.
+
+Used by recipe validation (AWQ block size must divide the Linear input dims; heads must divide
+by tp_size) and by the planner. ``pipeline/data/models.yaml`` holds the geometry of the shipped
+recipes' models so that validation and planning work without the checkpoint on disk.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+
+class ModelGeometry(BaseModel):
+    """Shape of a decoder-only transformer, in the names of HF ``config.json``."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    architecture: str
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int | None = None
+    torch_dtype: str | None = None
+    hidden_act: str = "silu"
+    rms_norm_eps: float | None = None
+    #: RoPE base θ and scaling as HF config.json (transformers 4.57 form) spells them; None when unknown
+    rope_theta: float | None = None
+    rope_scaling: dict | None = None
+    source: str = ""
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: int, *, tp_size: int = 1, pp_size: int = 1) -> int:
+        """KV-cache bytes per token on one rank — the one KV-size rule of trtpipe (the planner on a GPU or the
+        host, the CPU engine's build stage and the CPU engine's KV cache all call it).
+
+        2 (K and V) × ceil(layers / pp) × max(1, kv_heads / tp) × head_dim × ``kv_dtype_bytes`` (bytes per
+        element: 1 for an fp8/int8 KV cache, 2 for float16/bfloat16, 4 for the CPU engine's float32 cache). KV
+        heads are replicated when tp > kv_heads (TensorRT-LLM's attention plugin). With tp = pp = 1 it is the
+        whole model's K+V bytes per token. Llama-3.1-8B with an fp8 KV cache: 2 × 32 × 8 × 128 × 1 = 65,536 B.
+        """
+        layers = -(-self.num_hidden_layers // pp_size)
+        heads = max(1, self.num_key_value_heads // tp_size)
+        return 2 * layers * heads * self.head_dim * kv_dtype_bytes
+
+    @property
+    def heads_per_kv_head(self) -> int:
+        """Query heads that share one KV head (grouped-query attention; 1 for multi-head attention)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def hf_config(self) -> dict:
+        """The geometry as a HF ``config.json`` dict (transformers 4.57 spelling), for checks that take one."""
+        cfg = {"architectures": [self.architecture], **self.model_dump(exclude={"architecture", "source"})}
+        return {k: v for k, v in cfg.items() if v is not None}
+
+    @property
+    def linear_input_dims(self) -> tuple[int, ...]:
+        """Input dims of the Linear layers ModelOpt quantizes: q/k/v/gate/up take hidden_size,
+        o_proj takes heads×head_dim, down_proj takes intermediate_size."""
+        return (self.hidden_size, self.num_attention_heads * self.head_dim, self.intermediate_size)
+
+    @property
+    def layer_linear_shapes(self) -> tuple[tuple[str, int, int], ...]:
+        """``(name, in_features, out_features)`` of the 7 Linear layers of one decoder layer
+        (Llama/Mistral layout: q, k, v, o projections and the gated MLP gate, up, down)."""
+        h, q, kv, i = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim, self.intermediate_size
+        return (
+            ("q_proj", h, q), ("k_proj", h, kv), ("v_proj", h, kv), ("o_proj", q, h),
+            ("gate_proj", h, i), ("up_proj", h, i), ("down_proj", i, h),
+        )
+
+    @property
+    def layer_linear_params(self) -> int:
+        """Parameters in the Linear layers of one decoder layer (no biases: Llama/Mistral have none)."""
+        return sum(i * o for _, i, o in self.layer_linear_shapes)
+
+    @property
+    def num_parameters(self) -> int:
+        """All parameters, counting a tied lm_head once: embedding + layers × (Linear + 2 norms) +
+        final norm (+ lm_head when untied). Llama-3.1-8B: 8,030,261,248."""
+        h = self.hidden_size
+        embed = self.vocab_size * h
+        lm_head = 0 if self.tie_word_embeddings else embed
+        return embed + lm_head + self.num_hidden_layers * (self.layer_linear_params + 2 * h) + h
+
+
+@functools.cache
+def _known() -> dict[str, dict]:
+    return yaml.safe_load(resources.files("pipeline").joinpath("data/models.yaml").read_text())
+
+
+def known_geometry(source: str) -> ModelGeometry | None:
+    """Geometry from the known-model table for a recipe ``model.source`` spelling, or ``None``."""
+    entry = _known().get(source.strip())
+    return ModelGeometry(**entry) if entry else None
+
+
+def geometry_from_config(config_json: Path) -> ModelGeometry:
+    """Geometry from an HF ``config.json`` (``head_dim`` defaults to hidden/heads).
+
+    Raises ``KeyError``/``ValueError`` when the file lacks a required field.
+    """
+    return geometry_from_dict(json.loads(Path(config_json).read_text()), source=str(config_json))
+
+
+def geometry_from_dict(cfg: dict, source: str = "") -> ModelGeometry:
+    """Geometry from a parsed HF ``config.json`` (its ``text_config`` for multimodal wrappers).
+
+    Raises ``KeyError``/``ValueError`` when it lacks a required field.
+    """
+    cfg = cfg.get("text_config", cfg)
+    heads = cfg["num_attention_heads"]
+    return ModelGeometry(
+        architecture=(cfg.get("architectures") or ["unknown"])[0],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        hidden_size=cfg["hidden_size"],
+        num_attention_heads=heads,
+        num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        intermediate_size=cfg["intermediate_size"],
+        vocab_size=cfg["vocab_size"],
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_position_embeddings=cfg.get("max_position_embeddings"),
+        torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+        hidden_act=cfg.get("hidden_act") or "silu",
+        rms_norm_eps=cfg.get("rms_norm_eps"),
+        rope_theta=hf_rope(cfg)[0],
+        rope_scaling=_hf_scaling(cfg),
+        source=source,
+    )
+
+
+def _hf_scaling(cfg: dict) -> dict | None:
+    """The HF RoPE scaling in the 4.57 spelling (``rope_type`` + numeric keys), or ``None``."""
+    scaling = hf_rope(cfg)[1]
+    if scaling is None:
+        return None
+    return {"rope_type": scaling["type"], **{k: v for k, v in scaling.items() if k != "type"}}
+
+
+def geometry_for_source(source: str, base_dir: Path | None = None) -> ModelGeometry | None:
+    """Best-effort geometry for a recipe source: known table first, then a local dir's config.json."""
+    known = known_geometry(source)
+    if known:
+        return known
+    path = Path(source).expanduser()
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    if path.is_dir() and (path / "config.json").is_file():
+        try:
+            return geometry_from_config(path / "config.json")
+        except (KeyError, ValueError, TypeError):
+            return None
+    return None
+
+
+#: rotary_scaling keys TensorRT-LLM reads (attention.py / RopeEmbeddingUtils.apply_llama3_scaling; see
+#: pipeline/data/trtllm_geometry.yaml)
+SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+                "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+
+
+def hf_rope(hf: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
+    """``(rope_theta, scaling)`` from a HF config of either transformers major.
+
+    transformers 4.57: top-level ``rope_theta`` and ``rope_scaling``. transformers 5: ``rope_parameters``
+    holding ``rope_theta`` and ``rope_type`` (``default`` = no scaling) plus the scaling keys. The scaling
+    comes back in TensorRT-LLM's form ``{"type": …, <numeric keys>}``, or ``None`` for plain RoPE.
+    """
+    params = hf.get("rope_parameters") or {}
+    theta = hf.get("rope_theta") or params.get("rope_theta")
+    scaling = hf.get("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"}
+    kind = scaling.get("rope_type") or scaling.get("type") if scaling else None
+    if not kind or kind == "default":
+        return (float(theta) if theta else None), None
+    out: dict[str, Any] = {"type": kind}
+    out.update({k: scaling[k] for k in SCALING_KEYS if scaling.get(k) is not None})
+    return (float(theta) if theta else None), out

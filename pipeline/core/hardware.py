@@ -1,0 +1,194 @@
+"""The GPU catalog (``pipeline/data/gpus.yaml``): names, architectures, capacities and peak rates.
+
+Recipe validation uses ``arch``/``fp8``/``fp4``/``compute_capability``; the planner
+(:mod:`pipeline.plan`) budgets ``memory_mib`` (the total nvidia-smi reports, MiB) and uses
+``memory_bandwidth_tbs`` and the dense tensor-core rates. ``"cpu"`` is not in the catalog: it is the
+target of the CPU engine, whose host rates are measured (:func:`cpu_host`: this host's, written by ``trtpipe plan
+measure-host`` to :func:`host_file` in the user's cache, else the reference host's shipped in
+``pipeline/data/cpu_host.yaml``). Every figure carries its source: ``sources`` names one per constant
+(:data:`SOURCED_FIELDS`), ``source`` is the main datasheet.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline.core.errors import UserError
+
+CPU_TARGET = "cpu"
+MIB = 1 << 20
+GIB = 1 << 30
+#: numeric constants of a catalog entry that must name their source in ``sources`` (when not null).
+SOURCED_FIELDS = ("memory_mib", "memory_gb", "memory_bandwidth_tbs", "bf16_tflops", "fp8_tflops", "fp4_tflops", "int8_tops")
+#: environment variable naming this host's measured-rates file (default: ``cpu_host.yaml`` in trtpipe's cache)
+HOST_FILE_ENV = "TRTPIPE_HOST_FILE"
+#: the reference host's rates shipped with the package (the 2-core dev VM of docs/plan.md, "CPU target")
+SHIPPED_HOST_FILE = "data/cpu_host.yaml"
+
+
+class GpuSpec(BaseModel):
+    """One catalog entry.
+
+    Units: ``memory_mib`` MiB as printed by nvidia-smi (what the planner budgets); ``memory_gib`` =
+    memory_mib / 1024 (GiB, 2 decimals); ``memory_gb`` the datasheet's decimal-GB marketing figure
+    (reference only); ``memory_bandwidth_tbs`` TB/s (10^12 B/s); ``*_tflops``/``int8_tops`` dense
+    (no sparsity) tensor-core peaks in 10^12 ops/s, ``None`` where the format has no tensor-core path.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    name: str
+    aliases: list[str] = []
+    arch: str
+    compute_capability: str
+    memory_mib: int
+    memory_gib: float
+    memory_gb: float
+    memory_bandwidth_tbs: float
+    bf16_tflops: float
+    fp8_tflops: float | None = None
+    fp4_tflops: float | None = None
+    int8_tops: float | None = None
+    fp8: bool
+    fp4: bool
+    source: str
+    sources: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "GpuSpec":
+        if abs(self.memory_gib - self.memory_mib / 1024) > 0.01:
+            raise ValueError(f"{self.key}: memory_gib {self.memory_gib} != memory_mib {self.memory_mib} / 1024")
+        if self.fp8 != (self.fp8_tflops is not None) or self.fp4 != (self.fp4_tflops is not None):
+            raise ValueError(f"{self.key}: fp8/fp4 flags disagree with fp8_tflops/fp4_tflops")
+        missing = [f for f in SOURCED_FIELDS if getattr(self, f) is not None and not self.sources.get(f)]
+        if missing:
+            raise ValueError(f"{self.key}: no source for {', '.join(missing)} (add them under sources:)")
+        return self
+
+    @property
+    def memory_bytes(self) -> int:
+        """Total device memory in bytes (memory_mib × 2^20)."""
+        return self.memory_mib * MIB
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        """Peak DRAM bandwidth in bytes/s (memory_bandwidth_tbs × 10^12)."""
+        return self.memory_bandwidth_tbs * 1e12
+
+
+@functools.cache
+def catalog() -> dict[str, GpuSpec]:
+    """All catalog entries by key (lower-case, e.g. ``h200``), loaded once from the data file."""
+    raw = yaml.safe_load(resources.files("pipeline").joinpath("data/gpus.yaml").read_text())
+    return {key: GpuSpec(key=key, **entry) for key, entry in raw.items()}
+
+
+def lookup(name: str) -> GpuSpec | None:
+    """The entry whose key or alias equals ``name`` (case-insensitive), or ``None``."""
+    wanted = name.strip().lower()
+    for spec in catalog().values():
+        if wanted == spec.key or wanted in (a.lower() for a in spec.aliases):
+            return spec
+    return None
+
+
+class HostSpec(BaseModel):
+    """A host's measured rates for the CPU engine (:func:`cpu_host`).
+
+    Written by ``trtpipe plan measure-host`` (:mod:`pipeline.plan.host`): ``read_bandwidth_gbs`` GB/s (10^9 B/s) at which torch Linear
+    layers stream a model-sized weight set for one token (what a decode step achieves; ``stream_bandwidth_gbs``
+    is the bare ``sum()`` rate, for reference); ``fp32_gflops``/``bf16_gflops`` GFLOP/s of the same Linear
+    layers for 64 tokens; ``engine_step_overhead_ms`` / ``engine_seq_overhead_us`` the CPU engine's time per step and per
+    sequence in a step at (nearly) zero bytes and FLOPs (a same-depth model of tiny width). ``sources``:
+    how each figure was measured; ``measured``: date, library versions, threads. ``origin`` (not stored in
+    the file) says which file the figures came from: this host's measurement or the shipped reference.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    cpu_model: str
+    cores: int
+    memory_gib: float
+    measured: str
+    read_bandwidth_gbs: float
+    stream_bandwidth_gbs: float | None = None
+    fp32_gflops: float
+    bf16_gflops: float | None = None
+    engine_step_overhead_ms: float
+    engine_seq_overhead_us: float
+    sources: dict[str, str]
+    origin: str = Field(default="", exclude=True, description="Where these figures came from (set on load).")
+
+    def gemm_flops(self, dtype_bytes: int) -> float:
+        """FLOP/s of the CPU engine's GEMMs in its compute dtype (4: fp32, 2: bf16 when measured)."""
+        rate = self.bf16_gflops if dtype_bytes == 2 and self.bf16_gflops else self.fp32_gflops
+        return rate * 1e9
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        """Measured read bandwidth in bytes/s."""
+        return self.read_bandwidth_gbs * 1e9
+
+
+def host_file() -> Path:
+    """Where this host's measured rates live: ``$TRTPIPE_HOST_FILE``, else ``cpu_host.yaml`` in trtpipe's cache
+    (:func:`pipeline.core.artifacts.cache_dir`: ``$TRTPIPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/trtpipe``, default
+    ``~/.cache/trtpipe``). ``trtpipe plan measure-host`` writes it; :func:`cpu_host` reads it when it exists."""
+    env = os.environ.get(HOST_FILE_ENV)
+    if env:
+        return Path(env).expanduser()
+    from pipeline.core.artifacts import cache_dir
+
+    return cache_dir() / "cpu_host.yaml"
+
+
+def cpu_host() -> HostSpec:
+    """The host rates the planner predicts the cpu target with: this host's (:func:`host_file`, written by
+    ``trtpipe plan measure-host``) when that file exists, else the reference host's shipped in
+    ``pipeline/data/cpu_host.yaml`` (measured on a 2-core AVX-512 VM). ``origin`` names the one used.
+
+    Raises:
+        UserError: the user's file exists but is not a valid host measurement (rerun measure-host or delete it).
+    """
+    path = host_file()
+    try:
+        st = path.stat()
+    except OSError:
+        return _shipped_host()
+    return _user_host(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.cache
+def _shipped_host() -> HostSpec:
+    raw = yaml.safe_load(resources.files("pipeline").joinpath(SHIPPED_HOST_FILE).read_text())
+    return HostSpec(**raw, origin="the shipped reference host's rates (pipeline/data/cpu_host.yaml): run "
+                                  "`trtpipe plan measure-host` to measure this host")
+
+
+@functools.lru_cache(maxsize=4)
+def _user_host(path: str, mtime_ns: int, size: int) -> HostSpec:
+    """This host's file, parsed once per (path, modification time, size)."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+        return HostSpec(**raw, origin=f"this host's measured rates ({path}, from `trtpipe plan measure-host`)")
+    except (OSError, yaml.YAMLError, TypeError, ValidationError) as e:
+        first = str(e).splitlines()[0]
+        raise UserError(f"{path}: not a host measurement ({first}): rerun `trtpipe plan measure-host` or delete it") from None
+
+
+def write_host(host: HostSpec, path: Path, header: str = "") -> Path:
+    """Write ``host`` (without ``origin``) as YAML to ``path`` (parents created), ``header`` (comment lines)
+    first; returns ``path``. Written through a temporary file and renamed, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(header + yaml.safe_dump(host.model_dump(), sort_keys=False, allow_unicode=True, width=120))
+    tmp.replace(path)
+    return path

@@ -1,0 +1,32 @@
+"""Engine stage: dispatch on ``build.engine`` to the TensorRT-LLM, PyTorch LLM-API or CPU builder.
+
+Every builder has the signature ``run(recipe, layout, *, quantized, force, dry_run) -> EngineResult``
+and writes ``layout.engine`` atomically with a manifest (``engine_kind``, ``status``, versions,
+``world_size``, per-file sha256) that ``trtpipe serve`` checks before starting.
+"""
+
+from __future__ import annotations
+
+from pipeline.core.layout import BuildLayout
+from pipeline.engine.result import EngineResult
+from pipeline.quantize.result import QuantizeResult
+from pipeline.recipe import Recipe
+
+STAGE = EngineResult.STAGE
+
+
+def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force: bool = False, dry_run: bool = False) -> EngineResult:
+    """Build the engine (or engine configuration) for ``recipe.build.engine`` into ``layout.engine``.
+
+    Raises whatever the builder raises: :class:`~pipeline.core.errors.UserError` for recipe values the
+    model cannot take, :class:`~pipeline.core.errors.StageError` for a failed build,
+    :class:`~pipeline.core.errors.MissingToolError` when ``trtllm-build`` is absent (after writing the command).
+    """
+    kind = recipe.build.engine
+    if kind == "tensorrt":
+        from pipeline.engine import tensorrt as builder
+    elif kind == "pytorch":
+        from pipeline.engine import pytorch as builder
+    else:
+        from pipeline.engine import cpu as builder
+    return builder.run(recipe, layout, quantized=quantized, force=force, dry_run=dry_run)

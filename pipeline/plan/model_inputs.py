@@ -1,0 +1,159 @@
+"""The inputs of the achievable-throughput model (:mod:`pipeline.plan.achievable`) for a recipe.
+
+Turns a recipe (and the planner's memory plan) into them; :func:`pipeline.plan.planner.predict` and
+:func:`pipeline.plan.planner.plan_recipe` call it:
+
+- :func:`engine_model` → :class:`StepCost` (bytes and FLOPs per step per GPU, peak rates of the GPU) and
+  :class:`SchedulerLimits` (max_batch_size, max_num_tokens, chunked prefill, KV tokens, policy);
+- :func:`efficiency_for` → the :class:`Efficiency` to use: the parameters fitted on published TensorRT-LLM
+  throughput (``pipeline/data/plan_efficiency.yaml``, written by ``benchmarks/calibrate_plan.py`` through
+  :func:`pipeline.plan.calibration.calibrate`) on a GPU, or the host's measured rates and engine overheads
+  (:func:`pipeline.core.hardware.cpu_host`: this host's, measured by ``trtpipe plan measure-host``, else the
+  shipped reference host's) on the cpu target;
+- :func:`error_terms` → the relative error terms for conditions the calibration did not cover.
+
+The calibration covers one GPU, the TensorRT engine path, FP8 and 16-bit GEMMs, Ampere/Ada/Hopper. Each
+condition outside that adds a stated relative error in quadrature (:data:`UNCALIBRATED_ERROR`; judgment, not
+fitted: the size of effects the model leaves out, e.g. tensor-parallel all-reduces are ~10–30 % of a decode
+step on PCIe/NVLink systems).
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+import yaml
+
+from pipeline.core import hardware
+from pipeline.core.geometry import ModelGeometry
+from pipeline.plan import memory as mem
+from pipeline.plan.achievable import (
+    Efficiency,
+    SchedulerLimits,
+    StepCost,
+    activation_traffic_bytes,
+)
+from pipeline.plan.perf import QFORMAT_COMPUTE, peak_flops
+from pipeline.recipe import Recipe
+from pipeline.recipe.quant import FP8_QFORMATS
+
+#: Relative error (1 σ) added in quadrature per uncalibrated condition. Judgment, not fitted:
+#: ``parallelism`` — tp/pp communication is not modelled (all-reduce per layer, pipeline bubbles);
+#: ``qformat`` — GEMM paths absent from the calibration (INT8 SmoothQuant, weight-only INT4/INT8 dequant
+#: GEMMs, FP4) reach other fractions of peak; ``engine`` — the calibration is the TensorRT engine path, the
+#: PyTorch backend schedules differently; ``architecture`` — no Blackwell (or older) GPU was calibrated;
+#: ``beam`` — beam search is not modelled.
+UNCALIBRATED_ERROR: dict[str, float] = {
+    "parallelism": 0.25, "qformat": 0.20, "engine": 0.15, "architecture": 0.15, "beam": 0.30,
+}
+#: what the calibration set covers (pipeline/data/plan_calibration.yaml)
+CALIBRATED_QFORMATS = ("fp8", "full_prec")
+CALIBRATED_ARCHS = ("ampere", "ada", "hopper")
+#: Relative error (1 σ) of the CPU-engine prediction: its overheads are measured, not fitted against
+#: served throughput, and the engine is being rewritten (judgment).
+CPU_REL_ERROR = 0.5
+
+EFFICIENCY_FILE = "data/plan_efficiency.yaml"
+
+
+@functools.cache
+def gpu_efficiency() -> Efficiency:
+    """The fitted GPU :class:`Efficiency` shipped in ``pipeline/data/plan_efficiency.yaml``."""
+    raw = yaml.safe_load(resources.files("pipeline").joinpath(EFFICIENCY_FILE).read_text())
+    return Efficiency(**raw["fitted"], **raw["fixed"], rel_error=raw["rel_error"], source=raw["source"])
+
+
+def cpu_efficiency(host: hardware.HostSpec) -> Efficiency:
+    """The CPU engine's :class:`Efficiency`: the host's rates are measured achievable rates (fractions 1)
+    and the overheads are the engine's measured per-step and per-sequence times (``trtpipe plan measure-host``)."""
+    return Efficiency(
+        bw_frac=1.0, gemm_frac=1.0, attn_frac=1.0, seq_overhead_us=host.engine_seq_overhead_us,
+        step_overhead_ms=host.engine_step_overhead_ms, rel_error=CPU_REL_ERROR,
+        source=f"measured on {host.name} ({host.measured})",
+    )
+
+
+def _attn_peak(recipe: Recipe, spec: hardware.GpuSpec, gemm_peak: float, bf16_peak: float) -> float:
+    """Dense FLOP/s of prefill attention: FP8 FMHA when the recipe quantizes to an FP8 format with
+    ``use_fp8_context_fmha`` on an FP8 GPU, else the 16-bit rate."""
+    q, p = recipe.quantization, recipe.build.plugins
+    if spec.fp8 and q.qformat in FP8_QFORMATS and p.use_fp8_context_fmha and spec.fp8_tflops:
+        return spec.fp8_tflops * 1e12
+    return bf16_peak
+
+
+def engine_model(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, kv_token_bytes: int, kv_tokens: int,
+                 *, gemm_peak: float, bf16_peak: float, bandwidth: float, spec: hardware.GpuSpec | None) -> tuple[StepCost, SchedulerLimits]:
+    """:class:`StepCost` and :class:`SchedulerLimits` of ``recipe`` on one GPU (``spec``) or on the host (None).
+
+    Per GPU (tensor parallel tp, pipeline stages pp; step time = pp × per-stage time):
+    weight_bytes = (decoder Linear + scales + lm_head) / (tp·pp) — the embedding table is not streamed
+    (a tied lm_head on the CPU engine reads it: its bytes count as the lm_head's);
+    linear FLOPs/token = 2 × layers × Linear params / (tp·pp); lm_head FLOPs/token = 2 × vocab × hidden / (tp·pp);
+    attention coeff = 2 × layers × heads × head_dim / (tp·pp). ``gemm_peak``/``bf16_peak`` FLOP/s,
+    ``bandwidth`` B/s: the GPU's datasheet peaks or the host's measured rates.
+    """
+    t = recipe.target
+    tp, pp = (1, 1) if spec is None else (t.tp_size, t.pp_size)
+    act_bytes = weights.model_dtype_bytes
+    head = weights.lm_head_bytes or (weights.embedding_bytes if geo.tie_word_embeddings else 0)
+    cost = StepCost(
+        weight_bytes=(weights.linear_bytes + weights.scale_bytes + head) / (tp * pp),
+        kv_token_bytes=kv_token_bytes,
+        linear_flops_per_token=2 * geo.num_hidden_layers * geo.layer_linear_params / (tp * pp),
+        head_flops_per_token=2 * geo.vocab_size * geo.hidden_size / (tp * pp),
+        attn_flops_coeff=2 * geo.num_hidden_layers * geo.num_attention_heads * geo.head_dim / (tp * pp),
+        act_bytes_per_token=activation_traffic_bytes(geo.hidden_size, geo.num_attention_heads, geo.num_key_value_heads, geo.head_dim,
+                                                     geo.intermediate_size, geo.num_hidden_layers, act_bytes, tp) / pp,
+        logit_bytes_per_token=2 * mem.pad_vocab(geo.vocab_size, tp) / tp * mem.LOGITS_BYTES / pp,
+        bandwidth=bandwidth, gemm_flops=gemm_peak,
+        attn_flops=bf16_peak if spec is None else _attn_peak(recipe, spec, gemm_peak, bf16_peak),
+        pp_size=pp,
+    )
+    b = recipe.build
+    limits = SchedulerLimits(
+        max_batch_size=b.max_batch_size, max_num_tokens=b.max_num_tokens, chunked_prefill=b.enable_chunked_prefill,
+        kv_tokens=kv_tokens, tokens_per_block=b.tokens_per_block, policy=b.scheduler_config.capacity_scheduler_policy,
+    )
+    return cost, limits
+
+
+def model_inputs(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, kv_token_bytes: int, kv_tokens: int,
+                 dtype_bytes: int, spec: hardware.GpuSpec | None) -> tuple[StepCost, SchedulerLimits, Efficiency, str | None]:
+    """Everything the model needs for ``recipe`` on ``spec`` (None: the host): step cost, scheduler limits,
+    efficiency, and a note for the plan (the host's measured rates on the cpu target, else None).
+
+    GPU: datasheet bandwidth, the dense peak of the qformat's GEMM dtype (:data:`perf.QFORMAT_COMPUTE`) and
+    of BF16, the fitted :func:`gpu_efficiency`. Host: measured bandwidth and GEMM rate in ``build.cpu.dtype``
+    and the CPU engine's measured overheads (:func:`cpu_efficiency`); the CPU engine always chunks prompts
+    longer than max_num_tokens (transformers' scheduler), so chunked prefill is on there.
+    """
+    if spec is None:
+        host = hardware.cpu_host()
+        rate = host.gemm_flops(dtype_bytes)
+        cost, limits = engine_model(recipe, geo, weights, kv_token_bytes, kv_tokens, gemm_peak=rate, bf16_peak=rate,
+                                    bandwidth=host.bandwidth_bytes_per_s, spec=None)
+        note = (f"cpu throughput predicted from {host.name}'s measured rates ({host.read_bandwidth_gbs:g} GB/s, "
+                f"{rate / 1e9:,.0f} GFLOP/s) and CPU-engine overheads ({host.measured}): {host.origin}")
+        return cost, limits.model_copy(update={"chunked_prefill": True}), cpu_efficiency(host), note
+    cost, limits = engine_model(recipe, geo, weights, kv_token_bytes, kv_tokens,
+                                gemm_peak=peak_flops(spec, QFORMAT_COMPUTE[recipe.quantization.qformat], dtype_bytes),
+                                bf16_peak=peak_flops(spec, "bf16", dtype_bytes), bandwidth=spec.bandwidth_bytes_per_s, spec=spec)
+    return cost, limits, gpu_efficiency(), None
+
+
+def error_terms(recipe: Recipe, spec: hardware.GpuSpec | None) -> dict[str, float]:
+    """The :data:`UNCALIBRATED_ERROR` terms that apply to ``recipe`` on ``spec`` (none on the cpu target,
+    whose error is :data:`CPU_REL_ERROR` as a whole)."""
+    if spec is None:
+        return {}
+    t, q, b = recipe.target, recipe.quantization, recipe.build
+    on = {
+        "parallelism": t.tp_size * t.pp_size > 1,
+        "qformat": q.qformat not in CALIBRATED_QFORMATS,
+        "engine": b.engine != "tensorrt",
+        "architecture": spec.arch not in CALIBRATED_ARCHS,
+        "beam": b.max_beam_width > 1,
+    }
+    return {k: UNCALIBRATED_ERROR[k] for k, v in on.items() if v}

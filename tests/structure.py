@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""The package's structure: module count and sizes, internal import arrows, cycles (between modules and between
+folders), largest functions. ``tests/test_structure.py`` holds the package to it; run it to see the figures:
+
+    .venv/bin/python tests/structure.py [--json] [PACKAGE_DIR ...]      # default: pipeline
+
+Used to measure a restructuring before and after (lines are physical lines, blank and comment lines
+included; a function's size is its span from ``def`` to its last line; an import arrow is a module-level
+or function-level ``import``/``from … import`` of another module of the same packages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from pathlib import Path
+
+
+def _module_name(path: Path, root: Path) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of import nodes inside ``if TYPE_CHECKING:`` blocks (not run-time arrows)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out.update(id(n) for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom)))
+    return out
+
+
+def _imports(tree: ast.AST, name: str, is_pkg: bool, modules: set[str]) -> set[str]:
+    """Modules ``name`` imports at run time; ``from pkg import sub`` is an arrow to ``pkg.sub`` only."""
+    out: set[str] = set()
+    skip = _type_checking_nodes(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                pkg = pkg[: len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            subs = {f"{base}.{a.name}" for a in node.names}
+            if subs <= modules:
+                out.update(subs)
+            else:
+                out.add(base)
+                out.update(subs & modules)
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def folder_of(module: str) -> str:
+    """The folder a module lives in: ``pipeline.engine.tensorrt`` → ``pipeline.engine``; a top-level module
+    (``pipeline.cli``) and the package itself are their own folder."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def report(roots: list[Path]) -> dict:
+    modules: dict[str, dict] = {}
+    trees: dict[str, tuple[ast.AST, bool]] = {}
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            name = _module_name(path, root)
+            text = path.read_text()
+            tree = ast.parse(text)
+            trees[name] = (tree, path.name == "__init__.py")
+            funcs = [
+                (f"{name}.{n.name}", n.end_lineno - n.lineno + 1)
+                for n in ast.walk(tree)
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            ]
+            modules[name] = {"path": str(path), "lines": len(text.splitlines()), "functions": funcs}
+    graph: dict[str, set[str]] = {}
+    for name, (tree, is_pkg) in trees.items():
+        targets = set()
+        for imp in _imports(tree, name, is_pkg, set(modules)):
+            # the longest known module name that the import names
+            parts = imp.split(".")
+            for k in range(len(parts), 0, -1):
+                cand = ".".join(parts[:k])
+                if cand in modules and cand != name:
+                    targets.add(cand)
+                    break
+        graph[name] = targets
+    folders: dict[str, set[str]] = {}
+    for src, dsts in graph.items():
+        for dst in dsts:
+            a, b = folder_of(src), folder_of(dst)
+            if a != b:
+                folders.setdefault(a, set()).add(b)
+    sizes = sorted((m["lines"] for m in modules.values()), reverse=True)
+    funcs = sorted((f for m in modules.values() for f in m["functions"]), key=lambda f: -f[1])
+    return {
+        "modules": len(modules),
+        "lines_total": sum(sizes),
+        "lines_max": sizes[0] if sizes else 0,
+        "lines_median": sizes[len(sizes) // 2] if sizes else 0,
+        "modules_over_400_lines": sorted((n, m["lines"]) for n, m in modules.items() if m["lines"] > 400),
+        "largest_function": funcs[0] if funcs else ("", 0),
+        "import_arrows": sum(len(v) for v in graph.values()),
+        "import_cycles": _cycles(graph),
+        "folder_arrows": {k: sorted(v) for k, v in sorted(folders.items())},
+        "folder_cycles": _cycles(folders),
+        "module_lines": {n: m["lines"] for n, m in modules.items()},
+        "largest_functions": funcs[:8],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("roots", nargs="*", default=["pipeline"])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    r = report([Path(p).resolve() for p in args.roots])
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return
+    print(f"modules {r['modules']}, lines {r['lines_total']} (max {r['lines_max']}, median {r['lines_median']})")
+    print(f"internal import arrows {r['import_arrows']}, cycles {len(r['import_cycles'])}, folder cycles {len(r['folder_cycles'])}")
+    for c in r["import_cycles"]:
+        print("  cycle: " + " <-> ".join(c))
+    for c in r["folder_cycles"]:
+        print("  folder cycle: " + " <-> ".join(c))
+    for n, lines in r["modules_over_400_lines"]:
+        print(f"  over 400 lines: {n} ({lines})")
+    print("largest functions:")
+    for n, lines in r["largest_functions"]:
+        print(f"  {lines:4d}  {n}")
+
+
+if __name__ == "__main__":
+    main()
