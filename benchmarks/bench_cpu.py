@@ -167,6 +167,7 @@ def served(build: Path, concurrency: list[int], waves: int, direct: bool = False
     from pipeline.core.layout import BuildLayout
     from pipeline.triton.process import pick_free_port as free_port
     from pipeline.triton.process import tree_rss
+    from pipeline.triton_repo import client_tokenizer_dir
 
     trtpipe = str(Path(sys.executable).parent / "trtpipe")
     work = build.parent.parent  # holds artifacts/
@@ -230,7 +231,7 @@ def served(build: Path, concurrency: list[int], waves: int, direct: bool = False
         with tempfile.TemporaryDirectory() as tmp:
             cpu0, t_bench = tree_cpu_s(pid), time.perf_counter()
             # the served build's tokenizer, not the last build's
-            points = bench_all(tmp, "--tokenizer", str(BuildLayout(build).tokenizer_dir()), on_start=track_client)
+            points = bench_all(tmp, "--tokenizer", str(client_tokenizer_dir(BuildLayout(build))), on_start=track_client)
             wall = time.perf_counter() - t_bench
             stop.set()
             cpu1 = tree_cpu_s(pid)
