@@ -21,6 +21,7 @@ from pipeline.engine.result import EngineResult
 from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import load_recipe
 from pipeline.triton import model_config
+from pipeline.triton_repo import render
 from pipeline.triton_repo import stage as triton_repo
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,7 +166,7 @@ def test_parameters_come_from_the_recipe(built):
     else:  # the CPU model's config carries exactly the parameters its model.py reads
         import re
 
-        reads = set(re.findall(r'get_param\(\s*raw,\s*"(\w+)"', (REPO / "triton_repo" / "models" / "tensorrt_llm_cpu" / "model.py").read_text()))
+        reads = set(re.findall(r'get_param\(\s*raw,\s*"(\w+)"', (REPO / "pipeline" / "triton_repo" / "models" / "tensorrt_llm_cpu" / "model.py").read_text()))
         assert set(p) <= reads and reads - set(p) <= {"cpu_num_threads"}, (set(p), reads)
     trt = model_config.load_model_config(res.path / "tensorrt_llm")
     assert trt.backend == ("tensorrtllm" if kind == "tensorrt" else "python")
@@ -190,7 +191,7 @@ def test_translation_single_function(tmp_path):
     p = triton_repo.tensorrt_llm_parameters(recipe, tmp_path)
     assert (p["max_tokens_in_paged_kv_cache"], p["kv_cache_free_gpu_mem_fraction"], p["batch_scheduler_policy"],
             p["enable_kv_cache_reuse"]) == ("4096", "0.5", "max_utilization", "false")
-    src = (REPO / "pipeline" / "stages" / "triton_repo.py").read_text()
+    src = (REPO / "pipeline" / "triton_repo" / "stage.py").read_text()
     assert src.count('"kv_cache_free_gpu_mem_fraction"') == 1 and src.count('"max_tokens_in_paged_kv_cache"') == 1
 
 
@@ -221,20 +222,20 @@ def test_unknown_field_fails_at_generation_time(monkeypatch):
     from pipeline.core.errors import StageError
 
     with pytest.raises(StageError, match="undefined"):
-        model_config.render_model_config("postprocessing", max_batch_size=1, parameters={})
+        render.render_model_config("postprocessing", max_batch_size=1, parameters={})
     # a value cannot inject fields: it is escaped into the string
-    cfg = model_config.render_model_config("postprocessing", max_batch_size=1, instance_count=1,
+    cfg = render.render_model_config("postprocessing", max_batch_size=1, instance_count=1,
                                           parameters={'k" } bogus_field: { x': "1"})
     assert 'k" } bogus_field: { x' in cfg.parameters
     templates = {"bad.pbtxt.j2": 'name: "x"\nbogus_field: 1\n', "enum.pbtxt.j2": 'input [ { name: "a" data_type: TYPE_INT33 } ]',
                  "left.pbtxt.j2": 'name: "${engine_dir}"'}
     env = jinja2.Environment(loader=jinja2.DictLoader(templates), undefined=jinja2.StrictUndefined)
-    monkeypatch.setattr(model_config, "_jinja_env", lambda: env)
+    monkeypatch.setattr(render, "_jinja_env", lambda: env)
     for name in ("bad", "enum"):
         with pytest.raises(StageError, match="not a valid ModelConfig"):
-            model_config.render_model_config(name)
+            render.render_model_config(name)
     with pytest.raises(StageError, match="placeholder"):
-        model_config.render_model_config("left")
+        render.render_model_config("left")
 
 
 # ------------------------------------------------------------------------------- real Triton
