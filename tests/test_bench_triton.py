@@ -137,15 +137,24 @@ def test_text_interface_exact_isl_and_counted_osl(server, tmp_path):
     assert {r["text_tokens"] for r in doc["requests"]} == {6}
 
 
-def test_llmapi_test_model_declares_the_template_tensors():
+def test_llmapi_test_model_declares_upstreams_tensors():
+    """llmapi_echo stands for upstream's llmapi model: trtpipe's template less trtpipe's own extensions."""
     from pipeline.triton.model_config import load_model_config
     from pipeline.triton_repo.render import render_model_config
+    from pipeline.trtllm.triton_contract import (
+        LLMAPI_EXTRA_INPUTS,
+        LLMAPI_EXTRA_OUTPUTS,
+    )
+
+    ours_only = {*LLMAPI_EXTRA_INPUTS["tensorrt_llm"], *LLMAPI_EXTRA_OUTPUTS["tensorrt_llm"]}
 
     def tensors(cfg):
-        return [[(t.name, t.data_type, list(t.dims), getattr(t, "optional", None)) for t in ts] for ts in (cfg.input, cfg.output)]
+        return [[(t.name, t.data_type, list(t.dims), getattr(t, "optional", None)) for t in ts if t.name not in ours_only]
+                for ts in (cfg.input, cfg.output)]
 
-    ours = render_model_config("llmapi_tensorrt_llm", max_batch_size=0, decoupled=True)
+    ours = render_model_config("llmapi_tensorrt_llm", max_batch_size=0, decoupled=True, llm_runtime="tensorrt_llm")
     test_model = load_model_config(TIMED_REPO / "llmapi_echo")
+    assert not ours_only & {t.name for t in (*test_model.input, *test_model.output)}
     assert tensors(test_model) == tensors(ours)
     assert test_model.max_batch_size == ours.max_batch_size == 0 and test_model.model_transaction_policy.decoupled
 

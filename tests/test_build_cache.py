@@ -50,7 +50,13 @@ RUNTIME_OVERRIDES = {
     "serving.triton_max_batch_size": "64",
 }
 #: fields with a single allowed value or changed elsewhere (no other value to try)
-RUNTIME_FIXED = {"serving.batching_strategy", "serving.decoupled_mode"}
+RUNTIME_FIXED = {"serving.batching_strategy", "serving.decoupled_mode",
+                 # a TensorRT recipe must keep these at their defaults (pipeline/recipe/knobs.py refuses others)
+                 "serving.frontend", "build.pytorch.disable_overlap_scheduler", "build.pytorch.attn_backend",
+                 "build.pytorch.sampler_type", "build.pytorch.stream_interval", "build.pytorch.enable_iter_perf_stats",
+                 "build.pytorch.enable_iter_req_stats", "build.pytorch.print_iter_log", "build.pytorch.return_perf_metrics",
+                 "build.pytorch.cuda_graph_config.enable_padding", "build.pytorch.cuda_graph_config.batch_sizes",
+                 "build.pytorch.cuda_graph_config.max_batch_size"}
 #: one change (one or more overrides) per build-time field of a TensorRT engine recipe
 BUILD_OVERRIDES = {
     "build.max_batch_size": ["build.max_batch_size=512"],

@@ -14,7 +14,7 @@ from pipeline.core.layout import BuildLayout
 from pipeline.engine import pytorch as pt
 from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import load_recipe
-from pipeline.trtllm import contract, llmapi
+from pipeline.trtllm import llmapi
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "llama31_8b_h200_fp8_pytorch.yaml"
@@ -36,9 +36,9 @@ HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hi
 def test_kwargs_use_llm_api_names_and_recipe_values(tmp_path):
     recipe = load_recipe(RECIPE)
     kw = llmapi.llm_api_kwargs(recipe, tmp_path / "hf_ckpt")
-    assert llmapi.kwargs_problems(kw) == []
-    api = contract.contract()["llm_api"]
-    assert set(kw) <= set(api["llm_kwargs"])
+    assert llmapi.check_kwargs(kw) == []
+    api = llmapi.llmapi_contract()
+    assert set(kw) <= set(api["llm_args"])
     assert kw["model"] == kw["tokenizer"] == str(tmp_path / "hf_ckpt")
     assert kw["backend"] == "pytorch"
     b = recipe.build
@@ -46,10 +46,10 @@ def test_kwargs_use_llm_api_names_and_recipe_values(tmp_path):
         b.max_batch_size, b.max_num_tokens, b.max_seq_len, b.max_input_len)
     assert (kw["tensor_parallel_size"], kw["pipeline_parallel_size"]) == (recipe.target.tp_size, recipe.target.pp_size)
     kv = kw["kv_cache_config"]
-    assert kv["dtype"] == "fp8" and kv["free_gpu_memory_fraction"] == 0.9 and kv["enable_block_reuse"] is True
+    assert kv["dtype"] == "fp8" and kv["free_gpu_memory_fraction"] == 0.95 and kv["enable_block_reuse"] is True
     assert kv["tokens_per_block"] == b.tokens_per_block
     assert kw["scheduler_config"] == {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT", "context_chunking_policy": None}
-    assert kw["scheduler_config"]["capacity_scheduler_policy"] in api["capacity_scheduler_policies"]
+    assert kw["scheduler_config"]["capacity_scheduler_policy"] in api["configs"]["scheduler_config"]["capacity_scheduler_policy"]["values"]
     assert kw["enable_chunked_prefill"] is True
 
 
@@ -76,7 +76,8 @@ def test_run_writes_yaml_json_and_manifest(tmp_path):
     m = read_manifest(res.path)
     assert m["engine_kind"] == "pytorch" and m["status"] == "built" and m["checkpoint"]["present"]
     assert Path(from_json["model"]) == (tmp_path / "quantize" / "hf_ckpt").resolve()
-    assert any(k.startswith("build.plugins") for k in m["ignored_knobs"])  # recipe sets multiple_profiles
+    assert m["frontend"] == "triton" and m["trtllm_serve"] is None and "ignored_knobs" not in m
+    assert from_yaml["cuda_graph_config"]["enable_padding"] is True  # the published-numbers setting reaches LLM()
     assert pt.run(recipe, BuildLayout(tmp_path), quantized=quantized(tmp_path, hf_config=HF_CONFIG)).cached
 
 

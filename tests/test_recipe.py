@@ -33,7 +33,7 @@ def test_every_shipped_recipe_validates(path: Path):
     assert isinstance(r, Recipe)
     assert r.name == path.stem
     # the engine kind matches the target kind
-    assert (r.target.gpu == "cpu") == (r.build.engine == "cpu")
+    assert r.build.engine != ("tensorrt" if r.target.gpu == "cpu" else "cpu")  # pytorch runs on both (cpu: the LLM facade)
 
 
 def write(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:

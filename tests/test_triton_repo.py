@@ -202,8 +202,10 @@ def test_llmapi_layout(built):
     cfg = yaml.safe_load((v / "model.yaml").read_text())
     assert cfg["backend"] == "pytorch" and cfg["triton_config"] == {
         "max_batch_size": 0, "decoupled": True, "cancellation_check_period_ms": 100}
-    assert os.readlink(v / "model.py") == "/app/all_models/llmapi/tensorrt_llm/1/model.py"
-    assert res.manifest["llmapi_model_py_source"] == "/app/all_models/llmapi/tensorrt_llm/1"
+    # trtpipe's own llmapi model.py (not a link to the container's): upstream's interface + min_tokens/ignore_eos
+    assert not (v / "model.py").is_symlink()
+    assert (v / "model.py").read_bytes() == (REPO / "pipeline/triton_repo/models/llmapi/model.py").read_bytes()
+    assert params(model_config.load_model_config(res.path / "tensorrt_llm")) == {"llm_runtime": "tensorrt_llm"}
     assert model_config.load_model_config(res.path / "tensorrt_llm").max_batch_size == 0
 
 

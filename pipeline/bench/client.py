@@ -21,12 +21,15 @@ Three interfaces, told apart by the model's declared inputs (:func:`detect_inter
 * ``tokens``: TensorRT-LLM's ``tensorrt_llm`` model (``input_ids``, ``request_output_len``, …).
 * ``text``: ``ensemble``/``tensorrt_llm_bls`` (``text_input``, ``max_tokens``, ``min_tokens``, …).
 * ``llmapi``: the LLM-API (PyTorch backend) ``tensorrt_llm`` python model (``text_input``,
-  ``streaming``, ``sampling_param_max_tokens``, …). It declares no ``min_tokens``/``ignore_eos``
-  input, so OSL is only an upper bound there (a request may stop at EOS and come back short), and
-  it returns no token count: every streamed ``text_output`` holds the WHOLE text so far
-  (``CompletionOutput.text``, not ``text_diff``, in TensorRT-LLM's
+  ``streaming``, ``sampling_param_max_tokens``, …). Every streamed ``text_output`` holds the WHOLE
+  text so far (``CompletionOutput.text``, not ``text_diff``, in TensorRT-LLM's
   ``triton_backend/all_models/llmapi/tensorrt_llm/1/model.py``), so the client keeps only the
-  latest text and its length per response, and the tokens are counted after the run.
+  latest text. Upstream's model declares no ``min_tokens``/``ignore_eos`` input and returns no
+  token count: OSL is then only an upper bound, and the tokens are counted from the text after the
+  run. trtpipe's own llmapi model (pipeline/triton_repo/models/llmapi) adds
+  ``sampling_param_min_tokens``/``sampling_param_ignore_eos`` (exact OSL) and
+  ``return_num_output_tokens`` → ``num_output_tokens`` (the server's count per response); the
+  final text is then re-tokenized only to check that count (``osl_check``).
 
 Tensor names and dtypes: docs/reference/triton-model-repository.md §3.4 (token/text) and §3.7 (llmapi).
 """
@@ -56,8 +59,8 @@ NEVER_END_ID = -1
 TEXT_INTERFACES = ("text", "llmapi", "openai", "openai-chat")
 #: one-line notice printed at the start of a run on the LLM-API interface
 LLMAPI_OSL_WARNING = (
-    "exact OSL is not enforceable on the LLM-API interface (no min_tokens input in TensorRT-LLM 1.2.1's llmapi "
-    "model): OSL is sent as max_tokens, output tokens are counted from text_output after the run, early stops show as short"
+    "exact OSL is not enforceable on this LLM-API model (no sampling_param_min_tokens input, as in TensorRT-LLM "
+    "1.2.1's own llmapi model; trtpipe's has one): OSL is sent as max_tokens, output tokens are counted from text_output after the run, early stops show as short"
 )
 
 
@@ -180,7 +183,9 @@ def request_inputs(
     int32 array; every other value a Python scalar.
 
     LLM-API interface (``llmapi``, docs/reference/triton-model-repository.md §3.7): ``text_input``, ``streaming = true``,
-    ``sampling_param_max_tokens = osl`` (an upper bound only: no min_tokens input exists),
+    ``sampling_param_max_tokens = osl``, ``sampling_param_min_tokens = osl`` and ``sampling_param_ignore_eos``
+    (exact OSL; trtpipe's llmapi model only), ``sampling_param_skip_special_tokens = false``,
+    ``return_num_output_tokens``,
     ``sampling_param_exclude_input_from_output = true``, greedy decoding as
     ``sampling_param_top_k = 1`` (greedy in every TensorRT-LLM sampler; ``temperature = 0`` is
     not: older PyTorch samplers assert ``temperature > 0``) and, with ``perf_metrics``,
@@ -191,7 +196,7 @@ def request_inputs(
     preprocessing default ``end_id``).
     """
     if info.interface == "llmapi":
-        return _llmapi_inputs(info, prompt, osl, perf_metrics)
+        return _llmapi_inputs(info, prompt, osl, perf_metrics, exact_osl=exact_osl, ignore_eos=ignore_eos)
     out: list[tuple[str, str, Any]] = []
 
     def scalar(name: str, dt: str, value: Any) -> None:
@@ -224,12 +229,18 @@ def request_inputs(
     return out
 
 
-def _llmapi_inputs(info: ModelInfo, prompt: Prompt, osl: int, perf_metrics: bool) -> list[tuple[str, str, Any]]:
+def _llmapi_inputs(info: ModelInfo, prompt: Prompt, osl: int, perf_metrics: bool, *, exact_osl: bool = True,
+                   ignore_eos: bool = True) -> list[tuple[str, str, Any]]:
     """The LLM-API model's inputs (see :func:`request_inputs`): only those the model declares."""
     if prompt.text is None:
         raise UserError(f"model {info.name!r} takes text; the prompt has none")
     wanted = [("text_input", "BYTES", prompt.text), ("streaming", "BOOL", True), ("sampling_param_max_tokens", "INT32", osl),
-              ("sampling_param_exclude_input_from_output", "BOOL", True), ("sampling_param_top_k", "INT32", 1)]
+              ("sampling_param_exclude_input_from_output", "BOOL", True), ("sampling_param_top_k", "INT32", 1),
+              ("sampling_param_skip_special_tokens", "BOOL", False), ("return_num_output_tokens", "BOOL", True)]
+    if exact_osl:
+        wanted.append(("sampling_param_min_tokens", "INT32", osl))
+    if ignore_eos:
+        wanted.append(("sampling_param_ignore_eos", "BOOL", True))
     if perf_metrics:
         wanted.append(("sampling_param_return_perf_metrics", "BOOL", True))
     return [(name, dt, value) for name, dt, value in wanted if name in info.inputs]
@@ -354,10 +365,12 @@ class StreamClient:
             if "text_output" not in names:
                 return 0
             raw = ir.raw_output_contents[names.index("text_output")]
+            rec.text_last = raw  # the whole text so far: re-tokenized after the run (counts or osl_check)
+            if "num_output_tokens" in names:  # trtpipe's llmapi model counts the tokens of each response
+                return int.from_bytes(ir.raw_output_contents[names.index("num_output_tokens")][:4], "little", signed=True)
             if rec.text_len is None:
                 rec.text_len = []
             rec.text_len.append(len(raw) - 4)
-            rec.text_last = raw
             return -1
         if self._tokens and "output_ids" in names:
             shape = ir.outputs[names.index("output_ids")].shape

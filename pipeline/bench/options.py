@@ -14,7 +14,11 @@ import inspect
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-from pipeline.bench.target import BenchTarget, build_tokenizer
+from pipeline.bench.target import (
+    BenchTarget,
+    build_tokenizer,
+    detached_trtllm_serve_build,
+)
 from pipeline.recipe.bench import BenchSpec, Flag
 
 #: options of the command itself (not fields): where the defaults come from, and the one-scenario shorthand
@@ -120,9 +124,14 @@ def resolve(options: dict[str, Any]) -> tuple[BenchSpec, BenchTarget]:
         raise UserError(f"--openai-endpoint {o['openai_endpoint']!r}: use {' or '.join(OPENAI_ENDPOINTS)}")
     served_model = o.pop("model") if api == "openai" else None  # the served model, not a Triton model of the recipe
     build = artifacts.last_build()
+    # a detached `trtpipe serve` of a trtllm-serve build at this OpenAI URL is our deployment (the real server or the
+    # CPU stand-in): its bench section, tokenizer and provenance, as for a detached Triton
+    served = detached_trtllm_serve_build(api, o["url"])
     if o["recipe"] is not None:
         candidate = artifacts.default_build_dir(o["recipe"].stem)
         build = candidate if candidate.is_dir() else build
+    elif served is not None:
+        build = served.root
     elif api != "openai":  # the build a detached `trtpipe serve` runs at this URL, rather than the last one built
         from pipeline.serve.registry import detached_build
 
@@ -133,7 +142,9 @@ def resolve(options: dict[str, Any]) -> tuple[BenchSpec, BenchTarget]:
         values["scenarios"] = values.get("scenarios", []) + [{"isl": o["isl"], "osl": o["osl"]}]
     spec = stage.with_overrides(stage.spec_for(o["recipe"], layout), values, flags=flag_names(BenchSpec))
     target_values = {k: o[k] for k in flag_names(BenchTarget)}
-    if api == "openai" and layout is not None:  # not our deployment: keep only the last build's tokenizer
+    if served is not None and layout is not None and layout.root == served.root:
+        target_values["tokenizer"] = target_values["tokenizer"] or build_tokenizer(layout)
+    elif api == "openai" and layout is not None:  # not our deployment: keep only the last build's tokenizer
         target_values["tokenizer"] = target_values["tokenizer"] or build_tokenizer(layout)
         layout = None
     return spec, BenchTarget(**target_values, layout=layout, served_model=served_model)

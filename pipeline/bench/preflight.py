@@ -51,7 +51,7 @@ def _osl_caveats(api: Api, info: Any) -> list[str]:
     from pipeline.bench.client import LLMAPI_OSL_WARNING
 
     notes = []
-    if info.interface == "llmapi":
+    if info.interface == "llmapi" and "sampling_param_min_tokens" not in info.inputs:  # upstream's llmapi model
         notes.append(LLMAPI_OSL_WARNING)
     if api.name == "openai" and "min_tokens" not in info.inputs:
         notes.append("the server rejected min_tokens/ignore_eos: OSL is only max_tokens, requests may stop short at EOS")

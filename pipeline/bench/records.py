@@ -165,6 +165,9 @@ def count_text_tokens(
         if -1 not in r.response_tokens:
             if r.response_text is not None:  # counted by the server; re-tokenize to verify (osl_check)
                 r.text_tokens = count(b"".join(r.response_text).decode("utf-8", errors="replace"))
+            elif r.text_last is not None:  # cumulative text counted by the server: its final text, re-tokenized
+                size = int.from_bytes(r.text_last[:4], "little")
+                r.text_tokens = count(r.text_last[4:4 + size].decode("utf-8", errors="replace"))
             r.response_text = r.text_last = r.text_len = None
             continue
         if r.text_len is not None and r.text_last is not None:

@@ -136,8 +136,9 @@ class BenchResult:
 
     @property
     def osl_forced(self) -> bool:
-        """Exact OSL was asked for: the model declares ``min_tokens`` (sent as OSL)."""
-        return self.info is not None and "min_tokens" in self.info.inputs
+        """Exact OSL was asked for: the model declares ``min_tokens`` (``sampling_param_min_tokens`` on trtpipe's
+        LLM-API model), sent as OSL."""
+        return self.info is not None and bool({"min_tokens", "sampling_param_min_tokens"} & set(self.info.inputs))
 
     @property
     def scenarios(self) -> list[tuple[int, int]]:

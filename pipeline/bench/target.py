@@ -99,3 +99,14 @@ def build_gpus(layout: BuildLayout | None) -> int | None:
     return None if recipe is None else recipe.target.tp_size * recipe.target.pp_size
 
 
+def detached_trtllm_serve_build(api: str, url: str | None) -> BuildLayout | None:
+    """With ``--api openai``: the build that a detached ``trtpipe serve --detach`` trtllm-serve server (the real one or
+    trtpipe's CPU stand-in) serves at ``url`` (``None``: the OpenAI default URL), so that the bench takes its bench
+    section, tokenizer and provenance as it does for a detached Triton; ``None`` for any other API, URL or server."""
+    if api != "openai":
+        return None
+    from pipeline.bench.apis import DEFAULT_URLS
+    from pipeline.serve.registry import TRTLLM_SERVE, detached_build
+
+    build = detached_build(url or DEFAULT_URLS["openai"], frontend=TRTLLM_SERVE)
+    return BuildLayout(build) if build is not None else None

@@ -16,10 +16,10 @@ from pathlib import Path
 from pipeline.core import artifacts
 from pipeline.core.errors import UserError
 from pipeline.core.layout import BuildLayout
-from pipeline.recipe import Recipe, dump_recipe
 from pipeline.core.results import StageResult
 from pipeline.engine.result import EngineResult
 from pipeline.quantize.result import QuantizeResult
+from pipeline.recipe import Recipe, dump_recipe
 from pipeline.triton_repo.result import RepoResult
 
 #: CLI spelling of --stage → stage name
@@ -151,9 +151,9 @@ def _run_stages(
     on_stage: Callable[[str, StageResult, list[str]], None] | None,
 ) -> None:
     """Run the stages in order up to ``last``, filling ``results`` and ``changes``."""
-    from pipeline.recipe.consumers import changed
     from pipeline.engine import stage as engine
     from pipeline.quantize import stage as quantize
+    from pipeline.recipe.consumers import changed
     from pipeline.triton_repo import stage as triton_repo
 
     before = {s: (artifacts.read_manifest(layout.stage_dir(s)) or {}).get("consumed") for s in ("quantize", "engine", "triton_repo")}

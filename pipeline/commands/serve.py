@@ -1,14 +1,15 @@
-"""``trtpipe serve [ARTIFACT_DIR | RECIPE]``: Triton on a built model repository.
+"""``trtpipe serve [ARTIFACT_DIR | RECIPE]``: Triton on a built model repository, or a trtllm-serve build.
 
-Foreground until Ctrl-C / SIGTERM (clean stop), or ``--detach`` (recorded in
-``artifacts/serve.json``) with ``--status`` / ``--stop``. The work is :func:`pipeline.serve.stage.run`.
+Foreground until Ctrl-C / SIGTERM (clean stop), or ``--detach`` (recorded in ``artifacts/serve.json``) with
+``--status`` / ``--stop``, for both frontends. The work is :func:`pipeline.serve.stage.run` (Triton) and
+:func:`pipeline.serve.frontend.serve_trtllm` (trtllm-serve; trtpipe's CPU stand-in on the cpu target).
 """
 
 from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -21,19 +22,20 @@ def serve(
         Path | None,
         typer.Argument(metavar="[ARTIFACT_DIR | RECIPE]", help="Build dir, model repository, or recipe (its artifacts/<name>). Default: the last build."),
     ] = None,
-    http_port: Annotated[int, typer.Option("--http-port", help="HTTP port.")] = 8000,
+    http_port: Annotated[int, typer.Option("--http-port", help="HTTP port (trtllm-serve's --port).")] = 8000,
     grpc_port: Annotated[int, typer.Option("--grpc-port", help="gRPC port.")] = 8001,
     metrics_port: Annotated[int, typer.Option("--metrics-port", help="Prometheus metrics port.")] = 8002,
     host: Annotated[str, typer.Option("--host", help="Bind address of all endpoints (0.0.0.0 exposes them; then --admin-key is required).")] = "127.0.0.1",
     admin_key: Annotated[str | None, typer.Option("--admin-key", envvar="TRTPIPE_ADMIN_KEY", show_envvar=True, help="Off loopback: Triton's model-repository, shared-memory, logging and trace APIs answer only requests with the key (HTTP header triton-admin-key, gRPC metadata triton-grpc-protocol-triton-admin-key).")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the server to be ready.")] = 120.0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the server to be ready (trtllm-serve: GET /health is 200).")] = 120.0,
     exit_timeout: Annotated[int, typer.Option("--exit-timeout", help="Seconds Triton waits for in-flight requests on stop.")] = 5,
-    log_file: Annotated[Path | None, typer.Option("--log-file", help="Server log (default: <build dir>/triton_server-<grpc port>.log; a build keeps its newest 8 of those).")] = None,
+    log_file: Annotated[Path | None, typer.Option("--log-file", help="Server log (default: <build dir>/triton_server-<grpc port>.log, a build keeps its newest 8; trtllm-serve: <build dir>/trtllm_serve-<http port>.log).")] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Run in the background once ready (state in artifacts/serve.json).")] = False,
     status: Annotated[bool, typer.Option("--status", help="Show the detached server: running/ready and endpoints.")] = False,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the detached server (graceful, then kill).")] = False,
+    print_command: Annotated[bool, typer.Option("--print-command", help="Print the exact command line of the build's frontend (tritonserver or trtllm-serve) and exit; nothing starts.")] = False,
 ) -> None:
-    """Serve a build with Triton (gRPC, HTTP, metrics) until Ctrl-C, or in the background with --detach."""
+    """Serve a build with Triton (gRPC, HTTP, metrics) or trtllm-serve (serving.frontend) until Ctrl-C; --print-command shows the command."""
     from pipeline.core.errors import StageError, UserError
     from pipeline.serve import registry
     from pipeline.serve import stage as srv
@@ -53,12 +55,26 @@ def serve(
     if detach:
         old = registry.read_state(state_file)
         if old is not None and registry.state_alive(old):
-            raise UserError(f"a detached server is already running (pid {old['pid']}, gRPC {old['grpc_url']}): run `trtpipe serve --stop` first")
+            raise UserError(f"a detached server is already running (pid {old['pid']}, {registry.frontend_of(old)} "
+                            f"{old.get('grpc_url') or old.get('openai_url')}): run `trtpipe serve --stop` first")
         state_file.unlink(missing_ok=True)
     options = srv.ServeOptions(
         http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, host=host, ready_timeout_s=timeout,
         exit_timeout_s=exit_timeout, log_file=log_file, admin_key=admin_key,
     )
+    from pipeline.serve import frontend
+    if print_command:
+        print(frontend.render(frontend.command(resolved, options)))  # plain: one unwrapped, copyable line
+        return
+    if frontend.trtllm_serve_spec(resolved) is not None:  # serving.frontend: trtllm-serve (GPU: exit 3 without it)
+        previous = srv.raise_on_sigterm()
+        try:
+            frontend.serve_trtllm(resolved, options, detach=detach, state_file=state_file,
+                                  say=lambda m: console.print(m, highlight=False, soft_wrap=True))
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return
     if options.restricted_api_args():
         console.print(f"administrative APIs ({', '.join(srv.ADMIN_APIS)}) restricted to requests with the key in HTTP header "
                       f"{srv.ADMIN_HEADER} / gRPC metadata {srv.GRPC_ADMIN_HEADER}; inference, health and metadata are open",
@@ -68,7 +84,7 @@ def serve(
         console.print(f"[bold]trtpipe serve[/] {resolved.repo}  ({server.install.kind} Triton, log {server.log_file})",
                       highlight=False, soft_wrap=True)
 
-    previous = _raise_on_sigterm()
+    previous = srv.raise_on_sigterm()
     handle = None
     try:
         handle = srv.run(resolved, options, die_with_parent=not detach, on_start=started)
@@ -100,18 +116,6 @@ def serve(
             signal.signal(sig, handler)
 
 
-def _raise_on_sigterm() -> dict[int, Any]:
-    """SIGTERM/SIGHUP (``docker stop``, closed terminal) stop the server like Ctrl-C does.
-
-    Returns the previous handlers so the caller can restore them.
-    """
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-
-
 def _status(state_file: Path) -> None:
     from pipeline.serve import registry
 
@@ -119,17 +123,14 @@ def _status(state_file: Path) -> None:
     if state is None:
         console.print(f"not running (no {state_file})", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
+    build = state.get("build_dir") or state.get("model_repository")
     if not registry.state_alive(state):
         state_file.unlink(missing_ok=True)
-        console.print(f"not running: pid {state.get('pid')} is gone (removed stale {state_file})", highlight=False, soft_wrap=True)
+        console.print(f"not running: pid {state.get('pid')} ({build}) is gone (removed stale {state_file})", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     ready = registry.state_ready(state)
-    console.print(
-        f"running (pid {state['pid']}), {'[green]ready[/]' if ready else '[yellow]not ready[/]'}\n"
-        f"  gRPC    {state['grpc_url']}\n  HTTP    http://{state['http_url']}\n"
-        f"  repo    {state['model_repository']}\n  log     {state['log_file']}\n  since   {state['started_at']}",
-        highlight=False,
-    )
+    console.print(f"running (pid {state['pid']}), {'[green]ready[/]' if ready else f'[yellow]not ready[/]: {build}'}\n"
+                  f"{registry.describe(state)}", highlight=False, soft_wrap=True)
     if not ready:
         raise typer.Exit(1)
 
@@ -141,6 +142,7 @@ def _stop(state_file: Path) -> None:
     if state is None:
         console.print(f"no detached server (no {state_file})", highlight=False, soft_wrap=True)
     elif was_running:
-        console.print(f"stopped pid {state['pid']} (gRPC {state['grpc_url']})", highlight=False, soft_wrap=True)
+        console.print(f"stopped pid {state['pid']} ({registry.frontend_of(state)}, {state.get('build_dir') or state.get('grpc_url')})",
+                      highlight=False, soft_wrap=True)
     else:
         console.print(f"pid {state['pid']} was not running; removed stale {state_file}", highlight=False, soft_wrap=True)

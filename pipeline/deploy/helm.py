@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from pipeline.core.errors import MissingToolError, StageError
-from pipeline.deploy import metrics
+from pipeline.deploy import metrics, trtllm_serve
 from pipeline.deploy.spec import (
     ADMIN_APIS,
     ADMIN_HEADER,
@@ -60,7 +60,14 @@ def _image(ref: str) -> dict[str, str]:
 
 
 def chart_values(spec: DeploySpec) -> dict[str, Any]:
-    """The chart's default ``values.yaml`` for ``spec`` (every key documented in docs/deploy-k8s.md)."""
+    """The chart's default ``values.yaml`` for ``spec`` (every key documented in docs/deploy-k8s.md): Triton's, or
+    for ``serving.frontend: trtllm-serve`` the same with ``trtllmServe`` in place of ``triton``
+    (:func:`pipeline.deploy.trtllm_serve.chart_values`)."""
+    values = _triton_values(spec)
+    return trtllm_serve.chart_values(spec, values) if spec.frontend == trtllm_serve.FRONTEND else values
+
+
+def _triton_values(spec: DeploySpec) -> dict[str, Any]:
     from pipeline.recipe import dump_recipe
 
     r = spec.recipe
@@ -136,13 +143,14 @@ def _load_json(name: str) -> dict[str, Any]:
 
 
 def values_schema(spec: DeploySpec) -> dict[str, Any]:
-    """``values.schema.json``: the package's schema with the backend's autoscaling signals as the metric enum."""
+    """``values.schema.json``: the package's schema with the backend's autoscaling signals as the metric enum
+    (trtllm-serve: :func:`pipeline.deploy.trtllm_serve.values_schema`)."""
     schema = _load_json("chart/values.schema.json")
     keys = sorted(metrics.signals_for(spec.engine))
     auto = schema["properties"]["autoscaling"]["properties"]
     auto["metric"]["enum"] = keys
     auto["signals"]["propertyNames"] = {"enum": keys}
-    return schema
+    return trtllm_serve.values_schema(schema) if spec.frontend == trtllm_serve.FRONTEND else schema
 
 
 def grafana_dashboard(spec: DeploySpec) -> dict[str, Any]:
@@ -179,7 +187,11 @@ def adapter_values(spec: DeploySpec) -> dict[str, Any]:
 
 
 def write_chart(spec: DeploySpec, out: Path) -> Path:
-    """Write the chart and its companions into ``out`` (layout in the module docstring); return the chart dir."""
+    """Write the chart and its companions into ``out`` (layout in the module docstring); return the chart dir.
+
+    A trtllm-serve chart has no Grafana dashboard nor prometheus-adapter rules: both are built on Triton's series,
+    and no trtllm-serve series is pinned to scale on (docs/deploy-k8s.md)."""
+    triton = spec.frontend != trtllm_serve.FRONTEND
     chart = out / "chart" / spec.name
     src = resources.files("pipeline.deploy").joinpath("chart/templates")
     with resources.as_file(src) as templates:
@@ -187,7 +199,8 @@ def write_chart(spec: DeploySpec, out: Path) -> Path:
     (chart / "Chart.yaml").write_text(yaml.safe_dump({
         "apiVersion": "v2",
         "name": spec.name,
-        "description": f"Triton + TensorRT-LLM serving of trtpipe recipe {spec.recipe.name}",
+        "description": (f"Triton + TensorRT-LLM serving of trtpipe recipe {spec.recipe.name}" if triton
+                        else f"trtllm-serve (TensorRT-LLM OpenAI server) serving of trtpipe recipe {spec.recipe.name}"),
         "type": "application",
         "version": CHART_VERSION,
         "appVersion": spec.release.triton_container,
@@ -199,9 +212,10 @@ def write_chart(spec: DeploySpec, out: Path) -> Path:
         + yaml.safe_dump(chart_values(spec), sort_keys=False, width=120)
     )
     (chart / "values.schema.json").write_text(json.dumps(values_schema(spec), indent=2) + "\n")
-    (chart / "dashboards").mkdir()
-    (chart / "dashboards" / "grafana-dashboard.json").write_text(json.dumps(grafana_dashboard(spec), indent=2) + "\n")
-    (out / "prometheus-adapter-values.yaml").write_text(yaml.safe_dump(adapter_values(spec), sort_keys=False))
+    if triton:
+        (chart / "dashboards").mkdir()
+        (chart / "dashboards" / "grafana-dashboard.json").write_text(json.dumps(grafana_dashboard(spec), indent=2) + "\n")
+        (out / "prometheus-adapter-values.yaml").write_text(yaml.safe_dump(adapter_values(spec), sort_keys=False))
     return chart
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from pipeline.core.errors import UserError
+from pipeline.deploy import trtllm_serve
 from pipeline.deploy.spec import (
     ADMIN_APIS,
     ADMIN_HEADER,
@@ -107,7 +108,9 @@ def dynamo_objects(spec: DeploySpec, image: str) -> list[dict[str, Any]]:
 
 def kserve_objects(spec: DeploySpec) -> list[dict[str, Any]]:
     """A namespaced Triton ``ServingRuntime`` (the release-matrix image, trtpipe's Triton argv on KServe's ports)
-    and an ``InferenceService`` whose predictor mounts the build volume at the build's own path.
+    and an ``InferenceService`` whose predictor mounts the build volume at the build's own path. For
+    ``serving.frontend: trtllm-serve`` the runtime runs the build's trtllm-serve command on KServe's HTTP port
+    (:func:`pipeline.deploy.trtllm_serve.kserve_runtime`) and the predictor names its model format.
 
     Raises:
         UserError: the instance spans nodes (KServe's multi-node worker spec targets vLLM/Ray, not MPI ranks).
@@ -117,12 +120,13 @@ def kserve_objects(spec: DeploySpec) -> list[dict[str, Any]]:
             f"--format kserve: tp_size × pp_size = {spec.world_size} spans {spec.nodes} nodes of {spec.gpus_per_node} "
             "GPUs; the KServe rendering is single-node: use --format helm (LeaderWorkerSet)"
         )
+    if spec.frontend == trtllm_serve.FRONTEND:
+        serving_runtime = trtllm_serve.kserve_runtime(spec, spec.release.image, KSERVE_PORTS["http"])
+        model = {"modelFormat": {"name": trtllm_serve.KSERVE_FORMAT}, "runtime": serving_runtime["metadata"]["name"]}
+        return [serving_runtime, _kserve_isvc(spec, model)]
     runtime = f"{spec.name}-triton"
     admin = f"{','.join(ADMIN_APIS)}:{ADMIN_HEADER}=$({ADMIN_KEY_ENV})"
     argv = spec.triton_argv(KSERVE_PORTS, extra_args=[f"--http-restricted-api={admin}", f"--grpc-restricted-protocol={admin}"])
-    gpu = str(spec.gpus_per_pod)
-    cpu = max(KSERVE_MIN_CPU, spec.gpus_per_pod)
-    memory = f"{cpu * KSERVE_GIB_PER_CPU}Gi"
     serving_runtime = {
         "apiVersion": "serving.kserve.io/v1alpha1",
         "kind": "ServingRuntime",
@@ -147,7 +151,16 @@ def kserve_objects(spec: DeploySpec) -> list[dict[str, Any]]:
             }],
         },
     }
-    isvc = {
+    model = {"modelFormat": {"name": "triton", "version": "2"}, "runtime": runtime, "protocolVersion": "v2"}
+    return [serving_runtime, _kserve_isvc(spec, model)]
+
+
+def _kserve_isvc(spec: DeploySpec, model: dict[str, Any]) -> dict[str, Any]:
+    """The InferenceService of ``spec``: ``model`` (format, runtime, protocol) plus GPUs, memory and the volumes."""
+    gpu = str(spec.gpus_per_pod)
+    cpu = max(KSERVE_MIN_CPU, spec.gpus_per_pod)
+    memory = f"{cpu * KSERVE_GIB_PER_CPU}Gi"
+    return {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
         "metadata": {"name": spec.name, "labels": {"trtpipe.dev/recipe": spec.recipe.name},
@@ -160,16 +173,13 @@ def kserve_objects(spec: DeploySpec) -> list[dict[str, Any]]:
             "volumes": [_volume(), {"name": "dshm", "emptyDir": {"medium": "Memory",
                                                                    "sizeLimit": shm_size(spec.gpus_per_pod, memory)}}],
             "model": {
-                "modelFormat": {"name": "triton", "version": "2"},
-                "runtime": runtime,
-                "protocolVersion": "v2",
+                **model,
                 "resources": {"requests": {"nvidia.com/gpu": gpu, "cpu": str(cpu), "memory": memory},
                               "limits": {"nvidia.com/gpu": gpu, "memory": memory}},
                 "volumeMounts": [_mount(spec), {"name": "dshm", "mountPath": "/dev/shm"}],
             },
         }},
     }
-    return [serving_runtime, isvc]
 
 
 def dump(objs: list[dict[str, Any]]) -> str:

@@ -4,8 +4,9 @@
 of the release matrix for the engine's TensorRT-LLM (:func:`pipeline.trtllm.release.for_tensorrt_llm`), the GPU
 layout (tp × pp ranks, GPUs per node, nodes per instance), where the build directory lives inside the pods
 (the model repository refers to the engine and checkpoint by absolute path, so the build must be mounted
-at the path it was built at), ports and the Triton argv (:func:`pipeline.triton.server.triton_command`), and
-the bench defaults. The renderers (:mod:`pipeline.deploy.helm`, :mod:`pipeline.deploy.manifests`) read only
+at the path it was built at), ports and the server argv: Triton's (:func:`pipeline.triton.server.triton_command`)
+or, for ``serving.frontend: trtllm-serve``, the build's trtllm-serve command (:mod:`pipeline.deploy.trtllm_serve`),
+and the bench defaults. The renderers (:mod:`pipeline.deploy.helm`, :mod:`pipeline.deploy.manifests`) read only
 this object.
 """
 
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline.core.errors import UserError
 from pipeline.core.layout import LLMAPI_MODEL_YAML, BuildLayout
+from pipeline.deploy import trtllm_serve
 from pipeline.engine.result import EngineResult
 from pipeline.recipe import Recipe
 from pipeline.serve import stage as _serve_stage
@@ -122,6 +124,19 @@ class DeploySpec(BaseModel):
     bench_model: str
     tokenizer_dir: str           # inside the pods (the bench Job)
     engine_args: dict[str, Any]  # LLM-API arguments (Dynamo worker)
+    frontend: str = "triton"     # serving.frontend: triton | trtllm-serve
+    serve_argv: tuple[str, ...] = ()  # trtllm-serve only: the argv of one pod (host POD_HOST, port serve_port)
+    serve_port: int = PORTS["http"]   # trtllm-serve only: its HTTP port (TCP), the argv's --port
+
+    @property
+    def serve_host(self) -> str:
+        """The bind address of the server inside a pod."""
+        return POD_HOST
+
+    @property
+    def perf_metrics(self) -> bool:
+        """True when the LLM arguments set ``return_perf_metrics`` (trtllm-serve then mounts its Prometheus route)."""
+        return bool(self.engine_args.get("return_perf_metrics"))
 
     @property
     def repository(self) -> str:
@@ -190,7 +205,9 @@ def resolve(target: Path, *, overrides: list[str] | None = None, mount_path: str
 
     Raises:
         UserError: the target is missing or not a recipe/build, the recipe targets the CPU, the release matrix
-            has no container for the engine's TensorRT-LLM, or the build is not mountable at its paths.
+            has no container for the engine's TensorRT-LLM, the build is not mountable at its paths, or a
+            trtllm-serve build has no stored command (``engine/trtllm_serve.json``).
+        StageError: the trtllm-serve command line breaks the 1.2.1 contract.
     """
     from pipeline.recipe import load_recipe
     from pipeline.trtllm.llmapi import llm_api_kwargs
@@ -211,6 +228,7 @@ def resolve(target: Path, *, overrides: list[str] | None = None, mount_path: str
             f"{target}: target.gpu is '{recipe.target.gpu}' (engine {engine}): `trtpipe deploy k8s` renders GPU "
             "deployments in the Triton TensorRT-LLM container; use a GPU recipe"
         )
+    frontend = recipe.serving.frontend
     name = dns_name(recipe.name or target.stem)
 
     manifest = _engine_manifest(target) if source == "build" else {}
@@ -227,7 +245,8 @@ def resolve(target: Path, *, overrides: list[str] | None = None, mount_path: str
     gpus_per_pod = t.world_size if nodes == 1 else node_gpus
 
     if source == "build":
-        referenced = _referenced_build_dir(target, engine)
+        referenced = (trtllm_serve.stored_build_dir(target) if frontend == trtllm_serve.FRONTEND
+                      else _referenced_build_dir(target, engine))
         build_dir = referenced or str(target.resolve())
         mount = mount_path or str(Path(build_dir).parent)
         if not (build_dir + "/").startswith(mount.rstrip("/") + "/"):
@@ -245,9 +264,14 @@ def resolve(target: Path, *, overrides: list[str] | None = None, mount_path: str
     hf_ckpt = str(pod_layout.hf_ckpt)
     engine_args = {k: v for k, v in llm_api_kwargs(recipe, Path(hf_ckpt)).items() if k not in ("model", "tokenizer", "backend")}
     tokenizer = str(pod_layout.triton_repo / layouts()["tokenizer"]["repo_subdir"]) if engine == "tensorrt" else hf_ckpt
+    serve_argv: list[str] = []
+    if frontend == trtllm_serve.FRONTEND:
+        serve_argv = trtllm_serve.pod_argv(recipe, build_dir, host=POD_HOST, build=target if source == "build" else None)
     return DeploySpec(
         recipe=recipe, name=name, source=source, engine=engine, tensorrt_llm=str(trtllm), release=rel,
         tp=t.tp_size, pp=t.pp_size, world_size=t.world_size, gpus_per_node=node_gpus, nodes=nodes,
         gpus_per_pod=gpus_per_pod, gpu_product=gpu_product_label(recipe.gpu.name), mount_path=mount,
         build_dir=build_dir, bench_model=recipe.bench.model, tokenizer_dir=tokenizer, engine_args=engine_args,
+        frontend=frontend, serve_argv=tuple(serve_argv),
+        serve_port=trtllm_serve.port_of(serve_argv) if serve_argv else PORTS["http"],
     )

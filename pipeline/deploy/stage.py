@@ -11,6 +11,9 @@ Formats (``out`` layout):
   ``prometheus-adapter-values.yaml`` and ``rendered/`` = the chart rendered by Helm's engine with its defaults.
 * ``dynamo``: ``dynamographdeployment.yaml``.
 * ``kserve``: ``servingruntime.yaml`` and ``inferenceservice.yaml``.
+
+A recipe with ``serving.frontend: trtllm-serve`` renders trtllm-serve in place of Triton for ``helm`` (no Grafana
+dashboard nor adapter rules) and ``kserve``; ``dynamo`` is refused (:mod:`pipeline.deploy.trtllm_serve`).
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ def run(
         dynamo_image: the Dynamo TensorRT-LLM runtime image (format ``dynamo``); the release matrix names none.
 
     Raises:
-        UserError: unknown format, bad target, CPU recipe, no Dynamo image, a multi-node KServe request.
+        UserError: unknown format, bad target, CPU recipe, no Dynamo image, a multi-node KServe request, Dynamo
+            asked for a trtllm-serve recipe, a trtllm-serve build without its stored command.
         MissingToolError: the Helm engine (helm-python-sdk) or kubernetes-validate is not installed.
         StageError: Helm rejects the chart, or a rendered object fails schema validation.
     """
@@ -88,6 +92,11 @@ def run(
     notes: list[str] = []
     image = spec.release.image
     if fmt == "dynamo":
+        if spec.frontend != "triton":
+            # a DynamoGraphDeployment serves through Dynamo's own Frontend and `python3 -m dynamo.trtllm` worker
+            # (ai-dynamo/dynamo examples/backends/trtllm/deploy/agg.yaml@0044eb903566): no trtllm-serve to render
+            raise UserError(f"--format dynamo: serving.frontend is '{spec.frontend}', but Dynamo serves with its own "
+                            "frontend and dynamo.trtllm worker, not trtllm-serve; use --format helm or kserve")
         image = dynamo_image or getattr(spec.release, "dynamo_runtime_image", None)
         if not image:
             raise UserError(
@@ -109,7 +118,7 @@ def run(
         all_files = tuple(sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file()))
         manifest = base_manifest(
             STAGE, stable_hash({"format": fmt, "tree": sha256_tree(tmp)}), format=fmt, target=str(target),
-            source=spec.source, name=spec.name, image=image, release=spec.release.triton_container,
+            source=spec.source, name=spec.name, frontend=spec.frontend, image=image, release=spec.release.triton_container,
             tensorrt_llm=spec.tensorrt_llm, engine=spec.engine, tp_size=spec.tp, pp_size=spec.pp,
             gpus_per_pod=spec.gpus_per_pod, nodes_per_instance=spec.nodes, gpu_product=spec.gpu_product,
             build_dir=spec.build_dir, objects_validated=n, validated_against=_validated_against(), files=list(all_files),

@@ -8,6 +8,9 @@ Output (``<build>/engine/``, written atomically)::
     tokenizer files      copied from <build>/quantize/hf_ckpt/ (tokenizer.json, chat template, …)
     engine_config.json   what pipeline.cpu_runtime.CpuEngine needs: runtime, limits, KV-cache rule, precision
     manifest.json        stage, cache_key, versions, per-file sha256, timings, peak RSS
+    llm_api_config.{yaml,json}   only for ``build.engine: pytorch`` on the cpu target: the ``LLM()`` kwargs
+                         (:func:`pipeline.trtllm.llmapi.llm_api_kwargs`, ``model``/``tokenizer`` = this directory) that the
+                         ``llmapi`` Triton model passes to :class:`pipeline.cpu_runtime.llm.LLM`
 
 The engine limits keep their TensorRT-LLM names (max_batch_size, max_num_tokens, max_seq_len,
 max_input_len) so the Triton layer and the benchmark read one vocabulary for every engine kind.
@@ -60,6 +63,8 @@ from pipeline.recipe.consumers import consumed
 
 STAGE = EngineResult.STAGE
 ENGINE_CONFIG = "engine_config.json"
+#: The LLM() kwargs of ``build.engine: pytorch`` on the cpu target (the name pipeline/engine/pytorch.py writes).
+LLM_API_CONFIG = "llm_api_config.yaml"
 #: Bump when the engine directory layout or engine_config.json fields change.
 BUILDER_VERSION = 6  # 6: kv_cache.dtype follows build.cpu.dtype (bfloat16 KV cache for bfloat16 builds)
 #: Files of hf_ckpt/ that are not copied: weights and quantization metadata are rewritten here.
@@ -159,6 +164,7 @@ def _cache_key(recipe: Recipe, quantized: QuantizeResult, dry_run: bool) -> str:
     return stable_hash(
         {
             "stage": STAGE,
+            "engine_kind": recipe.build.engine,  # pytorch: the same directory plus llm_api_config.{yaml,json}
             "builder_version": BUILDER_VERSION,
             "recipe": consumed(recipe, "engine", "engine_cpu", "runtime"),  # engine_config.json holds the KV/scheduler limits too
             "quantize_cache_key": quantized.cache_key,
@@ -190,7 +196,8 @@ def _link_weights(old: Path, weights_key: str, tmp: Path) -> dict[str, str]:
     m = read_manifest(old)
     if not m or m.get("status") != "built" or (m.get("inputs") or {}).get("weights_key") != weights_key:
         return {}
-    want = {name: sha for name, sha in (m.get("files") or {}).items() if name != ENGINE_CONFIG}
+    limits = (ENGINE_CONFIG, LLM_API_CONFIG, LLM_API_CONFIG.replace(".yaml", ".json"))  # rewritten, never linked
+    want = {name: sha for name, sha in (m.get("files") or {}).items() if name not in limits}
     if "model.safetensors" not in want or any("/" in n for n in want):
         return {}
     for name, sha in want.items():
@@ -206,8 +213,26 @@ def _link_weights(old: Path, weights_key: str, tmp: Path) -> dict[str, str]:
     return want
 
 
+def _write_llm_api_config(tmp: Path, recipe: Recipe, out_dir: Path) -> dict[str, Any]:
+    """``build.engine: pytorch`` on the cpu target: write ``llm_api_config.{yaml,json}`` into ``tmp`` — the LLM-API
+    kwargs of the recipe with ``model``/``tokenizer`` = the engine directory's final path — and return them."""
+    import yaml
+
+    from pipeline.trtllm.llmapi import kwargs_problems, llm_api_kwargs
+
+    final = str(out_dir.resolve())
+    kwargs = {**llm_api_kwargs(recipe, tmp), "model": final, "tokenizer": final}
+    problems = kwargs_problems(kwargs)
+    if problems:  # a programming error: the contract table and llm_api_kwargs disagree
+        raise StageError("LLM-API config: " + "; ".join(problems))
+    (tmp / LLM_API_CONFIG).write_text(yaml.safe_dump(kwargs, sort_keys=False))
+    (tmp / LLM_API_CONFIG.replace(".yaml", ".json")).write_text(json.dumps(kwargs, indent=2) + "\n")
+    return kwargs
+
+
 def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force: bool = False, dry_run: bool = False) -> EngineResult:
-    """Build the CPU engine directory ``layout.engine`` from ``quantized.hf_ckpt``.
+    """Build the CPU engine directory ``layout.engine`` from ``quantized.hf_ckpt`` (``build.engine: pytorch`` on the
+    cpu target: the same directory plus the ``LLM()`` kwargs, :func:`_write_llm_api_config`).
 
     Reuses ``out_dir`` when its manifest's cache key (recipe ``build`` section, quantization
     format, the quantize manifest's cache key, torch/transformers versions) matches, unless
@@ -273,11 +298,14 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
                 if f.is_file() and f.suffix != ".safetensors" and f.name not in _SKIP:
                     shutil.copy2(f, tmp / f.name)
             timings["write"] = time.perf_counter() - t
+        extra: dict[str, Any] = {}
+        if recipe.build.engine == "pytorch":
+            extra = {"llm_api_config": LLM_API_CONFIG, "llm_api_kwargs": _write_llm_api_config(tmp, recipe, out_dir)}
         timings["total"] = time.perf_counter() - t0
         manifest = base_manifest(
             STAGE,
             key,
-            engine_kind="cpu",
+            engine_kind=recipe.build.engine,
             runtime=RUNTIME,
             precision=ecfg["precision"],
             status="dry_run" if dry_run else "built",
@@ -290,6 +318,7 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
             engine_config=ecfg,
             timings_s=timings,
             peak_rss_bytes=peak_rss_bytes(),
+            **extra,
         )
         write_manifest(tmp, manifest)
     return EngineResult.from_manifest(out_dir, manifest)

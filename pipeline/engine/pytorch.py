@@ -5,11 +5,16 @@ Stage directory (``<build>/engine/``)::
     llm_api_config.yaml   LLM() keyword arguments (LLM-API names, docs/reference/trtllm-1.2.1-contract.md §8–9); the Triton ``llmapi``
                           model's ``model.yaml`` is generated from these by :mod:`pipeline.triton_repo.stage`
     llm_api_config.json   the same, as JSON
-    manifest.json         engine_kind pytorch, status built | dry_run, the kwargs and their hash
+    trtllm_serve_options.yaml  serving.frontend: trtllm-serve only: the --extra_llm_api_options YAML (the kwargs
+                          without those given as flags, :mod:`pipeline.trtllm.trtllm_serve`)
+    trtllm_serve.json     serving.frontend: trtllm-serve only: {"argv": the command line (host/port defaults;
+                          ``trtpipe serve`` sets its own), "options": the YAML's path}
+    manifest.json         engine_kind pytorch, status built | dry_run, frontend, the kwargs and their hash
 
 The PyTorch backend loads the unified HF checkpoint (``<quantize>/hf_ckpt``) at server start; there is
-nothing to compile, so nothing here needs a GPU. Knobs that only exist for TensorRT engines
-(``build.plugins``, ``kv_cache_type``, ``workers``, ``opt_num_tokens``) are listed as ``ignored_knobs``.
+nothing to compile, so nothing here needs a GPU. Knobs that only exist for TensorRT engines are refused by recipe
+validation (:mod:`pipeline.recipe.knobs`); the kwargs are held to the LLM-API contract
+(:func:`pipeline.trtllm.llmapi.check_kwargs`) before anything is written.
 """
 
 from __future__ import annotations
@@ -33,20 +38,13 @@ from pipeline.engine.result import EngineResult
 from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe
 from pipeline.recipe.consumers import consumed
-from pipeline.trtllm import contract
-from pipeline.trtllm.llmapi import TRT_ONLY_KNOBS, kwargs_problems, llm_api_kwargs
+from pipeline.trtllm import contract, trtllm_serve
+from pipeline.trtllm.llmapi import check_kwargs, llm_api_kwargs
 
 CONFIG_YAML = "llm_api_config.yaml"
 CONFIG_JSON = "llm_api_config.json"
-def _ignored(recipe: Recipe) -> list[str]:
-    """TRT-only knobs that differ from their defaults (so the user learns they have no effect here)."""
-    fresh = type(recipe.build)()
-    out = []
-    for knob in TRT_ONLY_KNOBS:
-        name = knob.split(".", 1)[1]
-        if getattr(recipe.build, name) != getattr(fresh, name):
-            out.append(f"{knob} (TensorRT engine build only; no effect on the PyTorch backend)")
-    return out
+SERVE_OPTIONS = "trtllm_serve_options.yaml"
+SERVE_COMMAND = "trtllm_serve.json"
 
 
 def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force: bool = False, dry_run: bool = False) -> EngineResult:
@@ -56,7 +54,8 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
 
     Raises:
         UserError: max_seq_len cannot be resolved.
-        StageError: not a dry run and the quantize stage left no ``hf_ckpt/config.json``.
+        StageError: not a dry run and the quantize stage left no ``hf_ckpt/config.json``; the kwargs (or the
+            trtllm-serve command) break the LLM-API contract (nothing is written).
     """
     t0 = time.monotonic()
     out_dir = layout.engine
@@ -65,13 +64,17 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
     if not present and not dry_run:
         raise StageError(f"{hf_ckpt}: no unified HF checkpoint (config.json) from the quantize stage")
     kwargs = llm_api_kwargs(recipe, hf_ckpt)
-    problems = kwargs_problems(kwargs)
-    if problems:  # a programming error: the table and this module disagree
-        raise StageError("LLM-API config: " + "; ".join(problems))
+    problems = check_kwargs(kwargs, "pytorch")
+    frontend = recipe.serving.frontend
+    serve_cmd = trtllm_serve.argv(kwargs, str((out_dir / SERVE_OPTIONS).resolve())) if frontend == "trtllm-serve" else None
+    problems += trtllm_serve.argv_problems(serve_cmd) if serve_cmd else []
+    if problems:
+        raise StageError(f"{out_dir / CONFIG_YAML}: breaks the TensorRT-LLM 1.2.1 LLM-API contract: {problems[0]}"
+                         + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
     status = "built" if present else "dry_run"
     fields = consumed(recipe, "engine", "runtime")  # the LLM() arguments hold the KV/scheduler knobs too
     key = stable_hash({"recipe": fields,
-                       "quantize": quantized.cache_key, "kwargs": kwargs, "status": status,
+                       "quantize": quantized.cache_key, "kwargs": kwargs, "status": status, "serve": serve_cmd,
                        "pins": contract.pins()})
     if not force:
         hit = EngineResult.load(out_dir, key)
@@ -80,12 +83,15 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
     manifest = base_manifest(
         EngineResult.STAGE, key, engine_kind="pytorch", status=status, consumed=fields, llm_api_config=CONFIG_YAML, llm_api_kwargs=kwargs,
         llm_api_kwargs_sha256=stable_hash(kwargs), checkpoint={"path": str(hf_ckpt), "present": present},
-        world_size=recipe.target.world_size, ignored_knobs=_ignored(recipe), pins=contract.pins(),
+        world_size=recipe.target.world_size, frontend=frontend, trtllm_serve=serve_cmd, pins=contract.pins(),
         inputs={"quantize_cache_key": quantized.cache_key}, max_seq_len=kwargs["max_seq_len"], versions=library_versions(),
     )
     with atomic_dir(out_dir) as tmp:
         (tmp / CONFIG_YAML).write_text(yaml.safe_dump(kwargs, sort_keys=False))
         (tmp / CONFIG_JSON).write_text(json.dumps(kwargs, indent=2) + "\n")
+        if serve_cmd:
+            (tmp / SERVE_OPTIONS).write_text(yaml.safe_dump(trtllm_serve.extra_options(kwargs), sort_keys=False))
+            (tmp / SERVE_COMMAND).write_text(json.dumps({"argv": serve_cmd, "options": serve_cmd[-1]}, indent=2) + "\n")
         manifest["timings_s"] = {"total": round(time.monotonic() - t0, 3)}
         manifest["peak_rss_bytes"] = peak_rss_bytes()
         write_manifest(tmp, manifest)

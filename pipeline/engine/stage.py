@@ -1,5 +1,8 @@
 """Engine stage: dispatch on ``build.engine`` to the TensorRT-LLM, PyTorch LLM-API or CPU builder.
 
+``build.engine: pytorch`` with ``target.gpu: cpu`` goes to the CPU builder: the CPU engine directory plus the
+``LLM()`` kwargs that trtpipe's ``llmapi`` Triton model passes to :class:`pipeline.cpu_runtime.llm.LLM`.
+
 Every builder has the signature ``run(recipe, layout, *, quantized, force, dry_run) -> EngineResult``
 and writes ``layout.engine`` atomically with a manifest (``engine_kind``, ``status``, versions,
 ``world_size``, per-file sha256) that ``trtpipe serve`` checks before starting.
@@ -25,8 +28,8 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
     kind = recipe.build.engine
     if kind == "tensorrt":
         from pipeline.engine import tensorrt as builder
-    elif kind == "pytorch":
+    elif kind == "pytorch" and recipe.gpu is not None:
         from pipeline.engine import pytorch as builder
-    else:
+    else:  # cpu, and pytorch on the cpu target: the CPU engine directory (+ the LLM() kwargs of its LLM facade)
         from pipeline.engine import cpu as builder
     return builder.run(recipe, layout, quantized=quantized, force=force, dry_run=dry_run)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bounds import INT32_MAX, INT64_MAX, MAX_INSTANCES, is_power_of_two
@@ -97,6 +97,61 @@ class CpuEngineSpec(StrictModel):
     )
 
 
+class CudaGraphSpec(StrictModel):
+    """LLM-API ``CudaGraphConfig`` (PyTorch backend; TensorRT-LLM 1.2.1 defaults, pipeline/data/trtllm_1.2.1_llmapi_contract.yaml)."""
+
+    enable_padding: bool = Field(
+        default=False,
+        description="Round a decode batch up to the next captured batch size (upstream default false; NVIDIA's published PyTorch-backend numbers use true).",
+    )
+    batch_sizes: list[int] | None = Field(
+        default=None, max_length=4096,
+        description="Decode batch sizes to capture a CUDA graph for (default None: generated from max_batch_size, or up to 128 when that is 0).",
+    )
+    max_batch_size: int = Field(
+        default=0, ge=0, le=INT32_MAX, description="Largest captured batch (default 0 = max(batch_sizes), or 128 with no batch_sizes); with batch_sizes it must equal their max."
+    )
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, v: list[int] | None) -> list[int] | None:
+        bad = [b for b in v or () if not 1 <= b <= INT32_MAX]
+        if bad:
+            raise ValueError(f"batch sizes {bad} are outside 1..{INT32_MAX}")
+        return v
+
+    @model_validator(mode="after")
+    def _max_matches(self) -> "CudaGraphSpec":
+        if self.batch_sizes and self.max_batch_size and self.max_batch_size != max(self.batch_sizes):
+            raise ValueError(f"max_batch_size {self.max_batch_size} must equal max(batch_sizes) {max(self.batch_sizes)} (or be 0)")
+        return self
+
+
+class PytorchSpec(StrictModel):
+    """PyTorch-backend (``TorchLlmArgs``) knobs, named as the LLM API names them; ``build.engine: pytorch`` only.
+
+    Defaults are TensorRT-LLM 1.2.1's (pipeline/data/trtllm_1.2.1_llmapi_contract.yaml cites each)."""
+
+    cuda_graph_config: CudaGraphSpec | None = Field(
+        default_factory=CudaGraphSpec,
+        description="CUDA graphs for decode-only batches (upstream default: a CudaGraphConfig; null turns CUDA graphs off). Each graph can take up to ~200 MB.",
+    )
+    disable_overlap_scheduler: bool = Field(default=False, description="Turn off the overlap scheduler, which prepares step n+1 while step n runs (default false).")
+    attn_backend: str = Field(default="TRTLLM", min_length=1, max_length=64, pattern=r"^[A-Za-z_]+$", description="Attention backend (upstream type str, default TRTLLM).")
+    sampler_type: Literal["TRTLLMSampler", "TorchSampler", "auto"] = Field(default="auto", description="Sampler (default auto: TorchSampler unless beam search).")
+    stream_interval: int = Field(default=1, ge=1, le=INT32_MAX, description="Iterations between streamed responses (default 1; larger cuts streaming overhead at large batch).")
+    enable_iter_perf_stats: bool = Field(default=False, description="Per-iteration performance statistics (default false).")
+    enable_iter_req_stats: bool = Field(default=False, description="Per-request statistics per iteration (default false; needs enable_iter_perf_stats).")
+    print_iter_log: bool = Field(default=False, description="Log every iteration (default false).")
+    return_perf_metrics: bool = Field(default=False, description="Per-request perf metrics (LLM-API return_perf_metrics; default false).")
+
+    @model_validator(mode="after")
+    def _req_stats_need_perf_stats(self) -> "PytorchSpec":
+        if self.enable_iter_req_stats and not self.enable_iter_perf_stats:
+            raise ValueError("enable_iter_req_stats needs enable_iter_perf_stats: true")
+        return self
+
+
 class BuildSpec(StrictModel):
     """Engine build. Defaults are TensorRT-LLM 1.2.1 BuildConfig defaults unless stated."""
 
@@ -136,6 +191,7 @@ class BuildSpec(StrictModel):
         ),
     )
     cpu: CpuEngineSpec = Field(default_factory=CpuEngineSpec, description="CPU-engine settings (engine: cpu only).")
+    pytorch: PytorchSpec = Field(default_factory=PytorchSpec, description="PyTorch LLM-API backend knobs (engine: pytorch only).")
 
     @field_validator("tokens_per_block")
     @classmethod

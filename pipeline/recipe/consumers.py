@@ -27,6 +27,7 @@ CONSUMERS: dict[str, str] = {
     "target.pp_size": "quantize",
     "target.num_gpus": "plan",
     "target.gpus_per_node": "deploy",
+    "target.tensorrt_llm": "plan",   # checked against the release's engine paths; builds use the pinned container
     "quantization": "quantize",
     "build.engine": "engine",
     "build.max_batch_size": "engine",
@@ -43,6 +44,7 @@ CONSUMERS: dict[str, str] = {
     "build.kv_cache_config": "runtime",
     "build.scheduler_config": "runtime",
     "build.enable_chunked_prefill": "runtime",
+    "build.pytorch": "runtime",     # TorchLlmArgs read when the LLM loads (llm_api_config.yaml → model.yaml): no engine
     "build.allow_kv_oversubscription": "plan",
     "serving": "runtime",
     "bench": "bench",

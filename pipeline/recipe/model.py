@@ -61,6 +61,14 @@ class TargetSpec(StrictModel):
             "nodes (a LeaderWorkerSet group); tp_size × pp_size must then be a multiple of it."
         ),
     )
+    tensorrt_llm: str = Field(
+        default="1.2.1", pattern=r"^\d+\.\d+\.\d+((rc|a|b)\d+)?(\.post\d+)?$",
+        description=(
+            "The TensorRT-LLM release the recipe is meant for (default 1.2.1, the release matrix's default). Checked "
+            "against what that release still has (build.engine: tensorrt needs a release with the TensorRT-engine "
+            "path: pipeline/data/release_matrix.yaml engine_paths); builds use the release matrix's pinned container."
+        ),
+    )
     tp_size: int = Field(default=1, ge=1, le=64, description="Tensor parallelism (quantize.py --tp_size default 1; at most num_gpus).")
     pp_size: int = Field(default=1, ge=1, le=64, description="Pipeline parallelism (quantize.py --pp_size default 1; at most num_gpus).")
 

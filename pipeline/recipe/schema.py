@@ -11,6 +11,7 @@ from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bench import BenchSpec
 from pipeline.recipe.build import BuildSpec
 from pipeline.recipe.eval import EvalSpec
+from pipeline.recipe.knobs import knob_problems
 from pipeline.recipe.model import ModelSpec, TargetSpec
 from pipeline.recipe.quant import BLOCK_QFORMATS, QuantSpec
 from pipeline.recipe.serve import ServingSpec
@@ -53,9 +54,14 @@ class Recipe(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> "Recipe":
         for check in (self._check_target, self._check_formats, self._check_lengths, self._check_parallel, self._check_awq,
-                      self._check_counts):
+                      self._check_counts, self._check_knobs):
             check()
         return self
+
+    def _check_knobs(self) -> None:
+        problems = knob_problems(self)  # engine-kind-only knobs, frontend, release (pipeline/recipe/knobs.py)
+        if problems:
+            raise RecipeCheckError(*problems[0])
 
     def _check_counts(self) -> None:
         """Counts bounded by other fields, the model or this machine (each message names the number to lower)."""
@@ -86,10 +92,11 @@ class Recipe(StrictModel):
         if t != hardware.CPU_TARGET and hardware.lookup(t) is None:
             known = ", ".join(sorted(hardware.catalog()))
             raise RecipeCheckError("target.gpu", f"'{t}' is not in the GPU catalog ({known}) nor 'cpu'")
-        if (t == hardware.CPU_TARGET) != (engine == "cpu"):
+        # pytorch on the cpu target: the LLM-API Triton model over the CPU engine's LLM facade (pipeline/cpu_runtime/llm.py)
+        if (t == hardware.CPU_TARGET and engine == "tensorrt") or (t != hardware.CPU_TARGET and engine == "cpu"):
             raise RecipeCheckError(
                 "build.engine",
-                f"engine '{engine}' does not run on target '{t}': use engine cpu with target cpu, "
+                f"engine '{engine}' does not run on target '{t}': use engine cpu or pytorch with target cpu, "
                 "and tensorrt or pytorch with a GPU",
             )
 

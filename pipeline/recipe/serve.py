@@ -13,6 +13,14 @@ from pipeline.recipe.bounds import INT32_MAX, INT64_MAX, MAX_INSTANCES
 class ServingSpec(StrictModel):
     """Parameters of the generated Triton model repository (docs/model_config.md of tensorrtllm_backend)."""
 
+    frontend: Literal["triton", "trtllm-serve"] = Field(
+        default="triton",
+        description=(
+            "Serving frontend. triton (default): the generated Triton model repository; trtllm-serve: TensorRT-LLM's "
+            "OpenAI-compatible server on the unified HF checkpoint with the generated extra-options YAML "
+            "(build.engine: pytorch on a GPU target only; docs/llm-api.md)."
+        ),
+    )
     triton_max_batch_size: int | None = Field(
         default=None, ge=1, le=INT32_MAX, description="Triton max_batch_size of every model (default: build.max_batch_size, as triton_cli does; int32 in model_config.proto)."
     )

@@ -22,7 +22,7 @@ from pipeline.core import artifacts
 from pipeline.core.errors import UserError
 from pipeline.core.layout import BuildLayout
 from pipeline.serve.compat import ServeTarget, check_runtime
-from pipeline.serve.registry import write_state
+from pipeline.serve.registry import triton_record, write_state
 from pipeline.triton.server import TritonInstall, TritonServer, find_triton
 
 #: Triton's administrative APIs that a non-loopback server restricts behind a key (Triton's
@@ -124,7 +124,7 @@ class ServeHandle:
 
     def detach(self, state_file: Path) -> dict[str, Any]:
         """Record the server in ``state_file`` and let it run on after this process exits."""
-        state = write_state(state_file, self.server, self.layout.root if self.layout else None)
+        state = write_state(state_file, triton_record(self.server, self.layout.root if self.layout else None))
         self.server.detach()
         return state
 
@@ -219,3 +219,17 @@ def prune_server_logs(layout: BuildLayout, keep: int = SERVER_LOGS_KEPT) -> list
                 continue
             removed.append(p)
     return removed
+
+
+def raise_on_sigterm() -> dict[int, Any]:
+    """SIGTERM/SIGHUP (``docker stop``, closed terminal) stop the server like Ctrl-C does.
+
+    Returns the previous handlers so the caller can restore them.
+    """
+    import signal
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+

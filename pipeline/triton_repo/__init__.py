@@ -8,7 +8,7 @@ The repository stage (:mod:`.stage`, ``run()``; its result :mod:`.result`) rende
 - ``templates/*.pbtxt.j2``: jinja2 templates of every ``config.pbtxt`` (rendered with
   ``StrictUndefined`` and parsed into ``ModelConfig`` so an unknown field fails at generation time).
 - ``models/<name>/model.py``: the python-backend models (preprocessing, postprocessing,
-  tensorrt_llm_bls, and the CPU ``tensorrt_llm``), plus ``models/_common.py`` and ``detokenize.py``,
+  tensorrt_llm_bls, the CPU ``tensorrt_llm``, and ``llmapi``: the LLM-API ``tensorrt_llm``), plus ``models/_common.py`` and ``detokenize.py``,
   which are copied next to every ``model.py`` so a generated repository is self-contained.
 """
 

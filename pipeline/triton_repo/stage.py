@@ -12,9 +12,10 @@ as a complete Triton model repository for ``build.engine``:
   python-backend round trip less per streamed token; ``postprocessing`` stays in the repository (the
   three-step ensemble of the GPU path with ``detokenize: postprocessing``).
 - ``pytorch``: the LLM-API layout: one python ``tensorrt_llm`` model configured by ``1/model.yaml``
-  (``LLM()`` kwargs from the engine stage's ``llm_api_config.yaml``). Its ``model.py``/``helpers.py``
-  are symlinks to the TensorRT-LLM Triton container's copies (``/app/all_models/llmapi/…``), so they
-  always match the container's TensorRT-LLM; outside the container those links dangle by design.
+  (``LLM()`` kwargs from the engine stage's ``llm_api_config.yaml``) with upstream's ``llmapi`` interface plus
+  ``sampling_param_{min_tokens,ignore_eos,skip_special_tokens}``. Its ``model.py`` is trtpipe's
+  (``models/llmapi``, copied like the other python models): ``tensorrt_llm.LLM`` on a GPU, and on the cpu
+  target (parameter ``llm_runtime: trtpipe_cpu``) :class:`pipeline.cpu_runtime.llm.LLM` over the CPU engine.
 
 Every ``config.pbtxt`` is rendered from a jinja2 template in the ``triton_repo`` package
 (``StrictUndefined``), parsed into ``ModelConfig`` (unknown fields fail here, not in Triton) and written
@@ -33,7 +34,6 @@ request; clients must set a unique ``request_id``) and runs as ONE instance when
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
@@ -151,7 +151,8 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
         logits_datatype=lay["logits_datatype"],
     )
     if lay["layouts"][kind]["tensorrt_llm"] == "llmapi":
-        ctx = dict(common, max_batch_size=lay["llmapi"]["triton_max_batch_size"])
+        runtime = lay["llmapi"]["llm_runtime"]["cpu" if recipe.gpu is None else "gpu"]
+        ctx = dict(common, max_batch_size=lay["llmapi"]["triton_max_batch_size"], llm_runtime=runtime)
         return {"tensorrt_llm": render_model_config("llmapi_tensorrt_llm", **ctx)}
     tok = lay["tokenizer"]["param_value"]
     post_count = lay["streaming_postprocessing_instance_count"] if s.decoupled_mode else s.postprocessing_instance_count
@@ -244,11 +245,11 @@ def _llmapi_kwargs(recipe: Recipe, quantized: QuantizeResult, engine: EngineResu
     return dict(llm_api_kwargs(recipe, quantized.hf_ckpt))
 
 
-def _write_llmapi_files(recipe: Recipe, model_dir: Path, quantized: QuantizeResult, engine: EngineResult) -> str:
-    """Write ``1/model.yaml`` and link ``model.py``/``helpers.py`` to the container's llmapi model."""
+def _write_llmapi_files(recipe: Recipe, model_dir: Path, quantized: QuantizeResult, engine: EngineResult) -> None:
+    """Write ``1/model.yaml`` (``LLM()`` kwargs + ``triton_config``) and copy trtpipe's llmapi ``model.py`` next to it."""
     lay = layouts()["llmapi"]
+    _install_python_model(model_dir, layouts()["python_models"]["tensorrt_llm@llmapi"])
     version = model_dir / "1"
-    version.mkdir(parents=True, exist_ok=True)
     kwargs = _llmapi_kwargs(recipe, quantized, engine)
     kwargs["triton_config"] = {
         "max_batch_size": lay["triton_max_batch_size"],
@@ -256,9 +257,6 @@ def _write_llmapi_files(recipe: Recipe, model_dir: Path, quantized: QuantizeResu
         "cancellation_check_period_ms": recipe.serving.cancellation_check_period_ms,
     }
     (version / "model.yaml").write_text(yaml.safe_dump(kwargs, sort_keys=False))
-    for name in lay["linked_files"]:
-        os.symlink(f"{lay['container_model_dir']}/{name}", version / name)
-    return lay["container_model_dir"]
 
 
 # ---------------------------------------------------------------------------------------- stage
@@ -323,7 +321,7 @@ def run(
             (tmp / name).mkdir()
             write_model_config(tmp / name / "config.pbtxt", cfg)
         if impl == "llmapi":
-            extra["llmapi_model_py_source"] = _write_llmapi_files(recipe, tmp / "tensorrt_llm", quantized, engine)
+            _write_llmapi_files(recipe, tmp / "tensorrt_llm", quantized, engine)
         else:
             hf_ckpt = quantized.hf_ckpt
             if dry_run and not hf_ckpt.is_dir():

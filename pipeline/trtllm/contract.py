@@ -1,7 +1,7 @@
 """The TensorRT-LLM 1.2.1 contract as data, and the rules trtpipe applies before calling the tools.
 
 The TensorRT-LLM interface lives in ``pipeline/data/trtllm_1.2.1_contract.yaml`` (flag table, BuildConfig,
-PluginConfig, PretrainedConfig and QuantConfig keys, LLM-API field names); versions come from the release
+PluginConfig, PretrainedConfig and QuantConfig keys; the LLM API is trtllm_1.2.1_llmapi_contract.yaml); versions come from the release
 matrix (:mod:`pipeline.trtllm.release`). This module only reads them. The fake ``tests/fakes/fake_trtllm_build`` reads the same file to build its own argparse parser,
 so the generated command is checked against the table by an independent consumer.
 

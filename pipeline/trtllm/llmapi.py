@@ -1,21 +1,33 @@
 """The TensorRT-LLM LLM API as trtpipe writes it: ``tensorrt_llm.LLM(**kwargs)`` for a recipe.
 
 Shared by the engine stage (``build.engine: pytorch``, :mod:`pipeline.engine.pytorch`), the Triton repository
-stage (the ``llmapi`` model's ``model.yaml``) and ``trtpipe deploy``. Names are checked against the contract
-table (``pipeline/data/trtllm_1.2.1_contract.yaml``, section ``llm_api``).
+stage (the ``llmapi`` model's ``model.yaml``), ``trtllm-serve``'s extra-options YAML and ``trtpipe deploy``. Every
+argument is held to the LLM-API contract, ``pipeline/data/trtllm_1.2.1_llmapi_contract.yaml`` (name, type, default,
+accepted values, backend; each with its upstream source): :func:`check_kwargs`.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from pipeline.core import hardware
 from pipeline.core.geometry import geometry_for_source, geometry_from_config
 from pipeline.recipe import Recipe, derived
-from pipeline.trtllm import contract
+from pipeline.recipe.knobs import TRT_ONLY_KNOBS  # noqa: F401  (re-exported: recipe validation refuses them)
 
-#: Recipe knobs with no PyTorch-backend equivalent (TensorRT engine build only).
-TRT_ONLY_KNOBS = ("build.plugins", "build.kv_cache_type", "build.workers", "build.opt_num_tokens")
+CONTRACT_RESOURCE = "data/trtllm_1.2.1_llmapi_contract.yaml"
+
+
+@functools.cache
+def llmapi_contract() -> dict[str, Any]:
+    """The parsed LLM-API contract table (read once). Raises ``FileNotFoundError`` if the package data is missing."""
+    return yaml.safe_load(resources.files("pipeline").joinpath(CONTRACT_RESOURCE).read_text())
 
 
 def _max_seq_len(recipe: Recipe, hf_ckpt_dir: Path) -> int:
@@ -40,8 +52,12 @@ def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path) -> dict[str, Any]:
         ``max_seq_len`` (resolved, tokens), ``max_beam_width``, ``max_num_tokens``, ``kv_cache_config``
         {free_gpu_memory_fraction, enable_block_reuse, max_tokens, max_attention_window, host_cache_size,
         tokens_per_block, dtype ("fp8" for an FP8 KV cache, else "auto" = from the checkpoint)},
-        ``scheduler_config`` {capacity_scheduler_policy, context_chunking_policy}, ``enable_chunked_prefill``.
-        Every key is a name of the contract table's ``llm_api`` section.
+        ``scheduler_config`` {capacity_scheduler_policy, context_chunking_policy}, ``enable_chunked_prefill``, and
+        on a GPU target the ``build.pytorch`` knobs under their LLM-API names (``cuda_graph_config``
+        {enable_padding, batch_sizes, max_batch_size} or None, ``disable_overlap_scheduler``, ``attn_backend``,
+        ``sampler_type``, ``stream_interval``, ``enable_iter_perf_stats``, ``enable_iter_req_stats``,
+        ``print_iter_log``, ``return_perf_metrics``); the CPU facade reads none of those, so the cpu target omits
+        them. Every key passes :func:`check_kwargs`.
 
     Raises:
         UserError: max_seq_len is unset and cannot be derived from the model.
@@ -76,13 +92,113 @@ def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path) -> dict[str, Any]:
         },
         "enable_chunked_prefill": b.enable_chunked_prefill,
     }
+    if t.gpu != hardware.CPU_TARGET:
+        kwargs.update(pytorch_kwargs(recipe))
     return kwargs
 
 
-def kwargs_problems(kwargs: dict[str, Any]) -> list[str]:
-    """Keys of ``kwargs`` that are not LLM-API names of the contract table (empty = all known)."""
-    api = contract.contract()["llm_api"]
-    out = [f"LLM() has no argument {k!r}" for k in kwargs if k not in api["llm_kwargs"]]
-    out += [f"KvCacheConfig has no field {k!r}" for k in kwargs.get("kv_cache_config", {}) if k not in api["kv_cache_config_fields"]]
-    out += [f"SchedulerConfig has no field {k!r}" for k in kwargs.get("scheduler_config", {}) if k not in api["scheduler_config_fields"]]
+def pytorch_kwargs(recipe: Recipe) -> dict[str, Any]:
+    """The ``TorchLlmArgs`` arguments of ``recipe.build.pytorch`` (LLM-API names; ``cuda_graph_config`` None = off)."""
+    p = recipe.build.pytorch
+    out = p.model_dump(mode="json")
+    if p.cuda_graph_config is not None:
+        out["cuda_graph_config"] = {k: v for k, v in out["cuda_graph_config"].items() if not (k == "batch_sizes" and v is None)}
     return out
+
+
+def _type_problem(where: str, spec: dict[str, Any], value: Any) -> str | None:
+    """Why ``value`` does not fit contract entry ``spec`` (``None``: it fits)."""
+    if value is None:
+        return None if spec.get("nullable") or spec.get("default", "") is None else f"{where} may not be null"
+    kind = spec["type"]
+    ok = {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "str": isinstance(value, str),
+        "list_int": isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+        "enum": value in spec.get("values", ()),
+        "config": isinstance(value, dict),
+        "any": True,
+    }[kind]
+    if not ok:
+        want = f"one of {spec['values']}" if kind == "enum" else kind
+        return f"{where} is {value!r}: must be {want}"
+    nums = value if kind == "list_int" else [value] if kind in ("int", "float") else []
+    if kind == "list_int" and len(value) < spec.get("min_items", 0):
+        return f"{where} needs at least {spec['min_items']} item(s)"
+    for v in nums:
+        if "ge" in spec and v < spec["ge"]:
+            return f"{where} is {value!r}: must be >= {spec['ge']}"
+        if "le" in spec and v > spec["le"]:
+            return f"{where} is {value!r}: must be <= {spec['le']}"
+    return None
+
+
+def _check_table(where: str, table: dict[str, Any], values: dict[str, Any], backend: str, what: str) -> list[str]:
+    c, out = llmapi_contract(), []
+    for key, value in values.items():
+        spec = table.get(key)
+        path = f"{where}{key}"
+        if spec is None:
+            out.append(f"{path}: {what} has no such field in TensorRT-LLM {c['tensorrt_llm']} ({c['sources']['L12']})")
+            continue
+        if spec.get("backend", "both") not in ("both", backend):
+            out.append(f"{path}: a {spec['backend']}-backend-only argument ({spec['src']}); the {backend} backend rejects it")
+            continue
+        problem = _type_problem(path, spec, value)
+        if problem:
+            out.append(f"{problem} ({spec['src']})")
+        elif spec["type"] == "config" and value is not None:
+            out += _check_table(f"{path}.", c["configs"][spec["config"]], value, backend, spec["config"])
+    return out
+
+
+def cuda_graph_batch_sizes(max_batch_size: int, enable_padding: bool) -> list[int]:
+    """The CUDA-graph batch sizes TensorRT-LLM 1.2 generates for ``max_batch_size`` (requests, ≥ 1), ascending.
+
+    The rule of ``CudaGraphConfig._generate_cuda_graph_batch_sizes`` (llm_args.py@c292b9f997d6:135-164): with padding
+    1, 2, 4 and the multiples of 8 up to 128, else 1…31, 32, 64, 128; then the powers of two from 256 up to (not
+    including) 2^ceil(log2 max_batch_size); every size ≤ ``max_batch_size`` kept, and ``max_batch_size`` itself last.
+    (Main generates sizes past 128 in steps of 64 instead: the contract's ``main_differences``.)
+    """
+    sizes = [1, 2, 4, *range(8, 129, 8)] if enable_padding else [*range(1, 32), 32, 64, 128]
+    sizes += [2 ** i for i in range(8, math.ceil(math.log(max_batch_size, 2)))] if max_batch_size > 1 else []
+    sizes = sorted(x for x in sizes if x <= max_batch_size)
+    if not sizes or sizes[-1] != max_batch_size:
+        sizes.append(max_batch_size)
+    return sizes
+
+
+def check_kwargs(kwargs: dict[str, Any], backend: str = "pytorch") -> list[str]:
+    """What in ``LLM(**kwargs)`` TensorRT-LLM 1.2.1 would reject, one line per defect (empty = fine).
+
+    Args:
+        kwargs: LLM() keyword arguments (JSON values, nested configs as dicts).
+        backend: ``pytorch`` (TorchLlmArgs) or ``tensorrt`` (TrtLlmArgs): an argument of the other backend is refused.
+
+    Checks, against the contract table: unknown argument or nested field (all LLM-API models forbid extra keys), a
+    value of the wrong type or outside its bounds, a value outside an enum, an argument of the other backend, and the
+    cross-field rules (``cuda_graph_config``: ``batch_sizes`` together with a non-zero ``max_batch_size`` must equal
+    :func:`cuda_graph_batch_sizes`; ``enable_iter_req_stats`` needs ``enable_iter_perf_stats``).
+    """
+    c = llmapi_contract()
+    out = _check_table("", c["llm_args"], kwargs, backend, "LLM()")
+    missing = [k for k, spec in c["llm_args"].items() if spec.get("required") and k not in kwargs]
+    out += [f"{k}: required LLM() argument missing ({c['llm_args'][k]['src']})" for k in missing]
+    cg = kwargs.get("cuda_graph_config")
+    if (isinstance(cg, dict) and isinstance(cg.get("batch_sizes"), list) and cg["batch_sizes"]
+            and isinstance(cg.get("max_batch_size"), int) and cg["max_batch_size"] > 0
+            and all(isinstance(b, int) for b in cg["batch_sizes"])):
+        generated = cuda_graph_batch_sizes(cg["max_batch_size"], bool(cg.get("enable_padding", False)))
+        if sorted(cg["batch_sizes"]) != generated:
+            out.append(f"cuda_graph_config: batch_sizes with max_batch_size {cg['max_batch_size']} must be the generated "
+                       f"{generated} (set max_batch_size 0 to give batch_sizes alone; {c['rules']['cuda_graph_max_batch_size']})")
+    if kwargs.get("enable_iter_req_stats") and not kwargs.get("enable_iter_perf_stats"):
+        out.append(f"enable_iter_req_stats without enable_iter_perf_stats ({c['rules']['iter_req_stats_need_perf_stats']})")
+    return out
+
+
+def kwargs_problems(kwargs: dict[str, Any]) -> list[str]:
+    """:func:`check_kwargs` for the PyTorch backend (the name the engine stages call)."""
+    return check_kwargs(kwargs, "pytorch")

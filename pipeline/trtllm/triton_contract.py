@@ -100,16 +100,28 @@ def _type_problem(kind: str, value: str) -> str | None:
 #: Tensors trtpipe's CPU ``tensorrt_llm`` python model adds to the upstream interface: {model: {output: (dtype, dims)}}.
 #: ``text_output`` is written only with ``build.cpu.detokenize: engine`` (the ensemble then maps it directly).
 CPU_EXTRA_OUTPUTS: dict[str, dict[str, tuple[str, list[int]]]] = {"tensorrt_llm": {"text_output": ("TYPE_STRING", [-1])}}
+#: Optional inputs trtpipe's ``llmapi`` model adds to upstream's (triton_repo/models/llmapi/model.py): SamplingParams
+#: ``min_tokens`` / ``ignore_eos`` / ``skip_special_tokens`` (tensorrt_llm/sampling_params.py@000a01de66f0:230, 266, 270),
+#: so the bench gets exact OSL and can count it from the text, and the switch of the count output below.
+LLMAPI_EXTRA_INPUTS: dict[str, dict[str, tuple[str, list[int]]]] = {
+    "tensorrt_llm": {"sampling_param_min_tokens": ("TYPE_INT32", [1]), "sampling_param_ignore_eos": ("TYPE_BOOL", [1]),
+                     "sampling_param_skip_special_tokens": ("TYPE_BOOL", [1]),
+                     "return_num_output_tokens": ("TYPE_BOOL", [1])}}
+#: The output trtpipe's ``llmapi`` model adds: the tokens each response adds (the C++ backend's ``num_output_tokens``,
+#: same name, type and dims: ``templates.tensorrt_llm`` of pipeline/data/triton_backend_contract.yaml).
+LLMAPI_EXTRA_OUTPUTS: dict[str, dict[str, tuple[str, list[int]]]] = {"tensorrt_llm": {"num_output_tokens": ("TYPE_INT32", [1])}}
 
 
-def tensor_problems(model: str, template: str, cfg: Any, extra_outputs: dict[str, tuple[str, list[int]]] | None = None) -> list[str]:
+def tensor_problems(model: str, template: str, cfg: Any, extra_outputs: dict[str, tuple[str, list[int]]] | None = None,
+                    extra_inputs: dict[str, tuple[str, list[int]]] | None = None) -> list[str]:
     """Tensors of our ``ModelConfig`` ``cfg`` that differ from upstream template ``template``.
 
     Every input and output we declare must exist upstream with the same data type (an upstream
     ``${…}`` type, e.g. the logits dtype, accepts any) and dims; inputs keep upstream's ``optional``.
     Outputs the backend always writes, and those a declared ``return_*`` flag makes it write, must be
     declared; the LLM-API model must declare every output upstream's ``model.py`` emits.
-    ``extra_outputs`` ({name: (dtype, dims)}) are outputs allowed beyond upstream's, with exactly that type and dims.
+    ``extra_outputs`` ({name: (dtype, dims)}) are outputs allowed beyond upstream's, with exactly that type and dims;
+    ``extra_inputs`` the same for inputs (which must then be optional).
     """
     from tritonclient.grpc import model_config_pb2
 
@@ -120,10 +132,13 @@ def tensor_problems(model: str, template: str, cfg: Any, extra_outputs: dict[str
         up = {x["name"]: x for x in theirs}
         for x in ours:
             u = up.get(x.name)
-            if u is None and kind == "output" and x.name in (extra_outputs or {}):
-                dtype, dims = extra_outputs[x.name]
-                if name_of(x.data_type) != dtype or list(x.dims) != dims:
-                    out.append(f"{model}: output {x.name!r} must be {dtype} dims {dims} (trtpipe's CPU model)")
+            extra = (extra_outputs if kind == "output" else extra_inputs) or {}
+            if u is None and x.name in extra:
+                dtype, dims = extra[x.name]
+                if name_of(x.data_type) != dtype or list(x.dims) != dims or (kind == "input" and not x.optional):
+                    whose = "trtpipe's CPU model" if kind == "output" else "trtpipe's llmapi model"
+                    out.append(f"{model}: {kind} {x.name!r} must be {dtype} dims {dims}{' optional' if kind == 'input' else ''} "
+                               f"({whose})")
                 continue
             if u is None:
                 out.append(f"{model}: {kind} {x.name!r} does not exist in upstream {template} ({t['source']})")
@@ -167,8 +182,9 @@ def repository_problems(configs: dict[str, Any], implementation: str) -> list[st
         if template is None:
             out.append(f"{model}: not a model of the upstream {implementation} repository")
             continue
-        extra = CPU_EXTRA_OUTPUTS.get(model) if implementation == "cpu" else None
-        out += tensor_problems(model, template, cfg, extra)
+        extra = {"cpu": CPU_EXTRA_OUTPUTS, "llmapi": LLMAPI_EXTRA_OUTPUTS}.get(implementation, {}).get(model)
+        extra_in = LLMAPI_EXTRA_INPUTS.get(model) if implementation == "llmapi" else None
+        out += tensor_problems(model, template, cfg, extra, extra_in)
         if implementation == "cpp" and model == "tensorrt_llm":
             if cfg.backend != "tensorrtllm":
                 out.append(f"tensorrt_llm: backend {cfg.backend!r}, upstream uses 'tensorrtllm'")

@@ -77,6 +77,9 @@ trtpipe.dev/recipe: {{ .Values.model.recipe | quote }}
 
 {{/* argv of the single-node server container */}}
 {{- define "trtpipe.serverArgv" -}}
+{{- if .Values.trtllmServe -}}
+{{- include "trtpipe.trtllmServeArgv" . -}}
+{{- else -}}
 {{- $world := mul (int .Values.parallelism.tp) (int .Values.parallelism.pp) -}}
 {{- $ranks := include "trtpipe.rankArgv" . | fromJsonArray -}}
 {{- if gt $world 1 -}}
@@ -85,8 +88,37 @@ trtpipe.dev/recipe: {{ .Values.model.recipe | quote }}
 {{- toJson $ranks -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* serving.frontend trtllm-serve: the engine stage's trtllm-serve argv (values trtllmServe.argv, written by
+     pipeline.deploy.trtllm_serve) with its --port value taken from trtllmServe.port, so that the Service, the
+     probes and the process agree. Returns a JSON list. */}}
+{{- define "trtpipe.trtllmServeArgv" -}}
+{{- $s := .Values.trtllmServe -}}
+{{- $argv := list -}}
+{{- $prev := "" -}}
+{{- range $a := $s.argv -}}
+{{- if eq $prev "--port" }}{{ $argv = append $argv (printf "%d" (int $s.port)) }}{{ else }}{{ $argv = append $argv $a }}{{ end -}}
+{{- $prev = $a -}}
+{{- end -}}
+{{- toJson $argv -}}
+{{- end -}}
+
+{{/* the server container's name: mpirun's `kubectl exec` agent on a LeaderWorkerSet addresses it */}}
+{{- define "trtpipe.containerName" -}}
+{{- if .Values.trtllmServe }}trtllm-serve{{ else }}triton{{ end -}}
+{{- end -}}
+
+{{- define "trtpipe.httpPort" -}}
+{{- if .Values.trtllmServe }}{{ .Values.trtllmServe.port }}{{ else }}{{ .Values.triton.ports.http }}{{ end -}}
+{{- end -}}
 
 {{- define "trtpipe.ports" -}}
+{{- if .Values.trtllmServe -}}
+- name: http
+  containerPort: {{ .Values.trtllmServe.port }}
+  protocol: TCP
+{{- else -}}
 - name: http
   containerPort: {{ .Values.triton.ports.http }}
   protocol: TCP
@@ -97,24 +129,29 @@ trtpipe.dev/recipe: {{ .Values.model.recipe | quote }}
   containerPort: {{ .Values.triton.ports.metrics }}
   protocol: TCP
 {{- end -}}
+{{- end -}}
 
-{{/* Triton's HTTP health endpoints (server src/http_server.cc: /v2/health/live, /v2/health/ready) */}}
+{{/* Triton's HTTP health endpoints (server src/http_server.cc: /v2/health/live, /v2/health/ready); trtllm-serve's
+     one route, /health: 200 while the LLM is healthy, else 503 (pipeline.deploy.trtllm_serve.HEALTH_PATH) */}}
 {{- define "trtpipe.probes" -}}
+{{- $ready := "/v2/health/ready" -}}
+{{- $live := "/v2/health/live" -}}
+{{- with .Values.trtllmServe }}{{ $ready = .healthPath }}{{ $live = .healthPath }}{{ end -}}
 startupProbe:
   httpGet:
-    path: /v2/health/ready
+    path: {{ $ready }}
     port: http
   periodSeconds: {{ .Values.probes.startup.periodSeconds }}
   failureThreshold: {{ .Values.probes.startup.failureThreshold }}
 readinessProbe:
   httpGet:
-    path: /v2/health/ready
+    path: {{ $ready }}
     port: http
   periodSeconds: {{ .Values.probes.readiness.periodSeconds }}
   failureThreshold: {{ .Values.probes.readiness.failureThreshold }}
 livenessProbe:
   httpGet:
-    path: /v2/health/live
+    path: {{ $live }}
     port: http
   periodSeconds: {{ .Values.probes.liveness.periodSeconds }}
   failureThreshold: {{ .Values.probes.liveness.failureThreshold }}

@@ -1,0 +1,189 @@
+"""The serving frontend of a build: Triton (the model repository) or trtllm-serve (``serving.frontend: trtllm-serve``,
+a ``build.engine: pytorch`` build).
+
+:func:`trtllm_serve_spec` finds a build's trtllm-serve command: on GPU targets the engine stage's
+``trtllm_serve.json`` (the real ``trtllm-serve``); on the cpu target the same flags for trtpipe's CPU stand-in
+(:mod:`pipeline.serve.openai_cpu`, run as ``<python> -m pipeline.serve.openai_cpu``), made from the CPU engine's
+``llm_api_config.yaml``, which is also its ``--extra_llm_api_options``. :func:`command` is the exact command line
+``trtpipe serve`` starts, for ``--print-command``. :func:`serve_trtllm` runs a trtllm-serve build like a Triton one:
+a readiness wait on ``/health``, then the foreground until Ctrl-C, or ``--detach`` with a record in
+``artifacts/serve.json`` (:mod:`pipeline.serve.registry`). The real ``trtllm-serve`` exists where TensorRT-LLM is
+installed (the ``26.04-trtllm-python-py3`` image); elsewhere :class:`~pipeline.core.errors.MissingToolError` (exit 3).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.errors import MissingToolError, StageError
+from pipeline.serve.compat import ServeTarget
+
+SERVE_COMMAND = "trtllm_serve.json"  # written by pipeline.engine.pytorch
+CPU_OPTIONS = "llm_api_config.yaml"  # written by pipeline.engine.cpu for build.engine: pytorch on the cpu target
+TRTLLM_SERVE = "trtllm-serve"
+#: the log of a trtllm-serve build's server: ``<build>/trtllm_serve-<port>.log``
+LOG_NAME = "trtllm_serve-{port}.log"
+
+
+def trtllm_serve_spec(target: ServeTarget) -> dict[str, Any] | None:
+    """``{"argv", "options", "cpu"}`` of ``target``'s trtllm-serve build; ``None``: the build's frontend is Triton.
+
+    GPU targets: the engine stage's ``trtllm_serve.json`` (``cpu`` false). The cpu target: a ``build.engine: pytorch``
+    CPU engine built with ``serving.frontend: trtllm-serve`` (its manifest's consumed recipe fields say so) gets
+    :func:`pipeline.trtllm.trtllm_serve.cpu_argv` with its ``llm_api_config.yaml`` (``cpu`` true)."""
+    if target.layout is None:
+        return None
+    path = Path(target.layout.engine) / SERVE_COMMAND
+    if path.is_file():
+        return {**json.loads(path.read_text()), "cpu": False}
+    from pipeline.engine.result import EngineResult
+    from pipeline.trtllm import trtllm_serve
+
+    engine = EngineResult.load(target.layout.engine)
+    if engine is None or engine.manifest.get("runtime") != "trtpipe-torch" or engine.engine_kind != "pytorch":
+        return None
+    if (engine.manifest.get("consumed") or {}).get("serving.frontend") != TRTLLM_SERVE:
+        return None
+    options = engine.path / CPU_OPTIONS
+    kwargs = engine.manifest.get("llm_api_kwargs") or {}
+    if not kwargs or not options.is_file():
+        raise StageError(f"{engine.path}: no {CPU_OPTIONS} for trtllm-serve: rebuild the engine stage (trtpipe build --force)")
+    return {"argv": trtllm_serve.cpu_argv(kwargs, str(options.resolve())), "options": str(options.resolve()), "cpu": True}
+
+
+def trtllm_serve_argv(spec: dict[str, Any], host: str, port: int) -> list[str]:
+    """The stored trtllm-serve argv with ``--host``/``--port`` set to ``host``/``port``."""
+    argv = list(spec["argv"])
+    for flag, value in (("--host", host), ("--port", str(int(port)))):
+        i = argv.index(flag)
+        argv[i + 1] = value
+    return argv
+
+
+def command(target: ServeTarget, options: Any) -> list[str]:
+    """The argv ``trtpipe serve`` runs for ``target`` with ``options`` (a :class:`~pipeline.serve.stage.ServeOptions`):
+    ``trtllm-serve …`` / ``<python> -m pipeline.serve.openai_cpu …`` (HTTP port = ``options.http_port``) or
+    ``tritonserver …`` (``mpirun`` for TP×PP > 1). Nothing is started. Without a local Triton the container's
+    ``tritonserver`` path stands in."""
+    spec = trtllm_serve_spec(target)
+    if spec is not None:
+        return trtllm_serve_argv(spec, options.host, options.http_port)
+    from pipeline.triton.server import (
+        CONTAINER_TRITONSERVER,
+        TritonInstall,
+        TritonServer,
+        find_triton,
+    )
+
+    try:
+        install = find_triton()
+    except MissingToolError:
+        install = TritonInstall(kind="gpu", binary=CONTAINER_TRITONSERVER)
+    server = TritonServer(target.repo, http_port=options.http_port, grpc_port=options.grpc_port,
+                          metrics_port=options.metrics_port, host=options.host, exit_timeout_s=options.exit_timeout_s,
+                          world_size=target.world_size, install=install, extra_args=options.restricted_api_args())
+    return server.command()
+
+
+def render(argv: list[str]) -> str:
+    """``argv`` as one shell-quoted line."""
+    import shlex
+
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def _runnable(spec: dict[str, Any], host: str, port: int) -> list[str]:
+    """The argv to start: the CPU stand-in as it is, the real ``trtllm-serve`` at its path on PATH.
+
+    Raises:
+        MissingToolError: no ``trtllm-serve`` on PATH (TensorRT-LLM is not installed here).
+    """
+    argv = trtllm_serve_argv(spec, host, port)
+    if spec.get("cpu"):
+        return argv
+    binary = shutil.which(TRTLLM_SERVE)
+    if binary is None:
+        from pipeline.trtllm.release import default_release
+
+        raise MissingToolError(f"{TRTLLM_SERVE} is not installed here (it ships in the TensorRT-LLM image, e.g. "
+                               f"{default_release().image}): `trtpipe serve BUILD --print-command` prints its command line")
+    return [binary, *argv[1:]]
+
+
+def serve_trtllm(target: ServeTarget, options: Any, *, detach: bool, state_file: Path,
+                 say: Callable[[str], None]) -> None:
+    """Serve ``target``'s trtllm-serve build: start it (log ``options.log_file``, default
+    ``<build>/trtllm_serve-<port>.log``), wait until ``/health`` answers 200 (``options.ready_timeout_s``), then run
+    in the foreground until Ctrl-C / SIGTERM (stopped cleanly), or with ``detach`` record it in ``state_file`` and
+    return. ``say`` prints one status message.
+
+    Raises:
+        MissingToolError: a GPU build and no ``trtllm-serve`` here (nothing starts).
+        UserError: the port is in use.
+        StageError: the build has no trtllm-serve command; the server exited or was not ready in time (one line
+            naming ``/health`` and the log; it is stopped); it exited on its own in the foreground.
+    """
+    from pipeline.serve.registry import trtllm_serve_record, write_state
+    from pipeline.serve.trtllm_process import TrtllmServeProcess
+
+    spec = trtllm_serve_spec(target)
+    if spec is None:
+        raise StageError(f"{target.layout}: no {SERVE_COMMAND}: the build's frontend is triton")
+    argv = _runnable(spec, options.host, options.http_port)
+    root = target.layout.root if target.layout is not None else target.repo.parent
+    log_file = options.log_file or Path(root) / LOG_NAME.format(port=options.http_port)
+    proc = TrtllmServeProcess(argv, host=options.host, port=options.http_port, log_file=log_file,
+                              exit_timeout_s=options.exit_timeout_s, die_with_parent=not detach)
+    what = "trtpipe's CPU stand-in for trtllm-serve" if spec["cpu"] else TRTLLM_SERVE
+    proc.start()
+    if options.log_file is None:  # this server's log is now the newest
+        prune_logs(Path(root))
+    try:
+        say(f"[bold]trtpipe serve[/] {root}  ({what}, pid {proc.pid}, log {log_file})")
+        ready_s = proc.wait_ready(options.ready_timeout_s)
+        say(f"  OpenAI  {proc.openai_url}\n  health  {proc.health_url}")
+        say(f"[bold green]ready[/] in {ready_s:.1f} s (pid {proc.pid}, RSS {proc.rss_bytes() / 2**20:.0f} MiB)")
+        if detach:
+            write_state(state_file, trtllm_serve_record(proc, target.layout.root if target.layout else None))
+            proc.detach()
+            say(f"running in the background; `trtpipe serve --status` / `trtpipe serve --stop` ({state_file})")
+            return
+        say("[dim]Ctrl-C to stop[/]")
+        rc = proc.wait()
+        raise StageError(f"{what} exited on its own with status {rc} (log: {log_file})")
+    except KeyboardInterrupt:
+        say("stopping…")
+        say(f"stopped (exit status {proc.stop()})")
+    finally:
+        if proc.proc is not None and proc.proc.poll() is None:
+            proc.stop(grace_s=0)  # never leave a half-started server
+
+
+def prune_logs(root: Path, keep: int = 8) -> list[Path]:
+    """Remove ``root``'s ``trtllm_serve-<port>.log`` files beyond the ``keep`` most recently written (servers on free
+    ports leave one each), except one that a running trtllm-serve or CPU stand-in holds open. Returns the removed."""
+    import psutil
+
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    old = sorted(root.glob(LOG_NAME.format(port="*")), key=mtime, reverse=True)[keep:]
+    held: set[Path] = set()
+    for proc in psutil.process_iter(["cmdline"]) if old else ():
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if TRTLLM_SERVE in cmd or "pipeline.serve.openai_cpu" in cmd:
+            try:
+                held.update(Path(f.path) for f in proc.open_files())
+            except psutil.Error:
+                pass
+    removed = [p for p in old if p.resolve() not in held]
+    for p in removed:
+        p.unlink(missing_ok=True)
+    return removed
