@@ -21,6 +21,7 @@ from pathlib import Path
 from pipeline.core.errors import StageError
 from pipeline.triton.process import (
     check_ports_free,
+    client_host,
     die_with_parent,
     http_ok,
     terminate_tree,
@@ -56,7 +57,7 @@ class TrtllmServeProcess:
     @property
     def client_host(self) -> str:
         """Where a client on this machine reaches the server (a wildcard bind address becomes loopback)."""
-        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return client_host(self.host)
 
     @property
     def http_url(self) -> str:

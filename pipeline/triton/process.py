@@ -42,6 +42,15 @@ HARMLESS_CPU_LINES = (
 )
 
 
+#: a wildcard bind address → the loopback address a client on this machine connects to
+_WILDCARD = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
+
+
+def client_host(bind_host: str) -> str:
+    """Where a client on this machine reaches a server bound to ``bind_host`` (a wildcard becomes loopback)."""
+    return _WILDCARD.get(bind_host, bind_host)
+
+
 def die_with_parent() -> None:
     """``preexec_fn``: have the kernel send SIGTERM to the child when its parent dies (Linux).
 

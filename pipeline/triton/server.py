@@ -39,6 +39,7 @@ from pipeline.core.errors import MissingToolError, StageError, UserError
 from pipeline.triton.process import (
     DEFAULT_SHM_PREFIX,
     check_ports_free,
+    client_host,
     die_with_parent,
     http_ok,
     log_tail,
@@ -194,9 +195,6 @@ def triton_command(
     return cmd
 
 
-_LOCAL = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
-
-
 class TritonServer:
     """One ``tritonserver`` process (or ``mpirun`` of ``world_size`` ranks) on ``model_repository``.
 
@@ -263,7 +261,7 @@ class TritonServer:
     @property
     def client_host(self) -> str:
         """Address clients connect to (``127.0.0.1`` when bound to all interfaces)."""
-        return _LOCAL.get(self.host, self.host)
+        return client_host(self.host)
 
     @property
     def grpc_url(self) -> str:
