@@ -7,6 +7,7 @@ Foreground until Ctrl-C / SIGTERM (clean stop), or ``--detach`` (recorded in ``a
 
 from __future__ import annotations
 
+import shlex
 import signal
 from pathlib import Path
 from typing import Annotated
@@ -64,7 +65,7 @@ def serve(
     )
     from pipeline.serve import frontend
     if print_command:
-        print(frontend.render(frontend.command(resolved, options)))  # plain: one unwrapped, copyable line
+        print(shlex.join(frontend.command(resolved, options)))  # plain: one unwrapped, copyable line
         return
     if frontend.trtllm_serve_spec(resolved) is not None:  # serving.frontend: trtllm-serve (GPU: exit 3 without it)
         previous = srv.raise_on_sigterm()

@@ -89,13 +89,6 @@ def command(target: ServeTarget, options: Any) -> list[str]:
     return server.command()
 
 
-def render(argv: list[str]) -> str:
-    """``argv`` as one shell-quoted line."""
-    import shlex
-
-    return " ".join(shlex.quote(a) for a in argv)
-
-
 def _runnable(spec: dict[str, Any], host: str, port: int) -> list[str]:
     """The argv to start: the CPU stand-in as it is, the real ``trtllm-serve`` at its path on PATH.
 

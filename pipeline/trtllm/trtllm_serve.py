@@ -14,7 +14,6 @@ pipeline.serve.openai_cpu``, an OpenAI-compatible server over the CPU engine's L
 
 from __future__ import annotations
 
-import shlex
 import sys
 from typing import Any
 
@@ -87,8 +86,3 @@ def argv_problems(cmd: list[str]) -> list[str]:
                 out.append(f"{cmd[i]} {value}: not {spec['type']}")
         i += 2
     return out
-
-
-def render(cmd: list[str]) -> str:
-    """``cmd`` as one shell line."""
-    return " ".join(shlex.quote(a) for a in cmd)
