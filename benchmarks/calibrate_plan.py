@@ -12,6 +12,7 @@ parameters, the expected relative error, and every point's published vs predicte
     .venv/bin/python benchmarks/calibrate_plan.py            # refit, write the YAML, print the tables
     .venv/bin/python benchmarks/calibrate_plan.py --check    # refit and compare with the shipped file, write nothing
     .venv/bin/python benchmarks/calibrate_plan.py --markdown # also print the per-point table as Markdown (docs/plan.md)
+    .venv/bin/python benchmarks/calibrate_plan.py --engine pytorch   # the PyTorch backend's model, on the v1.0 H100 table
 
 Deterministic: same table → same parameters (to the optimizer's tolerance).
 """
@@ -24,8 +25,10 @@ from pathlib import Path
 
 import pipeline
 from pipeline.plan import calibration as cal
+from pipeline.plan import calibration_pytorch as calp
 
 OUT = Path(pipeline.__file__).resolve().parent / cal.EFFICIENCY_FILE
+OUT_PYTORCH = Path(pipeline.__file__).resolve().parent / calp.PYTORCH_EFFICIENCY_FILE
 LABEL = {"h100_sxm": "H100 SXM FP8", "l40s": "L40S FP8", "a100_80gb": "A100 80GB FP16"}
 
 
@@ -58,13 +61,46 @@ def _print(data: dict, markdown: bool) -> None:
                   f"{r['error']:+.1%} | {logo_error(r):+.1%} | {r['batch']} ({r['limited_by'].replace('_', ' ')}) |")
 
 
+def _print_pytorch(data: dict, markdown: bool) -> None:
+    summ, lomo, lopo = data["fit"], data["leave_one_model_out"], data["leave_one_pair_out"]
+    print("fitted:", data["fitted"], "fixed:", data["fixed"])
+    rows = [("all 30 points", summ)] + [(f"{calp.LABEL[c]} left out, predicted", v) for c, v in lomo.items()]
+    rows.append(("each ISL/OSL pair left out, predicted", lopo))
+    print("\n| fit | median \\|error\\| | worst \\|error\\| | RMS ln error |\n|---|---|---|---|")
+    for name, v in rows:
+        print(f"| {name} | {v['median_abs_error']:.1%} | {v['worst_abs_error']:.1%} | {v['rms_log_error']:.3f} |")
+    print(f"\nexpected relative error (1 sigma): {data['rel_error']:.1%}")
+    print("\n| model (H100 SXM, FP8) | ISL/OSL | published tok/s | predicted tok/s | error | model left out | ISL/OSL left out | batch (limit) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in data["points"]:
+        same = [(x["isl"], x["osl"]) for x in data["points"] if x["model"] == r["model"]]
+        lo = lomo[r["model"]]["errors"][same.index((r["isl"], r["osl"]))]
+        lp = lopo["errors"][f"{r['model']} {r['isl']}/{r['osl']}"]
+        print(f"| {calp.LABEL[r['model']]} | {r['isl']}/{r['osl']} | {r['published']:,.0f} | {r['predicted']:,.0f} | "
+              f"{r['error']:+.1%} | {lo:+.1%} | {lp:+.1%} | {r['batch']} ({r['limited_by'].replace('_', ' ')}) |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", choices=["tensorrt", "pytorch"], default="tensorrt",
+                    help="which model to fit: the engine path on the v0.17 table, or the PyTorch backend on the v1.0 H100 table")
     ap.add_argument("--check", action="store_true", help="refit and compare with the shipped file; write nothing")
     ap.add_argument("--markdown", action="store_true", help="print the per-point table as Markdown")
-    ap.add_argument("--out", type=Path, default=OUT, help=f"where to write (default {OUT})")
+    ap.add_argument("--out", type=Path, default=None, help=f"where to write (default {OUT}, or {OUT_PYTORCH} with --engine pytorch)")
     args = ap.parse_args(argv)
 
+    if args.engine == "pytorch":
+        data = calp.calibrate()
+        _print_pytorch(data, args.markdown)
+        if args.check:
+            diff = cal.drift(calp.shipped(), data)
+            print("shipped parameters reproduce" if not diff else f"shipped parameters differ: {diff}")
+            return 1 if diff else 0
+        out = args.out or OUT_PYTORCH
+        out.write_text(calp.dump(data))
+        print(f"\nwrote {out}")
+        return 0
+    args.out = args.out or OUT
     data = cal.calibrate()
     _print(data, args.markdown)
     if args.check:

@@ -38,6 +38,14 @@ class ModelGeometry(BaseModel):
     #: RoPE base θ and scaling as HF config.json (transformers 4.57 form) spells them; None when unknown
     rope_theta: float | None = None
     rope_scaling: dict | None = None
+    #: Mixture of experts (0 = dense MLP): routed experts per layer, experts each token is routed to, experts
+    #: every token passes through (shared), and the width of one expert's MLP (None: ``intermediate_size``,
+    #: Mixtral's spelling). HF spellings: ``num_local_experts`` (Mixtral) / ``num_experts`` (Qwen3-MoE),
+    #: ``num_experts_per_tok``, ``n_shared_experts``, ``moe_intermediate_size``.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    num_shared_experts: int = 0
+    moe_intermediate_size: int | None = None
     source: str = ""
 
     def kv_bytes_per_token(self, kv_dtype_bytes: int, *, tp_size: int = 1, pp_size: int = 1) -> int:
@@ -60,29 +68,78 @@ class ModelGeometry(BaseModel):
 
     def hf_config(self) -> dict:
         """The geometry as a HF ``config.json`` dict (transformers 4.57 spelling), for checks that take one."""
-        cfg = {"architectures": [self.architecture], **self.model_dump(exclude={"architecture", "source"})}
+        moe = set() if self.is_moe else {"num_experts", "num_experts_per_tok", "num_shared_experts", "moe_intermediate_size"}
+        cfg = {"architectures": [self.architecture], **self.model_dump(exclude={"architecture", "source"} | moe)}
         return {k: v for k, v in cfg.items() if v is not None}
+
+    @property
+    def is_moe(self) -> bool:
+        """True for a mixture-of-experts MLP (``num_experts`` > 0)."""
+        return self.num_experts > 0
+
+    @property
+    def expert_width(self) -> int:
+        """Width of one MLP (elements): the dense ``intermediate_size``, or one expert's (``moe_intermediate_size``,
+        else ``intermediate_size`` as Mixtral spells it)."""
+        return (self.moe_intermediate_size or self.intermediate_size) if self.is_moe else self.intermediate_size
+
+    @property
+    def active_mlp_width(self) -> int:
+        """MLP width one token passes through (elements): intermediate_size (dense) or (experts per token +
+        shared experts) × expert_width (MoE). Qwen3-30B-A3B: 8 × 768 = 6,144; Mixtral-8x7B: 2 × 14,336."""
+        if not self.is_moe:
+            return self.intermediate_size
+        return (self.num_experts_per_tok + self.num_shared_experts) * self.expert_width
 
     @property
     def linear_input_dims(self) -> tuple[int, ...]:
         """Input dims of the Linear layers ModelOpt quantizes: q/k/v/gate/up take hidden_size,
-        o_proj takes heads×head_dim, down_proj takes intermediate_size."""
-        return (self.hidden_size, self.num_attention_heads * self.head_dim, self.intermediate_size)
+        o_proj takes heads×head_dim, down_proj takes the MLP (or one expert's) width."""
+        return (self.hidden_size, self.num_attention_heads * self.head_dim, self.expert_width)
+
+    @property
+    def attention_linear_shapes(self) -> tuple[tuple[str, int, int], ...]:
+        """``(name, in_features, out_features)`` of q, k, v, o of one decoder layer."""
+        h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        return (("q_proj", h, q), ("k_proj", h, kv), ("v_proj", h, kv), ("o_proj", q, h))
+
+    @property
+    def expert_linear_shapes(self) -> tuple[tuple[str, int, int], ...]:
+        """``(name, in_features, out_features)`` of one gated MLP (gate, up, down): the dense MLP or one expert."""
+        h, i = self.hidden_size, self.expert_width
+        return (("gate_proj", h, i), ("up_proj", h, i), ("down_proj", i, h))
 
     @property
     def layer_linear_shapes(self) -> tuple[tuple[str, int, int], ...]:
-        """``(name, in_features, out_features)`` of the 7 Linear layers of one decoder layer
-        (Llama/Mistral layout: q, k, v, o projections and the gated MLP gate, up, down)."""
-        h, q, kv, i = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim, self.intermediate_size
-        return (
-            ("q_proj", h, q), ("k_proj", h, kv), ("v_proj", h, kv), ("o_proj", q, h),
-            ("gate_proj", h, i), ("up_proj", h, i), ("down_proj", i, h),
-        )
+        """``(name, in_features, out_features)`` of every Linear layer stored in one decoder layer: q, k, v, o and
+        the gated MLP (gate, up, down) — for MoE the router (hidden → experts) and every expert's gate/up/down
+        (routed and shared), each its own tensor."""
+        if not self.is_moe:
+            return self.attention_linear_shapes + self.expert_linear_shapes
+        experts = tuple((f"experts.{e}.{n}", i, o) for e in range(self.num_experts + self.num_shared_experts)
+                        for n, i, o in self.expert_linear_shapes)
+        return self.attention_linear_shapes + (("router", self.hidden_size, self.num_experts),) + experts
 
     @property
     def layer_linear_params(self) -> int:
-        """Parameters in the Linear layers of one decoder layer (no biases: Llama/Mistral have none)."""
+        """Parameters in the Linear layers stored in one decoder layer (all experts; no biases)."""
         return sum(i * o for _, i, o in self.layer_linear_shapes)
+
+    @property
+    def layer_expert_params(self) -> int:
+        """Parameters of the routed experts of one decoder layer (0 for a dense model): what a decode step reads
+        only in part, the experts its tokens were routed to."""
+        return self.num_experts * sum(i * o for _, i, o in self.expert_linear_shapes)
+
+    @property
+    def layer_active_linear_params(self) -> int:
+        """Linear parameters one token passes through in one decoder layer: attention + router + the experts it
+        is routed to + shared experts (MoE), or all of them (dense). Sets the GEMM FLOPs per token."""
+        if not self.is_moe:
+            return self.layer_linear_params
+        per_expert = sum(i * o for _, i, o in self.expert_linear_shapes)
+        attn = sum(i * o for _, i, o in self.attention_linear_shapes)
+        return attn + self.hidden_size * self.num_experts + (self.num_experts_per_tok + self.num_shared_experts) * per_expert
 
     @property
     def num_parameters(self) -> int:
@@ -92,6 +149,11 @@ class ModelGeometry(BaseModel):
         embed = self.vocab_size * h
         lm_head = 0 if self.tie_word_embeddings else embed
         return embed + lm_head + self.num_hidden_layers * (self.layer_linear_params + 2 * h) + h
+
+    @property
+    def num_active_parameters(self) -> int:
+        """Parameters one token uses (MoE: only its experts; dense: = num_parameters)."""
+        return self.num_parameters - self.num_hidden_layers * (self.layer_linear_params - self.layer_active_linear_params)
 
 
 @functools.cache
@@ -136,6 +198,10 @@ def geometry_from_dict(cfg: dict, source: str = "") -> ModelGeometry:
         rms_norm_eps=cfg.get("rms_norm_eps"),
         rope_theta=hf_rope(cfg)[0],
         rope_scaling=_hf_scaling(cfg),
+        num_experts=cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0,
+        num_experts_per_tok=cfg.get("num_experts_per_tok") or 0,
+        num_shared_experts=cfg.get("n_shared_experts") or 0,
+        moe_intermediate_size=cfg.get("moe_intermediate_size"),
         source=source,
     )
 

@@ -25,7 +25,8 @@ CPU_TARGET = "cpu"
 MIB = 1 << 20
 GIB = 1 << 30
 #: numeric constants of a catalog entry that must name their source in ``sources`` (when not null).
-SOURCED_FIELDS = ("memory_mib", "memory_gb", "memory_bandwidth_tbs", "bf16_tflops", "fp8_tflops", "fp4_tflops", "int8_tops")
+SOURCED_FIELDS = ("memory_mib", "memory_gb", "memory_bandwidth_tbs", "bf16_tflops", "fp8_tflops", "fp4_tflops", "int8_tops",
+                  "interconnect_gbs")
 #: environment variable naming this host's measured-rates file (default: ``cpu_host.yaml`` in trtpipe's cache)
 HOST_FILE_ENV = "TRTPIPE_HOST_FILE"
 #: the reference host's rates shipped with the package (the 2-core dev VM of docs/plan.md, "CPU target")
@@ -56,6 +57,10 @@ class GpuSpec(BaseModel):
     fp8_tflops: float | None = None
     fp4_tflops: float | None = None
     int8_tops: float | None = None
+    #: GPU-to-GPU bandwidth per GPU as the datasheet quotes it, GB/s (10^9 B/s), both directions together
+    #: (NVLink where the GPU has it in its usual server, else its PCIe link); ``interconnect`` names which
+    interconnect_gbs: float | None = None
+    interconnect: str | None = None
     fp8: bool
     fp4: bool
     source: str
@@ -76,6 +81,12 @@ class GpuSpec(BaseModel):
     def memory_bytes(self) -> int:
         """Total device memory in bytes (memory_mib × 2^20)."""
         return self.memory_mib * MIB
+
+    @property
+    def link_bytes_per_s(self) -> float | None:
+        """GPU-to-GPU bandwidth in one direction, bytes/s: interconnect_gbs / 2 × 10^9 (datasheets quote both
+        directions together: H100 SXM NVLink 900 GB/s = 450 GB/s each way). None when the catalog has no figure."""
+        return None if self.interconnect_gbs is None else self.interconnect_gbs / 2 * 1e9
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -131,6 +142,12 @@ class HostSpec(BaseModel):
         """FLOP/s of the CPU engine's GEMMs in its compute dtype (4: fp32, 2: bf16 when measured)."""
         rate = self.bf16_gflops if dtype_bytes == 2 and self.bf16_gflops else self.fp32_gflops
         return rate * 1e9
+
+    @property
+    def link_bytes_per_s(self) -> float | None:
+        """GPU-to-GPU bandwidth in one direction, bytes/s: interconnect_gbs / 2 × 10^9 (datasheets quote both
+        directions together: H100 SXM NVLink 900 GB/s = 450 GB/s each way). None when the catalog has no figure."""
+        return None if self.interconnect_gbs is None else self.interconnect_gbs / 2 * 1e9
 
     @property
     def bandwidth_bytes_per_s(self) -> float:

@@ -7,13 +7,16 @@ what an engine reaches: one engine iteration ("step") costs
              + pp × [ max(W / (η_bw·BW), (F_lin·n_tokens + F_head·n_logits) / (η_gemm·T_gemm))   GEMMs
                       + (n_tokens × A + n_logits × G) / (η_bw·BW)                                activation and logits traffic
                       + kv_read_tokens × kv_bytes / (η_bw·BW)                                    decode attention
-                      + F_attn / (η_attn·T_attn) ]                                               prefill attention
+                      + F_attn / (η_attn·T_attn)                                                 prefill attention
+                      + n_tokens × R / (η_link·BW_link) + n_ar × t_ar ]                          tensor-parallel all-reduces
 
 (W: weight bytes streamed per step; BW: peak DRAM bandwidth; T: dense tensor peak of the dtype; F_lin,
 F_head: GEMM FLOPs per token / per emitted token; n_tokens: tokens in the step; n_logits: sequences that
 emit a token; A: activation bytes each token moves through DRAM between kernels; G: logits bytes each
 emitted token writes and the sampler reads back; kv_read_tokens: context
-tokens whose K and V the decoding sequences read; F_attn: causal prefill attention FLOPs). The η's, the overheads and their sources are in :class:`Efficiency`.
+tokens whose K and V the decoding sequences read; F_attn: causal prefill attention FLOPs; R: bytes a GPU sends per
+token in the step's ring all-reduces, n_ar of them per step, t_ar the fixed time of one, BW_link the GPU-to-GPU
+bandwidth per direction; MoE: W counts the routed experts the step's tokens select, :func:`expert_read_share`). The η's, the overheads and their sources are in :class:`Efficiency`.
 
 The scheduler is modelled in steady state (:func:`predict_point`): B sequences in flight, each living
 k_p prefill steps (1, or ceil(ISL / chunk) with chunked prefill) + OSL − 1 decode steps; B is bounded
@@ -41,7 +44,8 @@ class StepCost(BaseModel):
     """Per-GPU cost coefficients of one engine step (bytes, FLOPs, bytes/s, FLOP/s).
 
     ``weight_bytes``: GEMM weights streamed once per step (Linear layers + lm_head, not the embedding
-    table, of which a step reads only a few rows). ``kv_token_bytes``: K and V bytes per context token.
+    table, of which a step reads only a few rows; for MoE without the routed experts, ``expert_weight_bytes``,
+    of which a step reads the share its tokens select). ``kv_token_bytes``: K and V bytes per context token.
     ``linear_flops_per_token``: 2 × decoder Linear parameters per GPU. ``head_flops_per_token``:
     2 × vocab × hidden / tp, paid only by tokens whose logits are computed (one per emitting sequence).
     ``attn_flops_coeff``: 2 × layers × heads × head_dim per GPU, so that a causal prefill of n tokens
@@ -65,6 +69,35 @@ class StepCost(BaseModel):
     gemm_flops: float = Field(gt=0)
     attn_flops: float = Field(gt=0)
     pp_size: int = Field(default=1, ge=1)
+    #: MoE: bytes of the routed experts per GPU (not in ``weight_bytes``), routed experts per layer and experts
+    #: each token is routed to; a step reads the experts its tokens chose (:func:`expert_read_share`)
+    expert_weight_bytes: float = Field(default=0.0, ge=0)
+    num_experts: int = Field(default=0, ge=0)
+    experts_per_token: int = Field(default=0, ge=0)
+    #: tensor parallelism: bytes each GPU sends per token per step in its all-reduces (ring: 2(tp−1)/tp × hidden ×
+    #: activation bytes, 2 all-reduces per layer: after attention's o_proj and the MLP's down_proj), the number of
+    #: all-reduces per step (2 × layers per stage), and the GPU-to-GPU bandwidth per direction (B/s); 0 when tp = 1
+    allreduce_bytes_per_token: float = Field(default=0.0, ge=0)
+    allreduces_per_step: int = Field(default=0, ge=0)
+    link_bandwidth: float = Field(default=0.0, ge=0)
+
+
+def allreduce_bytes_per_token(hidden: int, layers: int, tp: int, act_bytes: int = 2) -> float:
+    """Bytes one GPU sends (and receives) per token per step in tensor parallelism's all-reduces: 2 per layer
+    (the row-parallel o_proj and down_proj outputs, Megatron-style TP as TensorRT-LLM does it), each a ring
+    all-reduce of hidden × act_bytes per token, which moves 2(tp − 1)/tp of it over each GPU's link.
+    = layers × 2 × 2(tp − 1)/tp × hidden × act_bytes; 0 at tp = 1. Llama-3.3-70B, tp 2, BF16 activations:
+    80 × 2 × 1 × 8192 × 2 = 2.62 MB per token."""
+    return layers * 2 * 2 * (tp - 1) / tp * hidden * act_bytes
+
+
+def expert_read_share(num_experts: int, experts_per_token: int, n_tokens: float) -> float:
+    """Expected share of a layer's routed experts that ``n_tokens`` tokens select, each choosing
+    ``experts_per_token`` of ``num_experts`` uniformly and independently: 1 − (1 − k/E)^n. One token reads
+    k/E of the experts' weights; a large batch reads all of them. 0 for a dense model (no experts)."""
+    if num_experts <= 0:
+        return 0.0
+    return 1.0 - (1.0 - experts_per_token / num_experts) ** max(n_tokens, 1.0)
 
 
 class SchedulerLimits(BaseModel):
@@ -107,7 +140,13 @@ class Efficiency(BaseModel):
     step_overhead_ms: float = Field(ge=0)
     rel_error: float = Field(ge=0)
     step_overhead_uncertainty_ms: float = Field(default=0.0, ge=0)
+    #: achieved fraction of the per-direction link bandwidth in the all-reduces, and the fixed time of one
+    #: all-reduce (launch + synchronisation across the GPUs, µs); tensor parallelism only
+    link_frac: float = Field(default=1.0, gt=0, le=1)
+    allreduce_latency_us: float = Field(default=0.0, ge=0)
     source: str = ""
+    #: which fitted model these are (the engine path's, the PyTorch backend's, a host's measurement)
+    name: str = ""
 
 
 class StepMix(BaseModel):
@@ -134,11 +173,12 @@ class StepTime(BaseModel):
     act_s: float
     kv_s: float
     attn_s: float
+    comm_s: float = 0.0
 
     @property
     def total_s(self) -> float:
         """Sum of the terms (s)."""
-        return self.overhead_s + self.gemm_s + self.act_s + self.kv_s + self.attn_s
+        return self.overhead_s + self.gemm_s + self.act_s + self.kv_s + self.attn_s + self.comm_s
 
 
 class Prediction(BaseModel):
@@ -181,7 +221,8 @@ def step_time(cost: StepCost, eff: Efficiency, mix: StepMix) -> StepTime:
     """
     pp = cost.pp_size
     bw = eff.bw_frac * cost.bandwidth
-    t_w = cost.weight_bytes / bw
+    experts = cost.expert_weight_bytes * expert_read_share(cost.num_experts, cost.experts_per_token, mix.n_tokens)
+    t_w = (cost.weight_bytes + experts) / bw
     t_c = (cost.linear_flops_per_token * mix.n_tokens + cost.head_flops_per_token * mix.n_logits) / (eff.gemm_frac * cost.gemm_flops)
     return StepTime(
         overhead_s=eff.step_overhead_ms * 1e-3 + mix.n_seqs * eff.seq_overhead_us * 1e-6,
@@ -190,7 +231,17 @@ def step_time(cost: StepCost, eff: Efficiency, mix: StepMix) -> StepTime:
         act_s=pp * (mix.n_tokens * cost.act_bytes_per_token + mix.n_logits * cost.logit_bytes_per_token) / bw,
         kv_s=pp * mix.kv_read_tokens * cost.kv_token_bytes / bw,
         attn_s=pp * cost.attn_flops_coeff * mix.attn_units / (eff.attn_frac * cost.attn_flops),
+        comm_s=pp * _allreduce_s(cost, eff, mix.n_tokens),
     )
+
+
+def _allreduce_s(cost: StepCost, eff: Efficiency, n_tokens: float) -> float:
+    """Seconds of one stage's all-reduces in a step of ``n_tokens`` tokens: bytes / (η_link × link bandwidth)
+    + all-reduces × latency (not overlapped with compute: each all-reduce sits between two GEMMs)."""
+    if cost.allreduces_per_step == 0 or cost.link_bandwidth <= 0:
+        return 0.0
+    return (n_tokens * cost.allreduce_bytes_per_token / (eff.link_frac * cost.link_bandwidth)
+            + cost.allreduces_per_step * eff.allreduce_latency_us * 1e-6)
 
 
 def kv_sequences(limits: SchedulerLimits, isl: int, osl: int) -> int:
@@ -294,10 +345,10 @@ def predict_point(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl:
         wait = max(clients * steps * t_mean / b - e2e, 0.0)
         ttft, e2e = ttft + wait, e2e + wait
     split = {k: share * getattr(t_mixed, k) + (1 - share) * getattr(t_decode, k)
-             for k in ("overhead_s", "gemm_s", "act_s", "kv_s", "attn_s")}
+             for k in ("overhead_s", "gemm_s", "act_s", "kv_s", "attn_s", "comm_s")}
     mem_s = cmp_s = 0.0
     for t, w in ((t_mixed, share), (t_decode, 1 - share)):
-        mem_s += w * (t.act_s + t.kv_s + (t.gemm_s if t.gemm_bound == "memory" else 0.0))
+        mem_s += w * (t.act_s + t.kv_s + t.comm_s + (t.gemm_s if t.gemm_bound == "memory" else 0.0))
         cmp_s += w * (t.attn_s + (t.gemm_s if t.gemm_bound == "compute" else 0.0))
     bound = "overhead" if split["overhead_s"] > mem_s + cmp_s else ("memory" if mem_s >= cmp_s else "compute")
     terms = {"calibration": eff.rel_error}

@@ -75,17 +75,18 @@ def points() -> list[CalibrationPoint]:
 
 
 def trtllm_bench_settings(gpu: hardware.GpuSpec, param_count: int, weight_bytes_per_param: float, kv_bytes_per_token: int,
-                          isl: int, osl: int, kv_fraction: float = 0.95) -> tuple[int, int]:
+                          isl: int, osl: int, kv_fraction: float = 0.95, n_gpus: int = 1) -> tuple[int, int]:
     """``(max_batch_size, max_num_tokens)`` that ``trtllm-bench build --dataset`` picks (TensorRT-LLM
     tensorrt_llm/bench/build/tuning.py: calc_engine_setting + finetune_setting).
 
-    requests = (GPU GiB − params × bytes/param GiB) × fraction / (KV GiB per token × (ISL + OSL));
+    requests = (n_gpus × GPU GiB − params × bytes/param GiB) × fraction / (KV GiB per token of the whole model ×
+    (ISL + OSL)) (``kv_bytes_per_token``: all layers, max(tp, KV heads) heads, as tuning.py counts them);
     raw_bs = min(requests, 4096); raw_tokens = min(raw_bs × (1 + ISL/OSL), 32768);
     batch rounded up to 32 (min 64) below 256, to 128 below 1024, else to 256;
     tokens rounded up to 256 (min 2048) below 4096, to 512 below 8192, else to 1024.
     """
     gib = 1 << 30
-    available = gpu.memory_bytes / gib - param_count * weight_bytes_per_param / gib
+    available = n_gpus * gpu.memory_bytes / gib - param_count * weight_bytes_per_param / gib
     requests = available * kv_fraction / (kv_bytes_per_token / gib * (isl + osl))
     raw_bs = min(requests, 4096)
     raw_tok = min(raw_bs * (1 + isl / osl), 32768)

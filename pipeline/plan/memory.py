@@ -62,6 +62,8 @@ class WeightBytes(BaseModel):
     embedding_bytes: int
     lm_head_bytes: int
     norm_bytes: int
+    #: of linear_bytes + scale_bytes: the routed experts' (MoE; 0 for a dense model), all experts counted
+    expert_bytes: int = 0
     total_bytes: int
     per_gpu_bytes: int
 
@@ -124,7 +126,8 @@ def weight_bytes(
     pp_size: int = 1,
     lm_head_copy: bool = True,
 ) -> WeightBytes:
-    """Weight memory of ``geo`` in ``qformat`` (bytes), in total and on the most loaded GPU.
+    """Weight memory of ``geo`` in ``qformat`` (bytes), in total and on the most loaded GPU. A mixture of experts
+    stores every expert (``expert_bytes`` are the routed experts' share, the part a decode step reads only in part).
 
     total = layers × Σ_linear linear_storage_bytes + vocab × hidden × dtype_bytes (embedding)
             + vocab × hidden × dtype_bytes (lm_head, unless tied and not copied)
@@ -145,6 +148,8 @@ def weight_bytes(
         w, s = linear_storage_bytes(qformat, i, o, dtype_bytes, awq_block_size)
         lin_w += w
         lin_s += s
+    expert_b = geo.num_experts * sum(sum(linear_storage_bytes(qformat, i, o, dtype_bytes, awq_block_size))
+                                     for _, i, o in geo.expert_linear_shapes)
     layer_norm_bytes = 2 * h * dtype_bytes
     layer_bytes = lin_w + lin_s
     embed_params = geo.vocab_size * h
@@ -166,7 +171,7 @@ def weight_bytes(
         qformat=qformat, model_dtype_bytes=dtype_bytes,
         linear_params=L * geo.layer_linear_params, embedding_params=embed_params, lm_head_params=head_params,
         norm_params=norm_params, linear_bytes=L * lin_w, scale_bytes=L * lin_s, embedding_bytes=embed_b,
-        lm_head_bytes=head_b, norm_bytes=norm_params * dtype_bytes, total_bytes=total, per_gpu_bytes=math.ceil(per_gpu),
+        lm_head_bytes=head_b, norm_bytes=norm_params * dtype_bytes, expert_bytes=L * expert_b, total_bytes=total, per_gpu_bytes=math.ceil(per_gpu),
     )
 
 
@@ -175,7 +180,7 @@ def activation_bytes(geo: ModelGeometry, *, max_num_tokens: int, max_batch_size:
     """Estimated activation + I/O buffer bytes per GPU (not the KV cache): grows with max_num_tokens.
 
     activations = max_num_tokens × act_dtype_bytes × (4 × hidden + (heads + 2 × kv_heads) × head_dim / tp
-                  + 3 × intermediate / tp)
+                  + 3 × MLP width a token passes through / tp)   (MoE: experts per token × expert width)
     logits      = max_batch_size × max_beam_width × padded_vocab / tp × 4 B (fp32 generation logits)
 
     An estimate: TensorRT computes the real figure at build time (``ICudaEngine.device_memory_size``,
@@ -186,7 +191,7 @@ def activation_bytes(geo: ModelGeometry, *, max_num_tokens: int, max_batch_size:
     per_token = (
         4 * geo.hidden_size
         + (geo.num_attention_heads + 2 * geo.num_key_value_heads) * geo.head_dim / tp_size
-        + 3 * geo.intermediate_size / tp_size
+        + 3 * geo.active_mlp_width / tp_size
     )
     acts = max_num_tokens * act_dtype_bytes * per_token
     logits = max_batch_size * max_beam_width * pad_vocab(geo.vocab_size, tp_size) / tp_size * LOGITS_BYTES

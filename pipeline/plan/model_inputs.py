@@ -33,16 +33,18 @@ from pipeline.plan.achievable import (
     SchedulerLimits,
     StepCost,
     activation_traffic_bytes,
+    allreduce_bytes_per_token,
 )
 from pipeline.plan.perf import QFORMAT_COMPUTE, peak_flops
 from pipeline.recipe import Recipe
 from pipeline.recipe.quant import FP8_QFORMATS
 
 #: Relative error (1 σ) added in quadrature per uncalibrated condition. Judgment, not fitted:
-#: ``parallelism`` — tp/pp communication is not modelled (all-reduce per layer, pipeline bubbles);
+#: ``parallelism`` — tp all-reduces are modelled but calibrated only on the PyTorch backend (tp ≤ 8, Hopper NVLink),
+#: pipeline bubbles not at all;
 #: ``qformat`` — GEMM paths absent from the calibration (INT8 SmoothQuant, weight-only INT4/INT8 dequant
-#: GEMMs, FP4) reach other fractions of peak; ``engine`` — the calibration is the TensorRT engine path, the
-#: PyTorch backend schedules differently; ``architecture`` — no Blackwell (or older) GPU was calibrated;
+#: GEMMs, FP4) reach other fractions of peak; ``engine`` — a runtime without its own fit (the PyTorch backend before
+#: plan_efficiency_pytorch.yaml exists); ``architecture`` — no Blackwell (or older) GPU was calibrated;
 #: ``beam`` — beam search is not modelled.
 UNCALIBRATED_ERROR: dict[str, float] = {
     "parallelism": 0.25, "qformat": 0.20, "engine": 0.15, "architecture": 0.15, "beam": 0.30,
@@ -55,13 +57,27 @@ CALIBRATED_ARCHS = ("ampere", "ada", "hopper")
 CPU_REL_ERROR = 0.5
 
 EFFICIENCY_FILE = "data/plan_efficiency.yaml"
+#: the PyTorch backend's own fit (benchmarks/calibrate_plan.py --engine pytorch)
+PYTORCH_EFFICIENCY_FILE = "data/plan_efficiency_pytorch.yaml"
 
 
 @functools.cache
 def gpu_efficiency() -> Efficiency:
-    """The fitted GPU :class:`Efficiency` shipped in ``pipeline/data/plan_efficiency.yaml``."""
+    """The fitted GPU :class:`Efficiency` of the TensorRT engine path, shipped in ``pipeline/data/plan_efficiency.yaml``."""
     raw = yaml.safe_load(resources.files("pipeline").joinpath(EFFICIENCY_FILE).read_text())
-    return Efficiency(**raw["fitted"], **raw["fixed"], rel_error=raw["rel_error"], source=raw["source"])
+    return Efficiency(**raw["fitted"], **raw["fixed"], rel_error=raw["rel_error"], source=raw["source"],
+                      name="tensorrt engine path (fitted on TensorRT-LLM v0.17's Llama-3.1-8B TP1 table)")
+
+
+@functools.cache
+def pytorch_efficiency() -> Efficiency:
+    """The fitted :class:`Efficiency` of the PyTorch backend (``pipeline/data/plan_efficiency_pytorch.yaml``); the
+    engine path's until that file has been written (the fit itself plans its points before it exists)."""
+    f = resources.files("pipeline").joinpath(PYTORCH_EFFICIENCY_FILE)
+    if not f.is_file():
+        return gpu_efficiency()
+    raw = yaml.safe_load(f.read_text())
+    return Efficiency(**raw["fitted"], **raw["fixed"], rel_error=raw["rel_error"], source=raw["source"], name=raw["name"])
 
 
 def cpu_efficiency(host: hardware.HostSpec) -> Efficiency:
@@ -83,14 +99,26 @@ def _attn_peak(recipe: Recipe, spec: hardware.GpuSpec, gemm_peak: float, bf16_pe
     return bf16_peak
 
 
+def _tp_terms(geo: ModelGeometry, spec: hardware.GpuSpec | None, tp: int, pp: int, act_bytes: int) -> dict:
+    """The all-reduce inputs of :class:`StepCost` for tensor parallelism on ``spec`` (none at tp = 1 or on the host):
+    bytes per token (:func:`allreduce_bytes_per_token` over one stage's layers), 2 all-reduces per layer of the
+    stage, and the catalog's GPU-to-GPU bandwidth per direction (``GpuSpec.link_bytes_per_s``)."""
+    if spec is None or tp == 1 or spec.link_bytes_per_s is None:
+        return {}
+    layers = -(-geo.num_hidden_layers // pp)
+    return {"allreduce_bytes_per_token": allreduce_bytes_per_token(geo.hidden_size, layers, tp, act_bytes),
+            "allreduces_per_step": 2 * layers, "link_bandwidth": spec.link_bytes_per_s}
+
+
 def engine_model(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, kv_token_bytes: int, kv_tokens: int,
                  *, gemm_peak: float, bf16_peak: float, bandwidth: float, spec: hardware.GpuSpec | None) -> tuple[StepCost, SchedulerLimits]:
     """:class:`StepCost` and :class:`SchedulerLimits` of ``recipe`` on one GPU (``spec``) or on the host (None).
 
     Per GPU (tensor parallel tp, pipeline stages pp; step time = pp × per-stage time):
-    weight_bytes = (decoder Linear + scales + lm_head) / (tp·pp) — the embedding table is not streamed
-    (a tied lm_head on the CPU engine reads it: its bytes count as the lm_head's);
-    linear FLOPs/token = 2 × layers × Linear params / (tp·pp); lm_head FLOPs/token = 2 × vocab × hidden / (tp·pp);
+    weight_bytes = (decoder Linear + scales + lm_head − routed experts) / (tp·pp) — the embedding table is not
+    streamed (a tied lm_head on the CPU engine reads it: its bytes count as the lm_head's); MoE: expert_weight_bytes
+    = all routed experts / (tp·pp), of which a step reads the share its tokens select;
+    linear FLOPs/token = 2 × layers × Linear params a token passes through (MoE: its k experts) / (tp·pp); lm_head FLOPs/token = 2 × vocab × hidden / (tp·pp);
     attention coeff = 2 × layers × heads × head_dim / (tp·pp). ``gemm_peak``/``bf16_peak`` FLOP/s,
     ``bandwidth`` B/s: the GPU's datasheet peaks or the host's measured rates.
     """
@@ -99,17 +127,20 @@ def engine_model(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, k
     act_bytes = weights.model_dtype_bytes
     head = weights.lm_head_bytes or (weights.embedding_bytes if geo.tie_word_embeddings else 0)
     cost = StepCost(
-        weight_bytes=(weights.linear_bytes + weights.scale_bytes + head) / (tp * pp),
+        weight_bytes=(weights.linear_bytes + weights.scale_bytes - weights.expert_bytes + head) / (tp * pp),
+        expert_weight_bytes=weights.expert_bytes / (tp * pp), num_experts=geo.num_experts,
+        experts_per_token=geo.num_experts_per_tok,
         kv_token_bytes=kv_token_bytes,
-        linear_flops_per_token=2 * geo.num_hidden_layers * geo.layer_linear_params / (tp * pp),
+        linear_flops_per_token=2 * geo.num_hidden_layers * geo.layer_active_linear_params / (tp * pp),
         head_flops_per_token=2 * geo.vocab_size * geo.hidden_size / (tp * pp),
         attn_flops_coeff=2 * geo.num_hidden_layers * geo.num_attention_heads * geo.head_dim / (tp * pp),
         act_bytes_per_token=activation_traffic_bytes(geo.hidden_size, geo.num_attention_heads, geo.num_key_value_heads, geo.head_dim,
-                                                     geo.intermediate_size, geo.num_hidden_layers, act_bytes, tp) / pp,
+                                                     geo.active_mlp_width, geo.num_hidden_layers, act_bytes, tp) / pp,
         logit_bytes_per_token=2 * mem.pad_vocab(geo.vocab_size, tp) / tp * mem.LOGITS_BYTES / pp,
         bandwidth=bandwidth, gemm_flops=gemm_peak,
         attn_flops=bf16_peak if spec is None else _attn_peak(recipe, spec, gemm_peak, bf16_peak),
         pp_size=pp,
+        **_tp_terms(geo, spec, tp, pp, act_bytes),
     )
     b = recipe.build
     limits = SchedulerLimits(
@@ -140,7 +171,7 @@ def model_inputs(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, k
     cost, limits = engine_model(recipe, geo, weights, kv_token_bytes, kv_tokens,
                                 gemm_peak=peak_flops(spec, QFORMAT_COMPUTE[recipe.quantization.qformat], dtype_bytes),
                                 bf16_peak=peak_flops(spec, "bf16", dtype_bytes), bandwidth=spec.bandwidth_bytes_per_s, spec=spec)
-    return cost, limits, gpu_efficiency(), None
+    return cost, limits, pytorch_efficiency() if recipe.build.engine == "pytorch" else gpu_efficiency(), None
 
 
 def error_terms(recipe: Recipe, spec: hardware.GpuSpec | None) -> dict[str, float]:
@@ -149,10 +180,12 @@ def error_terms(recipe: Recipe, spec: hardware.GpuSpec | None) -> dict[str, floa
     if spec is None:
         return {}
     t, q, b = recipe.target, recipe.quantization, recipe.build
+    pytorch_fitted = b.engine == "pytorch" and resources.files("pipeline").joinpath(PYTORCH_EFFICIENCY_FILE).is_file()
     on = {
-        "parallelism": t.tp_size * t.pp_size > 1,
+        # the PyTorch fit covers tp 1/2/8 on one NVLink node (its held-out error is its rel_error); pp is covered by neither
+        "parallelism": t.pp_size > 1 or (t.tp_size > 1 and not (pytorch_fitted and t.tp_size <= 8 and spec.arch == "hopper")),
         "qformat": q.qformat not in CALIBRATED_QFORMATS,
-        "engine": b.engine != "tensorrt",
+        "engine": b.engine not in (("tensorrt", "pytorch") if pytorch_fitted else ("tensorrt",)),
         "architecture": spec.arch not in CALIBRATED_ARCHS,
         "beam": b.max_beam_width > 1,
     }

@@ -21,9 +21,9 @@ QFORMAT_COMPUTE: dict[str, str] = {
 
 
 def matmul_params(geo: ModelGeometry) -> int:
-    """Parameters that take part in GEMMs per token: layers × Linear params + vocab × hidden (lm_head).
-    The embedding is a lookup, the norms are elementwise: neither counts."""
-    return geo.num_hidden_layers * geo.layer_linear_params + geo.vocab_size * geo.hidden_size
+    """Parameters that take part in GEMMs per token: layers × Linear params a token passes through (MoE: its
+    routed experts only) + vocab × hidden (lm_head). The embedding is a lookup, the norms are elementwise: neither counts."""
+    return geo.num_hidden_layers * geo.layer_active_linear_params + geo.vocab_size * geo.hidden_size
 
 
 def decode_flops_per_token(geo: ModelGeometry, context: float) -> float:

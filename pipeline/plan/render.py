@@ -104,7 +104,7 @@ def _prediction_line(plan: PlanResult) -> Text | None:
                f"per step + {e.seq_overhead_us:.0f} µs per sequence (measured); ±{e.rel_error:.0%}: not calibrated "
                "against served throughput (trtpipe plan --against RUN_DIR) — docs/plan.md")
     else:
-        how = (f"  prediction: η_bw {e.bw_frac:.2f}, η_gemm {e.gemm_frac:.2f}, η_attn {e.attn_frac:.2f}, "
+        how = (f"  prediction ({e.name or 'fitted model'}): η_bw {e.bw_frac:.2f}, η_gemm {e.gemm_frac:.2f}, η_attn {e.attn_frac:.2f}, "
                f"{e.seq_overhead_us:.1f} µs/sequence + {e.step_overhead_ms:g} ms per step; error ±{e.rel_error:.0%} where "
                "calibrated" + (f" (+ uncalibrated: {extra})" if extra else "") + " — docs/plan.md")
     return Text(how, style="dim")

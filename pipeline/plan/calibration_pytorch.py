@@ -1,0 +1,229 @@
+"""Calibration of the PyTorch-backend model (``build.engine: pytorch``) on NVIDIA's published PyTorch-backend throughput.
+
+``pipeline/data/plan_calibration_pytorch.yaml`` holds the H100 SXM columns of TensorRT-LLM v1.0's perf overview:
+Llama-3.1-8B TP1, Llama-3.3-70B TP2, Llama-3.1-405B TP8, FP8, ten ISL/OSL pairs, maximum load. Each point becomes a
+recipe (:func:`point_recipe`) that goes through the same planner as users' recipes, as the engine path's calibration
+(:mod:`pipeline.plan.calibration`) does; the step model is the same, with tensor parallelism's all-reduces. The
+parameters are fitted separately from the engine path's, so the two runtimes keep their own efficiencies.
+
+:func:`fit` fits :data:`FREE` (least squares on ln(predicted / published), deterministic); :func:`leave_one_model_out`
+refits without each model (and so without its TP degree) and scores it; :func:`leave_one_pair_out` the same per
+ISL/OSL pair; :func:`calibrate` returns the document of ``pipeline/data/plan_efficiency_pytorch.yaml``
+(``benchmarks/calibrate_plan.py --engine pytorch`` writes it).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from importlib import resources
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from pipeline.core import hardware
+from pipeline.plan.achievable import Efficiency
+from pipeline.plan.calibration import (
+    FIXED,
+    PointResult,
+    _round,
+    summary,
+    trtllm_bench_settings,
+)
+from pipeline.plan.model_inputs import PYTORCH_EFFICIENCY_FILE
+from pipeline.recipe import Recipe
+
+CALIBRATION_FILE = "data/plan_calibration_pytorch.yaml"
+#: Parameters fitted: (start, lower bound, upper bound). As the engine path's (fractions of peak DRAM bandwidth,
+#: GEMM and attention tensor throughput, µs per sequence per step), plus tensor parallelism's: ``link_frac``, the
+#: achieved fraction of the NVLink bandwidth per direction in the ring all-reduces, and ``allreduce_latency_us``,
+#: the fixed time of one all-reduce (launch and synchronisation across the GPUs). bw_frac's ceiling 0.895 is the HBM
+#: read rate torch measured on an H200 (4.30 of 4.8 TB/s, docs/reference/published-throughput-pytorch-backend.md):
+#: no kernel streams weights faster than a plain read, so the fit may not use more (assumed the same fraction on H100).
+FREE: dict[str, tuple[float, float, float]] = {
+    "bw_frac": (0.7, 0.2, 0.895),
+    "gemm_frac": (0.6, 0.1, 1.0),
+    "attn_frac": (0.5, 0.05, 0.75),
+    "seq_overhead_us": (5.0, 0.0, 200.0),
+    "link_frac": (0.7, 0.2, 1.0),
+    "allreduce_latency_us": (10.0, 0.0, 100.0),
+}
+LABEL = {"llama31_8b": "Llama-3.1-8B TP1", "llama33_70b": "Llama-3.3-70B TP2", "llama31_405b": "Llama-3.1-405B TP8"}
+NAME = "pytorch backend (fitted on TensorRT-LLM v1.0's H100 table: 8B TP1, 70B TP2, 405B TP8)"
+
+
+class PytorchPoint(BaseModel):
+    """One published figure: model column, its hub id and TP degree, formats, ISL/OSL (tokens), output tokens/s."""
+
+    model_config = ConfigDict(frozen=True)
+
+    column: str
+    model: str
+    tp: int
+    qformat: str
+    kv_cache_dtype: str
+    isl: int
+    osl: int
+    published: float
+
+
+@functools.cache
+def _raw() -> dict:
+    return yaml.safe_load(resources.files("pipeline").joinpath(CALIBRATION_FILE).read_text())
+
+
+def points() -> list[PytorchPoint]:
+    """Every published point (30: 3 models × 10 ISL/OSL pairs)."""
+    raw = _raw()
+    cols = list(raw["columns"].items())
+    out = []
+    for isl, osl, *values in raw["rows"]:
+        for (name, col), v in zip(cols, values, strict=True):
+            out.append(PytorchPoint(column=name, model=col["model"], tp=col["tp"], qformat=col["qformat"],
+                                    kv_cache_dtype=col["kv_cache_dtype"], isl=isl, osl=osl, published=v))
+    return out
+
+
+def point_recipe(p: PytorchPoint) -> Recipe:
+    """The recipe that reproduces a published run's conditions (see ``plan_calibration_pytorch.yaml``)."""
+    from pipeline.core.geometry import known_geometry
+
+    raw = _raw()
+    cond = raw["conditions"]
+    geo = known_geometry(p.model)
+    assert geo is not None, p.model
+    gpu = hardware.catalog()[raw["gpu"]]
+    kv_b = 1 if p.kv_cache_dtype in ("fp8", "int8") else 2
+    # tuning.py counts max(tp, KV heads) heads over all layers
+    kv_tok = 2 * geo.num_hidden_layers * max(p.tp, geo.num_key_value_heads) * geo.head_dim * kv_b
+    bs, tok = trtllm_bench_settings(gpu, geo.num_parameters, 1.0 if p.qformat == "fp8" else 2.0, kv_tok, p.isl, p.osl,
+                                    cond["kv_cache_free_gpu_mem_fraction"], n_gpus=p.tp)
+    tpb = cond["tokens_per_block"]
+    return Recipe.model_validate({
+        "name": f"calib-pytorch-{p.column}-{p.isl}-{p.osl}",
+        "model": {"source": p.model, "dtype": "bfloat16"},
+        "target": {"gpu": raw["gpu"], "num_gpus": p.tp, "tp_size": p.tp},
+        "quantization": {"qformat": p.qformat, "kv_cache_dtype": p.kv_cache_dtype},
+        "build": {
+            "engine": cond["engine"], "max_batch_size": bs, "max_num_tokens": tok, "max_input_len": p.isl,
+            "max_seq_len": math.ceil((p.isl + p.osl) / tpb) * tpb, "tokens_per_block": tpb,
+            "enable_chunked_prefill": cond["enable_chunked_prefill"],
+            "kv_cache_config": {"free_gpu_memory_fraction": cond["kv_cache_free_gpu_mem_fraction"]},
+            "scheduler_config": {"capacity_scheduler_policy": cond["capacity_scheduler_policy"]},
+        },
+        "bench": {"model": "tensorrt_llm", "scenarios": [{"isl": p.isl, "osl": p.osl}], "concurrency": [1]},
+    })
+
+
+@functools.cache
+def _inputs(p: PytorchPoint):
+    """(StepCost, SchedulerLimits) of a point, from the planner's memory plan."""
+    from pipeline.plan.planner import plan_recipe
+
+    plan = plan_recipe(point_recipe(p))
+    assert plan.step_cost is not None and plan.scheduler is not None, plan.verdict.errors
+    return plan.step_cost, plan.scheduler
+
+
+def evaluate(eff: Efficiency, pts: list[PytorchPoint] | None = None) -> list[PointResult]:
+    """Predict every point at maximum load with ``eff`` (``PointResult.gpu`` carries the model column)."""
+    from pipeline.plan.achievable import predict_point
+
+    out = []
+    for p in pts if pts is not None else points():
+        cost, limits = _inputs(p)
+        pr = predict_point(cost, limits, eff, p.isl, p.osl, None)
+        out.append(PointResult(gpu=p.column, isl=p.isl, osl=p.osl, published=p.published, predicted=pr.output_tokens_per_s,
+                               error=pr.output_tokens_per_s / p.published - 1, batch=pr.batch, limited_by=pr.limited_by))
+    return out
+
+
+def _efficiency(x, fixed: dict[str, float]) -> Efficiency:
+    return Efficiency(**dict(zip(FREE, (float(v) for v in x), strict=True)), **fixed, rel_error=0.0)
+
+
+def fit(pts: list[PytorchPoint] | None = None, fixed: dict[str, float] | None = None) -> Efficiency:
+    """Least-squares fit of :data:`FREE` on ln(predicted / published) over ``pts`` (default: all), the engine
+    path's :data:`~pipeline.plan.calibration.FIXED` per-step overhead held. Deterministic (fixed start)."""
+    from scipy.optimize import least_squares
+
+    pts = points() if pts is None else pts
+    fixed = FIXED if fixed is None else fixed
+
+    def resid(x):
+        return [math.log(r.predicted / r.published) for r in evaluate(_efficiency(x, fixed), pts)]
+
+    res = least_squares(resid, [v[0] for v in FREE.values()], bounds=([v[1] for v in FREE.values()], [v[2] for v in FREE.values()]),
+                        x_scale=[v[0] or 1 for v in FREE.values()], diff_step=1e-4)
+    return _efficiency(res.x, fixed)
+
+
+def leave_one_model_out(pts: list[PytorchPoint] | None = None) -> dict[str, tuple[Efficiency, list[PointResult]]]:
+    """For each model column: the fit without it and that fit's results on it."""
+    pts = points() if pts is None else pts
+    out = {}
+    for c in dict.fromkeys(p.column for p in pts):
+        eff = fit([p for p in pts if p.column != c])
+        out[c] = (eff, evaluate(eff, [p for p in pts if p.column == c]))
+    return out
+
+
+def leave_one_pair_out(pts: list[PytorchPoint] | None = None) -> list[PointResult]:
+    """For each ISL/OSL pair: the fit without it (all models), scored on that pair; all results together."""
+    pts = points() if pts is None else pts
+    out: list[PointResult] = []
+    for pair in dict.fromkeys((p.isl, p.osl) for p in pts):
+        eff = fit([p for p in pts if (p.isl, p.osl) != pair])
+        out += evaluate(eff, [p for p in pts if (p.isl, p.osl) == pair])
+    return out
+
+
+HEADER = """\
+# Fitted parameters of the PyTorch-backend model (build.engine: pytorch; pipeline/plan/achievable.py).
+# WRITTEN BY benchmarks/calibrate_plan.py --engine pytorch (pipeline.plan.calibration_pytorch.calibrate) from
+# pipeline/data/plan_calibration_pytorch.yaml — rerun it, do not edit.
+#
+# fitted (least squares on ln(predicted / published), 30 points: H100 SXM, 8B TP1 / 70B TP2 / 405B TP8, FP8):
+#   bw_frac, gemm_frac, attn_frac, seq_overhead_us   as the engine path's (plan_efficiency.yaml)
+#   link_frac             achieved fraction of the NVLink bandwidth per direction in the ring all-reduces
+#   allreduce_latency_us  fixed time of one all-reduce (2 per layer per step)
+# fixed: step_overhead_ms 0.5 ± 0.5 ms per step (not identifiable from max-load points)
+# rel_error: the largest RMS of ln(predicted / published) when a model (or an ISL/OSL pair) is left out of the fit.
+"""
+
+
+def calibrate() -> dict:
+    """The document of ``plan_efficiency_pytorch.yaml``: the fit on every point, leave-one-model-out (per model: its
+    parameters, summary, per-point errors), leave-one-ISL/OSL-out (summary and per-point errors); ``rel_error`` = the
+    largest held-out RMS log error."""
+    eff = fit()
+    results = evaluate(eff)
+    lomo = {}
+    for c, (e, rs) in leave_one_model_out().items():
+        lomo[c] = {"params": _round({k: getattr(e, k) for k in FREE}), **_round(summary(rs)),
+                   "errors": [round(r.error, 4) for r in rs]}
+    lopo = leave_one_pair_out()
+    lopo_summ = summary(lopo)
+    rel_error = max(max(v["rms_log_error"] for v in lomo.values()), lopo_summ["rms_log_error"])
+    return {
+        "name": NAME,
+        "source": f"fit of benchmarks/calibrate_plan.py --engine pytorch on {_raw()['source']}",
+        "fitted": _round({k: getattr(eff, k) for k in FREE}),
+        "fixed": dict(FIXED),
+        "rel_error": round(rel_error, 4),
+        "fit": _round(summary(results)),
+        "leave_one_model_out": lomo,
+        "leave_one_pair_out": {**_round(lopo_summ), "errors": {f"{r.gpu} {r.isl}/{r.osl}": round(r.error, 4) for r in lopo}},
+        "points": [{"model": r.gpu, "isl": r.isl, "osl": r.osl, "published": r.published, "predicted": round(r.predicted, 1),
+                    "error": round(r.error, 4), "batch": r.batch, "limited_by": r.limited_by} for r in results],
+    }
+
+
+def dump(data: dict) -> str:
+    """``data`` as the text of ``plan_efficiency_pytorch.yaml``, header first."""
+    return HEADER + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120)
+
+
+def shipped() -> dict:
+    """The shipped ``plan_efficiency_pytorch.yaml`` document."""
+    return yaml.safe_load(resources.files("pipeline").joinpath(PYTORCH_EFFICIENCY_FILE).read_text())
