@@ -203,6 +203,7 @@ class Prediction(BaseModel):
     output_tokens_per_s_high: float
     per_user_tokens_per_s: float
     ttft_ms: float
+    ttft_p99_ms: float | None = None
     itl_ms: float
     e2e_ms: float
     step_ms: float
@@ -210,6 +211,7 @@ class Prediction(BaseModel):
     step_split_ms: dict[str, float]
     rel_error: float
     error_terms: dict[str, float] = Field(default_factory=dict)
+    prefill_groups: int = 0
 
 
 def step_time(cost: StepCost, eff: Efficiency, mix: StepMix) -> StepTime:
@@ -298,15 +300,15 @@ def max_batch(limits: SchedulerLimits, isl: int, osl: int) -> tuple[int, str]:
 
 def predict_point(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl: int, osl: int,
                   concurrency: int | None = None, *, extra_error: dict[str, float] | None = None) -> Prediction:
-    """Steady-state output tokens/s, TTFT, ITL and request latency at ``concurrency`` clients (closed
-    loop: each sends its next request when the previous one ends), or at maximum load when None.
+    """Output tokens/s, TTFT (mean and p99) and ITL at ``concurrency`` clients, or at maximum load when None.
 
-    With B sequences in flight and S = k_p + OSL − 1 steps per request, a step holds on average
-    p = B·k_p/S prefill chunks and B − p decoding sequences. When p ≥ 1 every step is alike; when p < 1
-    a share p of the steps carries one prefill chunk (ISL / k_p tokens) and the others are pure decode.
-    Output tokens/s = B × OSL / (S × mean step). ITL = mean step seen by a decoding sequence (other
-    requests' prefills included). TTFT = k_p prefill steps (+ half a step of waiting for the running one
-    when B > 1) + queueing: with more clients than B, Little's law gives latency = clients / request rate.
+    Maximum load (``concurrency`` None, an infinite-rate benchmark such as ``trtllm-bench throughput``): requests
+    arrive at every phase, so the steady state is averaged (:func:`_steady_state`). With ``concurrency`` clients in a
+    closed loop of identical requests (fixed ISL/OSL, as ``trtpipe bench``, ``trtllm-bench --concurrency`` and
+    GenAI-Perf send them) the clients move in groups (:func:`_closed_loop`): the first requests arrive together, the
+    scheduler packs their prompts into steps of at most ``max_num_tokens`` tokens, and since every request then lives
+    the same number of steps, each group keeps its phase. With more clients than the engine admits (B), the extra ones
+    queue: Little's law adds latency = clients / request rate − the in-engine latency to TTFT (mean and p99 alike).
 
     ``extra_error``: named relative error terms added in quadrature to ``eff.rel_error`` (conditions the
     calibration did not cover). Raises ``ValueError`` as :func:`max_batch` does, or for ISL/OSL/concurrency < 1.
@@ -316,40 +318,20 @@ def predict_point(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl:
     b_max, lim = max_batch(limits, isl, osl)
     b = b_max if concurrency is None else min(concurrency, b_max)
     limited_by = lim if concurrency is None or concurrency >= b_max else "concurrency"
-    k_p = _prefill_steps(limits, isl, b)
-    steps = k_p + osl - 1
-    ctx = isl + osl / 2  # mean context of a decoding sequence
-    p = b * k_p / steps
-    chunk = isl / k_p
-
-    def mix(decoding: float, prefilling: float, emit_from_prefill: float) -> StepMix:
-        return StepMix(n_seqs=decoding + prefilling, n_tokens=decoding + prefilling * chunk,
-                       n_logits=decoding + emit_from_prefill, kv_read_tokens=decoding * ctx,
-                       attn_units=prefilling * isl * isl / k_p)
-
-    if p >= 1:
-        avg = step_time(cost, eff, mix(b - p, p, b / steps))
-        t_mixed = t_decode = avg
-        share, share_other = 1.0, 1.0
-    else:
-        t_mixed = step_time(cost, eff, mix(b - 1, 1, 1 / k_p))
-        t_decode = step_time(cost, eff, mix(b, 0, 0))
-        share, share_other = p, min((b - 1) * k_p / steps, 1.0)
-    t_mean = share * t_mixed.total_s + (1 - share) * t_decode.total_s
-    itl = share_other * t_mixed.total_s + (1 - share_other) * t_decode.total_s
-    out_tps = b * osl / (steps * t_mean)
-    ttft = k_p * t_mixed.total_s + (t_mean / 2 if b > 1 else 0.0)
-    e2e = ttft + (osl - 1) * itl
+    run = _steady_state(cost, limits, eff, isl, osl, b) if concurrency is None else _closed_loop(cost, limits, eff, isl, osl, b)
+    ttft, ttft_p99, itl, e2e = run.ttft_s, run.ttft_p99_s, run.itl_s, run.e2e_s
     clients = concurrency if concurrency is not None else b
     if clients > b:  # closed loop beyond the batch: the extra clients queue (Little's law)
-        wait = max(clients * steps * t_mean / b - e2e, 0.0)
-        ttft, e2e = ttft + wait, e2e + wait
-    split = {k: share * getattr(t_mixed, k) + (1 - share) * getattr(t_decode, k)
-             for k in ("overhead_s", "gemm_s", "act_s", "kv_s", "attn_s", "comm_s")}
-    mem_s = cmp_s = 0.0
-    for t, w in ((t_mixed, share), (t_decode, 1 - share)):
+        wait = max(clients * run.cycle_s / b - e2e, 0.0)
+        ttft, ttft_p99, e2e = ttft + wait, ttft_p99 + wait, e2e + wait
+    out_tps = b * osl / run.cycle_s
+    split, mem_s, cmp_s = {}, 0.0, 0.0
+    for t, w in run.steps:
+        for k in ("overhead_s", "gemm_s", "act_s", "kv_s", "attn_s", "comm_s"):
+            split[k] = split.get(k, 0.0) + w * getattr(t, k)
         mem_s += w * (t.act_s + t.kv_s + t.comm_s + (t.gemm_s if t.gemm_bound == "memory" else 0.0))
         cmp_s += w * (t.attn_s + (t.gemm_s if t.gemm_bound == "compute" else 0.0))
+    t_mean = sum(split.values())
     bound = "overhead" if split["overhead_s"] > mem_s + cmp_s else ("memory" if mem_s >= cmp_s else "compute")
     terms = {"calibration": eff.rel_error}
     if eff.step_overhead_uncertainty_ms:
@@ -357,12 +339,125 @@ def predict_point(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl:
     terms.update(extra_error or {})
     err = math.sqrt(sum(v * v for v in terms.values()))
     return Prediction(
-        isl=isl, osl=osl, concurrency=concurrency, batch=b, limited_by=limited_by, prefill_steps=k_p,
+        isl=isl, osl=osl, concurrency=concurrency, batch=b, limited_by=limited_by, prefill_steps=run.prefill_steps,
         output_tokens_per_s=out_tps, output_tokens_per_s_low=out_tps / (1 + err), output_tokens_per_s_high=out_tps * (1 + err),
-        per_user_tokens_per_s=1.0 / itl, ttft_ms=ttft * 1e3, itl_ms=itl * 1e3, e2e_ms=e2e * 1e3, step_ms=t_mean * 1e3,
-        bound=bound, step_split_ms={k[:-2]: v * 1e3 for k, v in split.items()}, rel_error=err,
-        error_terms={k: round(v, 4) for k, v in terms.items()},
+        per_user_tokens_per_s=1.0 / itl, ttft_ms=ttft * 1e3, ttft_p99_ms=ttft_p99 * 1e3, itl_ms=itl * 1e3, e2e_ms=e2e * 1e3,
+        step_ms=t_mean * 1e3, bound=bound, step_split_ms={k[:-2]: v * 1e3 for k, v in split.items()}, rel_error=err,
+        error_terms={k: round(v, 4) for k, v in terms.items()}, prefill_groups=run.groups,
     )
+
+
+class _Run(BaseModel):
+    """A load point's timing (s): a request's cycle (B requests complete every ``cycle_s``), TTFT (mean, p99), ITL,
+    request latency, the engine steps with their weight in the mean step (``steps``: (time, share)), the steps one
+    prompt takes and the groups the clients move in (0 at maximum load)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    cycle_s: float
+    ttft_s: float
+    ttft_p99_s: float
+    itl_s: float
+    e2e_s: float
+    steps: list[tuple[StepTime, float]]
+    prefill_steps: int
+    groups: int = 0
+
+
+def _mix(isl: int, osl: int, decoding: float, prompts: float, prompt_tokens: float, emitting_prompts: float) -> StepMix:
+    """A step holding ``decoding`` decoding sequences (one token each, context ISL + OSL/2 on average) and
+    ``prompt_tokens`` tokens of ``prompts`` prompts' prefill, of which ``emitting_prompts`` finish their prompt in the
+    step and emit a first token. Prefill attention: a chunk of n tokens of a prompt costs about ISL × n units."""
+    return StepMix(n_seqs=decoding + prompts, n_tokens=decoding + prompt_tokens, n_logits=decoding + emitting_prompts,
+                   kv_read_tokens=decoding * (isl + osl / 2), attn_units=prompt_tokens * isl)
+
+
+def _steady_state(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl: int, osl: int, b: int) -> _Run:
+    """Maximum load: B sequences in flight at every phase. With S = k_p + OSL − 1 steps per request, a step holds on
+    average p = B·k_p/S prefill chunks and B − p decoding sequences. When p ≥ 1 every step is alike; when p < 1 a
+    share p of the steps carries one chunk (ISL / k_p tokens) and the others are pure decode. Output tokens/s =
+    B × OSL / (S × mean step); ITL = mean step seen by a decoding sequence (other requests' prefills included);
+    TTFT = k_p steps carrying its chunks + half a step of waiting for the running one (B > 1)."""
+    k_p = _prefill_steps(limits, isl, b)
+    steps = k_p + osl - 1
+    p = b * k_p / steps
+    chunk = isl / k_p
+    if p >= 1:
+        t_mixed = t_decode = step_time(cost, eff, _mix(isl, osl, b - p, p, p * chunk, b / steps))
+        share, share_other = 1.0, 1.0
+    else:
+        t_mixed = step_time(cost, eff, _mix(isl, osl, b - 1, 1, chunk, 1 / k_p))
+        t_decode = step_time(cost, eff, _mix(isl, osl, b, 0, 0, 0))
+        share, share_other = p, min((b - 1) * k_p / steps, 1.0)
+    t_mean = share * t_mixed.total_s + (1 - share) * t_decode.total_s
+    itl = share_other * t_mixed.total_s + (1 - share_other) * t_decode.total_s
+    ttft = k_p * t_mixed.total_s + (t_mean / 2 if b > 1 else 0.0)
+    return _Run(cycle_s=steps * t_mean, ttft_s=ttft, ttft_p99_s=ttft, itl_s=itl, e2e_s=ttft + (osl - 1) * itl,
+                steps=[(t_mixed, share), (t_decode, 1 - share)], prefill_steps=k_p)
+
+
+def prefill_groups(limits: SchedulerLimits, isl: int, b: int) -> int:
+    """Groups that B clients arriving together form: the steps their B prompts (B × ISL tokens) are packed into.
+
+    With chunked prefill each step takes up to ``max_num_tokens`` tokens, the prompts after the first group sharing it
+    with the decode tokens of the groups already running: g = ceil(B·ISL / (max_num_tokens − decoding)), decoding =
+    B − 2B/g (all but the prefilling group and the one waiting for its next request), solved by iteration. Without
+    chunked prefill whole prompts fill a step: g = ceil(B / floor(max_num_tokens / ISL)). At least 1, at most B
+    (a prompt longer than a step spreads over several steps: :func:`_prefill_steps`)."""
+    n = limits.max_num_tokens
+    if not limits.chunked_prefill:
+        return min(b, max(1, math.ceil(b / max(n // isl, 1))))
+    g = max(1, math.ceil(b * isl / n))
+    for _ in range(4):
+        decoding = max(b - 2 * b / g, 0.0) if g > 1 else 0.0
+        g_new = min(b, max(1, math.ceil(b * isl / max(n - decoding, limits.tokens_per_block))))
+        if g_new == g:
+            break
+        g = g_new
+    return g
+
+
+def _closed_loop(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl: int, osl: int, b: int) -> _Run:
+    """B clients in a closed loop of identical requests, moving in g groups (:func:`prefill_groups`).
+
+    One cycle: each group's prompts are prefilled in one step (or, when one prompt exceeds a step, k_p steps) and
+    emit their first token; then OSL − 1 decode steps. A request's next one arrives while the engine runs the step
+    after its last token, so with g > 1 it waits that step: the cycle is L = g·k_p + (OSL − 1) + 1 steps, of which
+    g·k_p carry one group's prompts next to B − 2B/g decoding sequences (the others but the one waiting), and the
+    rest decode (B − B/g sequences in one of them, B in the others). With g = 1 all requests end in the same step and
+    the next ones find the engine idle: L = k_p + OSL − 1, prefill alone.
+
+    TTFT: g = 1: the prefill step(s); g > 1: the step waited + its own prefill — the first group waits a decode
+    step, the others the previous group's prefill step (mean over groups; p99 = the last group's). ITL: a
+    request's OSL − 1 later tokens span the other groups' prefill steps and decode steps."""
+    g = prefill_groups(limits, isl, b)
+    per = b / g  # prompts per group
+    t_dec = step_time(cost, eff, _mix(isl, osl, b, 0, 0, 0))
+    if g == 1:
+        k_p = _prefill_steps(limits, isl, b) if b == 1 else 1
+        t_pf = step_time(cost, eff, _mix(isl, osl, 0, per, per * isl / k_p, per / k_p))
+        n_dec = osl - 1
+        cycle = k_p * t_pf.total_s + n_dec * t_dec.total_s
+        steps = [(t_pf, k_p / (k_p + n_dec)), (t_dec, n_dec / (k_p + n_dec))]
+        ttft = ttft_p99 = k_p * t_pf.total_s
+        itl = t_dec.total_s
+    else:
+        decoding = max(b - 2 * per, 0.0)
+        budget = max(limits.max_num_tokens - decoding, limits.tokens_per_block)
+        k_p = max(1, math.ceil(per * isl / budget)) if limits.chunked_prefill else 1
+        t_pf = step_time(cost, eff, _mix(isl, osl, decoding, per, per * isl / k_p, per / k_p))
+        t_gap = step_time(cost, eff, _mix(isl, osl, b - per, 0, 0, 0))  # the step a group waits in
+        n_pf = g * k_p
+        n_dec = max(osl - 1 - (g - 1) * k_p, 0)  # decode-only steps in a cycle besides the wait step
+        length = n_pf + n_dec + 1
+        cycle = n_pf * t_pf.total_s + n_dec * t_dec.total_s + t_gap.total_s
+        steps = [(t_pf, n_pf / length), (t_dec, n_dec / length), (t_gap, 1 / length)]
+        ttft = k_p * t_pf.total_s + (t_gap.total_s + (g - 1) * k_p * t_pf.total_s) / g
+        ttft_p99 = 2 * k_p * t_pf.total_s
+        other_pf = min((g - 1) * k_p, osl - 1)
+        itl = (other_pf * t_pf.total_s + (osl - 1 - other_pf) * t_dec.total_s) / max(osl - 1, 1)
+    return _Run(cycle_s=cycle, ttft_s=ttft, ttft_p99_s=ttft_p99, itl_s=itl, e2e_s=ttft + (osl - 1) * itl, steps=steps,
+                prefill_steps=k_p, groups=g)
 
 
 def activation_traffic_bytes(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, layers: int,
