@@ -40,7 +40,7 @@ def test_without_a_measurement_the_shipped_reference_host_is_used():
 def test_measure_host_writes_the_user_file_and_the_planner_uses_it(tmp_path, monkeypatch):
     path = tmp_path / "cache" / "cpu_host.yaml"
     monkeypatch.setenv("TRTPIPE_HOST_FILE", str(path))
-    monkeypatch.setattr(host_mod, "measure", lambda log=print: _fake_host())
+    monkeypatch.setattr(host_mod, "measure", lambda log=print, served=True: _fake_host())
     res = runner.invoke(app, ["plan", "measure-host", "--dry-run"])
     assert res.exit_code == 0, res.output
     assert yaml.safe_load(res.stdout)["name"] == "testhost: fake CPU, 3 cores" and not path.exists()

@@ -71,11 +71,15 @@ def plan(
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (PlanResult; a list of them with several --gpu; with --against: PointComparison rows).")] = False,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override KEY=VALUE (dotted key), e.g. build.max_batch_size=64.")] = None,
     against: Annotated[list[Path] | None, typer.Option("--against", metavar="RUN_DIR", help="Compare the prediction with this `trtpipe bench` run directory (bench.json) per load point; repeatable.")] = None,
-    concurrency: Annotated[str, typer.Option("--concurrency", help="With --against: the load points to compare, e.g. 1,4,16, or all.")] = "1,4,16",
+    concurrency: Annotated[str | None, typer.Option("--concurrency", help="Closed-loop client counts to predict, e.g. 1,8,64 (default: the recipe's bench.concurrency); with --against: the load points to compare (default 1,4,16; or all).")] = None,
+    slo: Annotated[list[str] | None, typer.Option("--slo", help="Latency SLOs in ms, e.g. ttft:500,itl:50 (keys ttft, itl, tpot, e2e; TTFT and E2E checked at p99): per ISL/OSL, the largest concurrency predicted to meet them.")] = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="With --against: print a Markdown table.")] = False,
 ) -> None:
     """Estimate per-GPU memory, KV-cache capacity, max concurrency, throughput bounds and predicted
     throughput/latency of a recipe.
+
+    --concurrency 1,8,64 predicts TTFT (mean, p99) and ITL at those closed-loop client counts; --slo ttft:500,itl:50
+    finds, per ISL/OSL, the largest concurrency predicted to meet the SLOs.
 
     With --against RUN_DIR: measured vs predicted output tokens/s, TTFT and ITL per closed-loop load point of a
     bench run. `trtpipe plan measure-host`: measure this host for the cpu target's predictions.
@@ -87,26 +91,34 @@ def plan(
     from pipeline.plan import plan_recipe
     from pipeline.plan.render import print_plan, render_comparison
     from pipeline.recipe import load_recipe
+    from pipeline.recipe.bench import parse_goodput
 
     if against:
         if isl is not None or osl is not None:
             raise UserError("--isl/--osl do not go with --against: the run's own load points are compared")
-        return _against(against, recipe_file, gpu, concurrency, set_, json_out, markdown)
+        if slo:
+            raise UserError("--slo does not go with --against: it searches the prediction, not a run")
+        return _against(against, recipe_file, gpu, concurrency or "1,4,16", set_, json_out, markdown)
     if recipe_file is None:
         raise UserError("missing RECIPE: trtpipe plan RECIPE (or trtpipe plan --against RUN_DIR, trtpipe plan measure-host)")
     if (isl is None) != (osl is None):
         raise UserError("--isl and --osl go together: give both, e.g. --isl 128 --osl 128")
     recipe = load_recipe(recipe_file, set_)
     scenarios = [(isl, osl)] if isl is not None and osl is not None else None
+    conc = _concurrency(concurrency) if concurrency else None
+    if concurrency and conc is None:
+        raise UserError("--concurrency all goes with --against; give client counts, e.g. 1,8,64")
+    slos = parse_goodput(slo, "--slo") if slo else None
     names = list(dict.fromkeys(gpu or [None]))
-    results = [plan_recipe(recipe, gpu=g, scenarios=scenarios, recipe_dir=recipe_file.resolve().parent) for g in names]
+    results = [plan_recipe(recipe, gpu=g, scenarios=scenarios, recipe_dir=recipe_file.resolve().parent, concurrency=conc, slo=slos)
+               for g in names]
     if json_out:
         if len(results) == 1:
             typer.echo(results[0].model_dump_json(indent=2))
         else:
             typer.echo("[\n" + ",\n".join(r.model_dump_json(indent=2) for r in results) + "\n]")
     elif len(results) == 1:
-        print_plan(results[0], console, list(recipe.bench.concurrency))
+        print_plan(results[0], console, conc or list(recipe.bench.concurrency))
     else:
         console.print(render_comparison(results), highlight=False)
     failed = [r for r in results if not r.verdict.ok]
@@ -123,16 +135,17 @@ def plan(
 def measure_host(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the measurements; write nothing.")] = False,
     out: Annotated[Path | None, typer.Option("--out", help="Write here instead of the file the planner reads ($TRTPIPE_HOST_FILE, else cpu_host.yaml in trtpipe's cache, ~/.cache/trtpipe).")] = None,
+    served: Annotated[bool, typer.Option("--served/--no-served", help="Also serve a probe model with Triton and bench it: the CPU a served deployment spends per token besides the engine (~40 s).")] = True,
 ) -> None:
-    """Measure this host's weight-read bandwidth, GEMM rates and CPU-engine overheads (about a minute, all cores; run
-    it on an idle machine) and write them to the user's cache, where `trtpipe plan` on the cpu target then uses them
+    """Measure this host's weight-read bandwidth, GEMM rates, CPU-engine overheads and a served deployment's CPU per
+    token (about two minutes, all cores; run it on an idle machine) and write them to the user's cache, where `trtpipe plan` on the cpu target then uses them
     instead of the shipped reference host's."""
     import yaml
 
     from pipeline.core import hardware
     from pipeline.plan.host import HEADER, measure
 
-    host = measure(log=lambda line: console.print(line, highlight=False))
+    host = measure(log=lambda line: console.print(line, highlight=False), served=served)
     if dry_run:
         typer.echo(yaml.safe_dump(host.model_dump(), sort_keys=False, allow_unicode=True, width=120))
         return

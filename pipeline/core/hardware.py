@@ -117,7 +117,9 @@ class HostSpec(BaseModel):
     layers stream a model-sized weight set for one token (what a decode step achieves; ``stream_bandwidth_gbs``
     is the bare ``sum()`` rate, for reference); ``fp32_gflops``/``bf16_gflops`` GFLOP/s of the same Linear
     layers for 64 tokens; ``engine_step_overhead_ms`` / ``engine_seq_overhead_us`` the CPU engine's time per step and per
-    sequence in a step at (nearly) zero bytes and FLOPs (a same-depth model of tiny width). ``sources``:
+    sequence in a step at (nearly) zero bytes and FLOPs (a same-depth model of tiny width); ``serving_cpu_per_token_us``
+    the CPU time per streamed token of everything else in a served deployment (Triton, the serving models' response
+    path, the bench client) on the same cores, measured by serving that tiny model for real. ``sources``:
     how each figure was measured; ``measured``: date, library versions, threads. ``origin`` (not stored in
     the file) says which file the figures came from: this host's measurement or the shipped reference.
     """
@@ -135,6 +137,9 @@ class HostSpec(BaseModel):
     bf16_gflops: float | None = None
     engine_step_overhead_ms: float
     engine_seq_overhead_us: float
+    #: CPU time (µs) the rest of a served deployment spends per streamed token on the same cores: Triton, the serving
+    #: models' response path and the ``trtpipe bench`` client (None: not measured, the prediction is the bare engine's)
+    serving_cpu_per_token_us: float | None = None
     sources: dict[str, str]
     origin: str = Field(default="", exclude=True, description="Where these figures came from (set on load).")
 

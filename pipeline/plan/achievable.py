@@ -409,7 +409,7 @@ def prefill_groups(limits: SchedulerLimits, isl: int, b: int) -> int:
         return min(b, max(1, math.ceil(b / max(n // isl, 1))))
     g = max(1, math.ceil(b * isl / n))
     for _ in range(4):
-        decoding = max(b - 2 * b / g, 0.0) if g > 1 else 0.0
+        decoding = max(b - b / g - b * (g - 1) / g ** 2, 0.0) if g > 1 else 0.0
         g_new = min(b, max(1, math.ceil(b * isl / max(n - decoding, limits.tokens_per_block))))
         if g_new == g:
             break
@@ -422,14 +422,16 @@ def _closed_loop(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl: 
 
     One cycle: each group's prompts are prefilled in one step (or, when one prompt exceeds a step, k_p steps) and
     emit their first token; then OSL − 1 decode steps. A request's next one arrives while the engine runs the step
-    after its last token, so with g > 1 it waits that step: the cycle is L = g·k_p + (OSL − 1) + 1 steps, of which
-    g·k_p carry one group's prompts next to B − 2B/g decoding sequences (the others but the one waiting), and the
-    rest decode (B − B/g sequences in one of them, B in the others). With g = 1 all requests end in the same step and
-    the next ones find the engine idle: L = k_p + OSL − 1, prefill alone.
+    after its last token, so with g > 1 it waits that step: the cycle is L = g·k_p + (OSL − 1) + 1 steps. Group j's
+    prefill step holds its B/g prompts next to the decoding groups: all but itself and group j + 1, which waits in
+    it (the last group's step: all but itself); the other steps decode, B sequences, or B − B/g in the step group 0
+    waits in. With g = 1 all requests end in the same step and the next ones find the engine idle: L = k_p + OSL − 1,
+    the prefill alone.
 
-    TTFT: g = 1: the prefill step(s); g > 1: the step waited + its own prefill — the first group waits a decode
-    step, the others the previous group's prefill step (mean over groups; p99 = the last group's). ITL: a
-    request's OSL − 1 later tokens span the other groups' prefill steps and decode steps."""
+    TTFT: g = 1: the prefill step(s); g > 1: the step waited + its own prefill — group 0 waits a decode step, the
+    others the previous group's prefill step (mean over groups; p99 = the last group's). ITL: a request's OSL − 1
+    later gaps span decode steps and the prefill steps of the groups whose turn falls between its first and last
+    token (see the comment in the code)."""
     g = prefill_groups(limits, isl, b)
     per = b / g  # prompts per group
     t_dec = step_time(cost, eff, _mix(isl, osl, b, 0, 0, 0))
@@ -442,11 +444,12 @@ def _closed_loop(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl: 
         ttft = ttft_p99 = k_p * t_pf.total_s
         itl = t_dec.total_s
     else:
-        decoding = max(b - 2 * per, 0.0)
+        # prefill step of group j: group j + 1 waits in it (its request arrives during it), except after the last group
+        decoding = max(b - per - per * (g - 1) / g, 0.0)
         budget = max(limits.max_num_tokens - decoding, limits.tokens_per_block)
         k_p = max(1, math.ceil(per * isl / budget)) if limits.chunked_prefill else 1
         t_pf = step_time(cost, eff, _mix(isl, osl, decoding, per, per * isl / k_p, per / k_p))
-        t_gap = step_time(cost, eff, _mix(isl, osl, b - per, 0, 0, 0))  # the step a group waits in
+        t_gap = step_time(cost, eff, _mix(isl, osl, b - per, 0, 0, 0))  # the decode step group 0 waits in
         n_pf = g * k_p
         n_dec = max(osl - 1 - (g - 1) * k_p, 0)  # decode-only steps in a cycle besides the wait step
         length = n_pf + n_dec + 1
@@ -454,8 +457,12 @@ def _closed_loop(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl: 
         steps = [(t_pf, n_pf / length), (t_dec, n_dec / length), (t_gap, 1 / length)]
         ttft = k_p * t_pf.total_s + (t_gap.total_s + (g - 1) * k_p * t_pf.total_s) / g
         ttft_p99 = 2 * k_p * t_pf.total_s
-        other_pf = min((g - 1) * k_p, osl - 1)
-        itl = (other_pf * t_pf.total_s + (osl - 1 - other_pf) * t_dec.total_s) / max(osl - 1, 1)
+        # between its first and last token, group 0 sees the other g − 1 groups' prefills, group j ≥ 1 all but group
+        # j − 1's (which is its own wait step) and group 0's wait step: on average (g − 1)²/g prefills and (g − 1)/g gaps
+        pf_seen = min((g - 1) ** 2 / g * k_p, osl - 1)
+        gap_seen = min((g - 1) / g, osl - 1 - pf_seen)
+        itl = ((pf_seen * t_pf.total_s + gap_seen * t_gap.total_s + (osl - 1 - pf_seen - gap_seen) * t_dec.total_s)
+               / max(osl - 1, 1))
     return _Run(cycle_s=cycle, ttft_s=ttft, ttft_p99_s=ttft_p99, itl_s=itl, e2e_s=ttft + (osl - 1) * itl, steps=steps,
                 prefill_steps=k_p, groups=g)
 
@@ -489,6 +496,54 @@ def knee_batch(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl: in
         else:
             lo = mid + 1
     return lo
+
+
+#: latency SLO keys (ms) the planner answers, as ``trtpipe bench --goodput`` names them, and the predicted figure each is
+#: checked against: TTFT against the p99 (the last group of clients to be prefilled), ITL and TPOT against the ITL
+#: (equal in this model), E2E against the p99 request latency
+SLO_FIELDS = {"ttft": "ttft_p99_ms", "itl": "itl_ms", "tpot": "itl_ms", "e2e": "e2e_p99_ms"}
+
+
+def slo_value(p: Prediction, key: str) -> float:
+    """The predicted figure (ms) the SLO ``key`` (:data:`SLO_FIELDS`) is checked against."""
+    if key == "e2e":
+        return p.e2e_ms + ((p.ttft_p99_ms or p.ttft_ms) - p.ttft_ms)
+    return getattr(p, SLO_FIELDS[key]) or p.ttft_ms
+
+
+class SloAnswer(BaseModel):
+    """The largest concurrency whose predicted latency meets every SLO (ms) at one ISL/OSL: ``concurrency`` (None when
+    even one client misses), the prediction there, and what stops it going further: the SLO key missed at the next
+    concurrency, or ``max_concurrency`` (the engine admits no more: extra clients only queue)."""
+
+    slo: dict[str, float]
+    concurrency: int | None
+    prediction: Prediction | None
+    limited_by: str
+
+
+def max_concurrency_within(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl: int, osl: int,
+                           slo: dict[str, float], *, extra_error: dict[str, float] | None = None) -> SloAnswer:
+    """Largest closed-loop concurrency c ≤ the engine's maximum batch (:func:`max_batch`) such that every concurrency up
+    to c meets ``slo`` (key → ms, keys of :data:`SLO_FIELDS`), trying 1, 2, … in turn: latency is not monotone in the
+    concurrency where the clients split into one more prefill group (:func:`prefill_groups`), so no bisection; about
+    0.1 ms per concurrency tried. Raises ``ValueError`` as :func:`max_batch` does, or for an unknown key."""
+    bad = [k for k in slo if k not in SLO_FIELDS]
+    if bad:
+        raise ValueError(f"unknown SLO {bad[0]!r} (use {', '.join(SLO_FIELDS)})")
+    b_max, _ = max_batch(limits, isl, osl)
+
+    def at(c: int) -> Prediction:
+        return predict_point(cost, limits, eff, isl, osl, c, extra_error=extra_error)
+
+    def missed(c: int) -> str | None:
+        p = at(c)
+        return next((k for k, v in slo.items() if slo_value(p, k) > v), None)
+
+    for c in range(1, b_max + 1):
+        if (key := missed(c)) is not None:
+            return SloAnswer(slo=slo, concurrency=c - 1 or None, prediction=at(max(c - 1, 1)), limited_by=key)
+    return SloAnswer(slo=slo, concurrency=b_max, prediction=at(b_max), limited_by="max_concurrency")
 
 
 def predicted_tps(cost: StepCost | None, limits: SchedulerLimits | None, eff: Efficiency | None,

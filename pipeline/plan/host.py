@@ -14,7 +14,12 @@ shared, and the best run is the closest to what the hardware does):
   sequence in a step: :class:`pipeline.cpu_runtime.CpuEngine` runs a model of SmolLM2's depth (30 layers)
   and vocabulary but width 64 (:func:`tiny_geometry`), whose bytes and FLOPs are negligible (what they cost at the
   measured rates is subtracted); the decode step time at 1, 2, 4, 8 and 16 concurrent requests (best of 3) is
-  fitted as overhead + n × per-sequence (:func:`engine_overheads`).
+  fitted as overhead + n × per-sequence (:func:`engine_overheads`);
+- ``serving_cpu_per_token_us``: what the rest of a served deployment costs the engine on the same cores
+  (:func:`serving_cpu_per_token`): the same tiny model goes through ``trtpipe build`` (full precision → CPU engine →
+  Triton repository), is served by the real Triton on free ports and benched by ``trtpipe bench``'s load generator
+  (:data:`SERVED_CONCURRENCY` clients, ISL/OSL as above); the CPU time of the server's process tree and of the
+  bench client, less what the bare engine spends on the same tokens, per streamed token (about 40 s).
 
 :func:`measure` returns a :class:`~pipeline.core.hardware.HostSpec`; the command writes it with
 :func:`pipeline.core.hardware.write_host` to :func:`pipeline.core.hardware.host_file` (the user's cache, not the
@@ -43,6 +48,20 @@ CONCURRENCIES = (1, 2, 4, 8, 16)
 #: output / input tokens of each timing request
 OSL = 48
 ISL = 16
+#: clients and measured requests of the served probe (:func:`serving_cpu_per_token`): the trtpipe bench load point
+SERVED_CONCURRENCY = 16
+SERVED_REQUESTS = 32
+#: the served probe's recipe (less ``model``): the build and serving limits of recipes/smollm2_135m_cpu_*.yaml
+PROBE_RECIPE = {
+    "description": "trtpipe plan measure-host: served overhead probe",
+    "target": {"gpu": "cpu"},
+    "quantization": {"qformat": "full_prec"},
+    "build": {"engine": "cpu", "max_batch_size": 32, "max_input_len": 512, "max_seq_len": 1024, "max_num_tokens": 1024,
+              "tokens_per_block": 32, "kv_cache_config": {"max_tokens": 16384, "enable_block_reuse": False},
+              "cpu": {"dtype": "float32"}},
+    "serving": {"triton_max_batch_size": 32},
+    "bench": {"model": "ensemble", "scenarios": [{"isl": ISL, "osl": OSL}], "concurrency": [SERVED_CONCURRENCY]},
+}
 #: the model whose shapes the rates are measured at (the shipped CPU recipes' model)
 REFERENCE_MODEL = "embedded:smollm2-135m-instruct"
 #: header of the written file
@@ -175,8 +194,10 @@ def _decode_step_s(engine, n: int) -> float:
     return statistics.median(gaps)
 
 
-def engine_steps() -> dict[int, float]:
-    """Decode step time (s) of the CPU engine by concurrency (:data:`CONCURRENCIES`), with the :func:`tiny_geometry` model.
+def engine_steps() -> tuple[dict[int, float], float]:
+    """Decode step time (s) of the CPU engine by concurrency (:data:`CONCURRENCIES`), with the :func:`tiny_geometry`
+    model, and the engine's CPU time (s) per generated token at :data:`SERVED_CONCURRENCY` requests (this process's
+    CPU time over one such round / its tokens: what :func:`serving_cpu_per_token` subtracts).
 
     Run first, in a fresh process. Before ``CpuEngine`` released its creating thread's OpenMP workers
     (``pipeline.cpu_runtime.engine.release_openmp_pool``), the bandwidth probe's ``torch.sum`` on this thread made
@@ -189,7 +210,91 @@ def engine_steps() -> dict[int, float]:
     with tempfile.TemporaryDirectory(prefix="trtpipe-measure-") as d:
         with CpuEngine(_tiny_engine(Path(d))) as engine:
             _decode_step_s(engine, 2)  # warm-up
-            return {n: min(_decode_step_s(engine, n) for _ in range(3)) for n in CONCURRENCIES}
+            steps = {n: min(_decode_step_s(engine, n) for _ in range(3)) for n in CONCURRENCIES}
+            cpu0 = time.process_time()
+            _decode_step_s(engine, SERVED_CONCURRENCY)
+            cpu_per_token = (time.process_time() - cpu0) / (SERVED_CONCURRENCY * OSL)
+    return steps, cpu_per_token
+
+
+def _probe_source(dest: Path) -> Path:
+    """A model directory ``trtpipe build`` takes as ``model.source``: the :func:`tiny_geometry` model and the
+    embedded SmolLM2's tokenizer files (same vocabulary)."""
+    import shutil
+
+    from pipeline.quantize.sources import embedded_smollm2_dir
+
+    dest.mkdir(parents=True)
+    _tiny_engine(dest)
+    (dest / "engine_config.json").unlink()
+    for f in embedded_smollm2_dir().iterdir():
+        if f.is_file() and (f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "generation_config.json")):
+            shutil.copy(f, dest / f.name)
+    return dest
+
+
+def serving_cpu_per_token(engine_cpu_per_token_s: float, log: Callable[[str], None] = lambda line: None) -> tuple[float, str]:
+    """CPU time (s) a served CPU deployment spends per streamed token outside the engine's own work, and how it was
+    measured (one line, with the figures).
+
+    The probe model (:func:`_probe_source`) is built by the real pipeline (:data:`PROBE_RECIPE`: the shipped CPU
+    recipes' engine and serving limits, full precision), served by
+    the real Triton on free ports, and benched in this process by ``trtpipe bench``'s load generator:
+    :data:`SERVED_CONCURRENCY` clients, ISL :data:`ISL` / OSL :data:`OSL`, :data:`SERVED_REQUESTS` requests + 2 warm-up.
+    Per streamed response (token): (CPU time of the server's process tree + this process's) / responses −
+    ``engine_cpu_per_token_s`` (the bare engine's CPU time per token at the same concurrency, :func:`engine_steps`).
+    Everything is in a temporary directory, removed afterwards; the server is stopped.
+
+    Raises:
+        StageError / UserError: the build, the server or the bench failed (the message says which).
+    """
+    import psutil
+    import yaml
+
+    from pipeline.bench.run import execute
+    from pipeline.bench.target import BenchTarget
+    from pipeline.build import stage as build_stage
+    from pipeline.core.layout import BuildLayout
+    from pipeline.recipe import load_recipe
+    from pipeline.recipe.bench import BenchSpec
+    from pipeline.serve import stage as serve_stage
+
+    with tempfile.TemporaryDirectory(prefix="trtpipe-measure-served-") as d:
+        work = Path(d)
+        doc = {**PROBE_RECIPE, "model": {"source": str(_probe_source(work / "model")), "dtype": "float32"}}
+        (work / "probe.yaml").write_text(yaml.safe_dump(doc))
+        build_stage.run(load_recipe(work / "probe.yaml"), work / "build", recipe_dir=work, warn=lambda line: None)
+        opts = serve_stage.ServeOptions(http_port=None, grpc_port=None, metrics_port=None, log_file=work / "triton.log")
+        with serve_stage.run(work / "build", opts, root=work / "artifacts") as handle:
+            server = psutil.Process(handle.server.pid)
+
+            def tree_cpu_s() -> float:
+                total = 0.0
+                for p in [server, *server.children(recursive=True)]:
+                    try:
+                        t = p.cpu_times()
+                        total += t.user + t.system
+                    except psutil.Error:
+                        pass
+                return total
+
+            spec = BenchSpec(model="ensemble", scenarios=[{"isl": ISL, "osl": OSL}], concurrency=[SERVED_CONCURRENCY],
+                             requests_per_load=SERVED_REQUESTS // SERVED_CONCURRENCY, min_requests=SERVED_REQUESTS,
+                             warmup_requests=2)
+            target = BenchTarget(url=handle.grpc_url, layout=BuildLayout(work / "build"), out=work / "bench")
+            server0, client0 = tree_cpu_s(), time.process_time()
+            run = execute(spec, target)
+            server_s, client_s = tree_cpu_s() - server0, time.process_time() - client0
+    failed = [r.error for r in run.records if r.error]
+    if failed or not run.records:
+        raise RuntimeError(f"the served probe's bench failed: {failed[0] if failed else 'no requests'}")
+    responses = sum(len(r.response_ns) for r in run.records)
+    per_token = max((server_s + client_s) / responses - engine_cpu_per_token_s, 0.0)
+    how = (f"trtpipe build/serve/bench of the width-64 probe model, {SERVED_CONCURRENCY} clients, ISL {ISL} / OSL {OSL}, "
+           f"{len(run.records)} requests: server tree {server_s:.2f} s + client {client_s:.2f} s CPU over {responses} "
+           f"streamed tokens, minus the bare engine's {engine_cpu_per_token_s * 1e6:.0f} µs per token")
+    log(f"served deployment: {per_token * 1e6:.0f} µs CPU per streamed token besides the engine ({how})")
+    return per_token, how
 
 
 def engine_overheads(measured: dict[int, float], geo: ModelGeometry, bw: float, flops: float) -> tuple[float, float]:
@@ -237,7 +342,8 @@ def _cpu_model() -> str:
 
 
 def host_spec(*, cores: int, steps_s: dict[int, float], bw_gbs: float, stream_gbs: float, f32_gflops: float,
-              bf16_gflops: float | None, step_ms: float, seq_us: float) -> HostSpec:
+              bf16_gflops: float | None, step_ms: float, seq_us: float, serving_us: float | None = None,
+              serving_how: str = "") -> HostSpec:
     """The :class:`HostSpec` of this host from its measurements (rates in GB/s and GFLOP/s, step times in s by
     request count, overheads in ms and µs; ``bf16_gflops`` None where the CPU has no bfloat16 GEMM), named after
     the machine and CPU, with how each figure was measured."""
@@ -255,6 +361,7 @@ def host_spec(*, cores: int, steps_s: dict[int, float], bw_gbs: float, stream_gb
                  f"{cores} threads, trtpipe plan measure-host",
         read_bandwidth_gbs=round(bw_gbs, 2), stream_bandwidth_gbs=round(stream_gbs, 2), fp32_gflops=round(f32_gflops, 1),
         bf16_gflops=None if bf16_gflops is None else round(bf16_gflops, 1), engine_step_overhead_ms=round(step_ms, 3), engine_seq_overhead_us=round(seq_us, 1),
+        serving_cpu_per_token_us=None if serving_us is None else round(serving_us, 1),
         sources={
             "read_bandwidth_gbs": "best of 5: the CPU engine's Linear (native kernel on oneDNN-packed weights) of 1 token through "
                                   "SmolLM2-shaped fp32 weights (30 × 7 Linear + lm_head, 538 MB), weight bytes / time",
@@ -266,13 +373,15 @@ def host_spec(*, cores: int, steps_s: dict[int, float], bw_gbs: float, stream_gb
                                        f"{', '.join(map(str, CONCURRENCIES))} requests, minus its modelled bytes/FLOPs: intercept "
                                        f"of a line in the request count (measured {steps_ms} ms)",
             "engine_seq_overhead_us": "slope of that line",
+            "serving_cpu_per_token_us": serving_how or "not measured (measure-host --no-served)",
         },
     )
 
 
-def measure(log: Callable[[str], None] = lambda line: None) -> HostSpec:
-    """Measure this host (about a minute, all the cores this process may use); ``log`` gets one progress line per
-    phase. The engine's steps are timed first, in this fresh process (see :func:`engine_steps`).
+def measure(log: Callable[[str], None] = lambda line: None, *, served: bool = True) -> HostSpec:
+    """Measure this host (about two minutes, all the cores this process may use); ``log`` gets one progress line per
+    phase. The engine's steps are timed first, in this fresh process (see :func:`engine_steps`); ``served`` False
+    skips the served probe (:func:`serving_cpu_per_token`; no Triton needed, the prediction is then the bare engine's).
 
     Raises:
         RuntimeError: the CPU engine did not finish the timing requests in 600 s.
@@ -281,7 +390,7 @@ def measure(log: Callable[[str], None] = lambda line: None) -> HostSpec:
 
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cores)
-    steps = engine_steps()
+    steps, engine_cpu = engine_steps()
     bw, _ = linear_rates("float32", 1)
     _, f32 = linear_rates("float32", 64)
     try:
@@ -295,5 +404,7 @@ def measure(log: Callable[[str], None] = lambda line: None) -> HostSpec:
     step_ms, seq_us = engine_overheads(steps, tiny_geometry(), bw * 1e9, f32 * 1e9)
     log("CPU engine decode step (width-64 model): " + ", ".join(f"{n} seq {t * 1e3:.2f} ms" for n, t in steps.items()))
     log(f"→ step overhead {step_ms:.2f} ms + {seq_us:.0f} µs per sequence")
+    serving_s, serving_how = serving_cpu_per_token(engine_cpu, log) if served else (None, "")
     return host_spec(cores=cores, steps_s=steps, bw_gbs=bw, stream_gbs=stream, f32_gflops=f32, bf16_gflops=bf16,
-                     step_ms=step_ms, seq_us=seq_us)
+                     step_ms=step_ms, seq_us=seq_us, serving_us=None if serving_s is None else serving_s * 1e6,
+                     serving_how=serving_how)

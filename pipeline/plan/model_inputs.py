@@ -82,9 +82,15 @@ def pytorch_efficiency() -> Efficiency:
 
 def cpu_efficiency(host: hardware.HostSpec) -> Efficiency:
     """The CPU engine's :class:`Efficiency`: the host's rates are measured achievable rates (fractions 1)
-    and the overheads are the engine's measured per-step and per-sequence times (``trtpipe plan measure-host``)."""
+    and the overheads are the engine's measured per-step and per-sequence times (``trtpipe plan measure-host``).
+
+    What is predicted is the served deployment that ``trtpipe bench`` measures on this host: the engine's threads
+    occupy every core, so the CPU time the rest of the deployment spends per streamed token (Triton, the serving
+    models, the bench client: ``serving_cpu_per_token_us``) is taken from the engine's steps, one token per sequence
+    in a step: it adds to the per-sequence overhead."""
     return Efficiency(
-        bw_frac=1.0, gemm_frac=1.0, attn_frac=1.0, seq_overhead_us=host.engine_seq_overhead_us,
+        bw_frac=1.0, gemm_frac=1.0, attn_frac=1.0,
+        seq_overhead_us=host.engine_seq_overhead_us + (host.serving_cpu_per_token_us or 0.0),
         step_overhead_ms=host.engine_step_overhead_ms, rel_error=CPU_REL_ERROR,
         source=f"measured on {host.name} ({host.measured})",
     )

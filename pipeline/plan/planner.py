@@ -26,7 +26,7 @@ from pipeline.core.geometry import ModelGeometry, geometry_for_source
 from pipeline.plan import capacity as cap
 from pipeline.plan import memory as mem
 from pipeline.plan import model_inputs as mi
-from pipeline.plan.achievable import Prediction, predict_point
+from pipeline.plan.achievable import SLO_FIELDS, Prediction, predict_point
 from pipeline.plan.perf import QFORMAT_COMPUTE, peak_flops
 from pipeline.plan.result import FitVerdict, PlanResult
 from pipeline.plan.scenarios import Target, plan_scenario
@@ -89,17 +89,29 @@ def plan_recipe(
     *,
     recipe_dir: Path | None = None,
     allow_kv_oversubscription: bool | None = None,
+    concurrency: Iterable[int] | None = None,
+    slo: dict[str, float] | None = None,
 ) -> PlanResult:
     """Plan ``recipe`` on ``gpu`` (default: the recipe's target; ``"cpu"``: the host) for ``scenarios`` ((ISL, OSL)
     pairs in tokens; default: ``recipe.bench.scenarios``).
+
+    ``concurrency``: the closed-loop client counts predicted per scenario (default: ``recipe.bench.concurrency``);
+    ``slo``: latency SLOs in ms (keys ``ttft``, ``itl``, ``tpot``, ``e2e``): each scenario then gets the largest
+    concurrency predicted to meet them (``within_slo``).
 
     ``allow_kv_oversubscription`` turns the KV-capacity errors into warnings; default: the recipe's
     ``build.allow_kv_oversubscription``.
 
     Raises:
         UserError: unknown GPU name, unknown model geometry, no max_seq_len, a scenario longer than
-            max_seq_len.
+            max_seq_len, a concurrency under 1, an SLO key not in ttft/itl/tpot/e2e or a limit that is not positive.
     """
+    conc = tuple(sorted(set(concurrency or ())))
+    if conc and conc[0] < 1:
+        raise UserError(f"concurrency {conc[0]}: must be at least 1")
+    for key, limit in (slo or {}).items():
+        if key not in SLO_FIELDS or not limit > 0:
+            raise UserError(f"SLO {key}:{limit:g}: use ttft, itl, tpot or e2e with a limit in ms above 0, e.g. ttft:500,itl:50")
     spec = _resolve_gpu(recipe, gpu)
     on_cpu = spec is None
     geo = _geometry(recipe, recipe_dir)
@@ -128,7 +140,7 @@ def plan_recipe(
     compute = QFORMAT_COMPUTE[q.qformat]
     peak = None if spec is None else peak_flops(spec, compute, dtype_b)
     target = Target(recipe=recipe, geo=geo, memory=m, spec=spec, peak_flops=peak, tp=tp, pp=pp, cost=cost, scheduler=sched,
-                    efficiency=eff, error_terms=terms)
+                    efficiency=eff, error_terms=terms, concurrency=conc, slo=dict(slo or {}))
     plans = [plan_scenario(target, isl, osl, out.warnings) for isl, osl in pairs]
     return PlanResult(
         recipe=recipe.name or "", model_source=recipe.model.source, target=m.device,

@@ -78,9 +78,9 @@ def _scenario_tables(plan: PlanResult) -> tuple[Table, Table]:
 
 def _concurrency_table(plan: PlanResult, conc: list[int]) -> Table:
     """Per bench concurrency: the roofline bound, the prediction, per-user tokens/s, TTFT and ITL."""
-    ct = Table(title="Per bench concurrency (closed loop): output tokens/s bound and predicted, per-user tokens/s, TTFT, ITL",
-               title_justify="left", show_edge=False)
-    for col in ("ISL/OSL", "conc.", "bound", "predicted", "per user", "TTFT ms", "ITL ms"):
+    ct = Table(title="Per concurrency (closed loop of identical requests): output tokens/s bound and predicted, per-user "
+                     "tokens/s, TTFT (mean, p99), ITL", title_justify="left", show_edge=False)
+    for col in ("ISL/OSL", "conc.", "bound", "predicted", "per user", "TTFT ms", "TTFT p99", "ITL ms"):
         ct.add_column(col, justify="left" if col == "ISL/OSL" else "right", no_wrap=True)
     for s in plan.scenarios:
         bound = {pt.batch: pt.output_tokens_per_s for pt in s.curve}
@@ -89,8 +89,28 @@ def _concurrency_table(plan: PlanResult, conc: list[int]) -> Table:
                 continue
             b = bound.get(p.concurrency) if p.concurrency is not None and p.concurrency <= s.max_concurrency else None
             ct.add_row(f"{s.isl}/{s.osl}", f"{p.concurrency}" + (" (queues)" if p.limited_by != "concurrency" else ""),
-                       _tps(b) if s.curve else "—", _pred(p), f"{p.per_user_tokens_per_s:,.0f}", _ms(p.ttft_ms), _ms(p.itl_ms))
+                       _tps(b) if s.curve else "—", _pred(p), f"{p.per_user_tokens_per_s:,.0f}", _ms(p.ttft_ms),
+                       _ms(p.ttft_p99_ms), _ms(p.itl_ms))
     return ct
+
+
+def _slo_table(plan: PlanResult) -> Table | None:
+    """Per ISL/OSL: the largest concurrency predicted to meet the SLOs, its TTFT p99 / ITL / throughput, what stops it."""
+    rows = [s for s in plan.scenarios if s.within_slo is not None]
+    if not rows:
+        return None
+    slo = ", ".join(f"{k} ≤ {v:g} ms" for k, v in rows[0].within_slo.slo.items())
+    t = Table(title=f"Largest concurrency within the SLO ({slo}; TTFT and E2E at p99)", title_justify="left", show_edge=False)
+    for col in ("ISL/OSL", "concurrency", "TTFT p99 ms", "ITL ms", "predicted tok/s", "per user", "stops at"):
+        t.add_column(col, justify="left" if col in ("ISL/OSL", "stops at") else "right", no_wrap=True)
+    for s in rows:
+        a, p = s.within_slo, s.within_slo.prediction
+        stop = ("the engine's max concurrency" if a.limited_by == "max_concurrency" else f"{a.limited_by} SLO")
+        t.add_row(f"{s.isl}/{s.osl}", "none" if a.concurrency is None else f"{a.concurrency:,}",
+                  _ms(p and p.ttft_p99_ms), _ms(p and p.itl_ms), _pred(p) if a.concurrency else "—",
+                  "—" if p is None or a.concurrency is None else f"{p.per_user_tokens_per_s:,.0f}",
+                  ("even 1 client misses the " if a.concurrency is None else "") + stop)
+    return t
 
 
 def _prediction_line(plan: PlanResult) -> Text | None:
@@ -124,6 +144,8 @@ def render(plan: PlanResult, concurrency: list[int] | None = None) -> Group:
     conc = sorted(set(concurrency or []))
     if conc and any(s.predicted_by_concurrency for s in plan.scenarios):
         lines += [Text(""), _concurrency_table(plan, conc)]
+    slo = _slo_table(plan)
+    lines += [Text(""), slo] if slo is not None else []
     how = _prediction_line(plan)
     lines += [how] if how is not None else []
     v = plan.verdict

@@ -10,7 +10,13 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pipeline.core.geometry import ModelGeometry
-from pipeline.plan.achievable import Efficiency, Prediction, SchedulerLimits, StepCost
+from pipeline.plan.achievable import (
+    Efficiency,
+    Prediction,
+    SchedulerLimits,
+    SloAnswer,
+    StepCost,
+)
 from pipeline.plan.memory import WeightBytes
 
 
@@ -52,6 +58,8 @@ class ScenarioPlan(BaseModel):
     predicted_by_concurrency: list[Prediction] = Field(default_factory=list, description="Predictions at the bench concurrencies.")
     knee_batch: int | None = Field(default=None, description="Smallest concurrency predicted to reach 90 % of the max-load "
                                                              "output tokens/s: a starting max_batch_size.")
+    within_slo: SloAnswer | None = Field(default=None, description="With an SLO (trtpipe plan --slo): the largest concurrency "
+                                                                   "predicted to meet it, and what stops it.")
 
 
 class MemoryPlan(BaseModel):

@@ -22,6 +22,7 @@ from pipeline.plan.achievable import (
     SchedulerLimits,
     StepCost,
     knee_batch,
+    max_concurrency_within,
     predict_point,
     predicted_tps,
 )
@@ -47,6 +48,15 @@ class Target:
     scheduler: SchedulerLimits | None
     efficiency: Efficiency | None
     error_terms: dict[str, float] = field(default_factory=dict)
+    #: closed-loop concurrencies to predict (default: the recipe's ``bench.concurrency``) and the latency SLO (ms) whose
+    #: largest concurrency to find (none: no search)
+    concurrency: tuple[int, ...] = ()
+    slo: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def concurrencies(self) -> list[int]:
+        """The closed-loop concurrencies predicted per scenario, ascending."""
+        return sorted(set(self.concurrency or self.recipe.bench.concurrency))
 
 
 def batch_points(max_conc: int, extra: Iterable[int]) -> list[int]:
@@ -83,8 +93,10 @@ def _predict(t: Target, sp: ScenarioPlan, warnings: list[str]) -> None:
     try:
         sp.predicted = predict_point(t.cost, t.scheduler, t.efficiency, isl, osl, None, extra_error=t.error_terms)
         sp.predicted_by_concurrency = [predict_point(t.cost, t.scheduler, t.efficiency, isl, osl, c, extra_error=t.error_terms)
-                                       for c in sorted(set(t.recipe.bench.concurrency))]
+                                       for c in t.concurrencies]
         sp.knee_batch = knee_batch(t.cost, t.scheduler, t.efficiency, isl, osl)
+        if t.slo:
+            sp.within_slo = max_concurrency_within(t.cost, t.scheduler, t.efficiency, isl, osl, t.slo, extra_error=t.error_terms)
     except ValueError as e:
         warnings.append(f"ISL {isl}/OSL {osl}: no throughput prediction: {e}")
 
@@ -114,7 +126,7 @@ def _roofline(t: Target, sp: ScenarioPlan, limits: dict[str, int], warnings: lis
         ThroughputPoint(batch=bb, step_ms=roof.step_time_s(bb) * 1e3, decode_tokens_per_s=roof.decode_tokens_per_s(bb),
                         output_tokens_per_s=roof.output_tokens_per_s(bb, osl), bound=roof.bound(bb),
                         predicted_output_tokens_per_s=predicted_tps(t.cost, t.scheduler, t.efficiency, isl, osl, bb))
-        for bb in batch_points(conc, list(t.recipe.bench.concurrency) + [sat])
+        for bb in batch_points(conc, t.concurrencies + [sat])
     ]
     kv_seqs = limits["kv_cache"]
     potential = min(kv_seqs, math.ceil(cross) if cross else kv_seqs, b.max_num_tokens)
