@@ -117,10 +117,18 @@ def _probe_cost(geo, bw, flops):
 
 @pytest.mark.slow
 def test_measure_host_for_real(tmp_path, monkeypatch):
-    """The real measurement (about a minute on 2 cores): every rate positive, the overheads non-negative."""
+    """The real measurement (about two minutes on 2 cores): every rate positive, the overheads non-negative, the served
+    probe (a real build, Triton and bench) costs CPU per token and leaves no server behind."""
+    import psutil
+
     monkeypatch.setenv("TRTPIPE_HOST_FILE", str(tmp_path / "cpu_host.yaml"))
+    before = {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "tritonserver"}
     res = runner.invoke(app, ["plan", "measure-host"])
     assert res.exit_code == 0, res.output
     host = hardware.cpu_host()
     assert host.read_bandwidth_gbs > 0 and host.fp32_gflops > 0 and host.engine_step_overhead_ms >= 0
     assert host.engine_seq_overhead_us >= 0 and "measure-host" in host.measured
+    assert host.serving_cpu_per_token_us is not None and host.serving_cpu_per_token_us > 0
+    assert "streamed tokens" in host.sources["serving_cpu_per_token_us"]
+    after = {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "tritonserver"}
+    assert after <= before

@@ -31,6 +31,7 @@ from pipeline.plan.achievable import (
     predict_point,
     step_time,
 )
+from pipeline.plan.measured import median_abs_errors
 from pipeline.plan.model_inputs import gpu_efficiency
 from pipeline.recipe import load_recipe
 
@@ -290,7 +291,7 @@ def test_cpu_prediction_uses_the_measured_host():
 def _bench_json(tmp_path: Path, build_dir: Path | None, tps: dict[int, float]) -> Path:
     points = [{"scenario": "100:200", "isl": 100, "osl": 200, "mode": "concurrency", "load": f"c{c}", "concurrency": c,
                "request_rate": None, "summary": {"counts": {"completed": 2 * c}, "duration_s": 10.0, "metrics": {
-                   "output_token_throughput": v, "time_to_first_token": {"avg": 150.0}, "inter_token_latency": {"avg": 60.0}}}}
+                   "output_token_throughput": v, "time_to_first_token": {"avg": 150.0, "p99": 300.0}, "inter_token_latency": {"avg": 60.0}}}}
               for c, v in tps.items()]
     run = tmp_path / "run"
     run.mkdir()
@@ -310,7 +311,13 @@ def test_compare_run_against_a_bench_json(tmp_path):
     assert [r.concurrency for r in rows] == [1, 4, 16]
     assert rows[0].error == pytest.approx(0.0, abs=1e-9) and rows[0].within
     assert rows[2].error == pytest.approx(2.0) and not rows[2].within
-    assert rows[0].measured_ttft_ms == 150.0 and rows[0].measured_itl_ms == 60.0
+    assert rows[0].measured_ttft_ms == 150.0 and rows[0].measured_itl_ms == 60.0 and rows[0].measured_ttft_p99_ms == 300.0
+    p16 = rows[2].predicted
+    assert rows[2].errors() == pytest.approx({"tok/s": 2.0, "TTFT": p16.ttft_ms / 150 - 1, "TTFT p99": p16.ttft_p99_ms / 300 - 1,
+                                              "ITL": p16.itl_ms / 60 - 1})
+    med = median_abs_errors(rows)
+    assert med["tok/s"] == pytest.approx(0.0, abs=1e-9)  # 0, 0, 2 → median 0
+    assert med["ITL"] == pytest.approx(sorted(abs(r.predicted.itl_ms / 60 - 1) for r in rows)[1])
     assert [r.concurrency for r in compare_run(run, concurrency=[4])] == [4]
     with pytest.raises(UserError, match="no completed closed-loop load point at concurrency 64"):
         compare_run(run, concurrency=[64])
@@ -338,11 +345,12 @@ def test_plan_against_tables(tmp_path):
     res = runner.invoke(app, ["plan", str(CPU), "--against", str(run), "--concurrency", "4"])
     assert res.exit_code == 0, res.output
     lines = res.stdout.strip().splitlines()
-    assert lines[0].split()[:3] == ["run", "ISL/OSL", "conc."] and len(lines) == 2 and " 100/200 " in f" {lines[1]} "
+    assert lines[0].split()[:3] == ["run", "ISL/OSL", "conc."] and len(lines) == 3 and " 100/200 " in f" {lines[1]} "
     res = runner.invoke(app, ["plan", str(CPU), "--against", str(run), "--concurrency", "all", "--markdown"])
     assert res.exit_code == 0, res.output
     md = res.stdout.strip().splitlines()
-    assert md[0].startswith("| run | ISL/OSL |") and md[1].startswith("|---|") and len(md) == 4
+    assert md[0].startswith("| run | ISL/OSL |") and md[1].startswith("|---|") and len(md) == 6
+    assert md[-1].startswith("median |error|: tok/s ")
     res = runner.invoke(app, ["plan", str(CPU), "--against", str(run), "--concurrency", "x"])
     assert res.exit_code == 2 and "--concurrency" in res.stderr
 

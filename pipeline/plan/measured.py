@@ -23,7 +23,8 @@ class PointComparison(BaseModel):
     """One closed-loop load point: measured (from bench.json) and predicted. Units: tokens/s and ms.
 
     ``error`` = predicted / measured − 1 of output tokens/s; ``within`` says whether the measurement lies
-    inside the prediction's 1 σ band [value / (1 + e), value × (1 + e)].
+    inside the prediction's 1 σ band [value / (1 + e), value × (1 + e)]; ``ttft_error``, ``ttft_p99_error`` and
+    ``itl_error`` the same ratio − 1 of mean TTFT, p99 TTFT and mean ITL (None where the run lacks the figure).
     """
 
     run_dir: str
@@ -33,10 +34,40 @@ class PointComparison(BaseModel):
     requests: int
     measured_output_tokens_per_s: float
     measured_ttft_ms: float | None
+    measured_ttft_p99_ms: float | None = None
     measured_itl_ms: float | None
     predicted: Prediction
     error: float
     within: bool
+    ttft_error: float | None = None
+    ttft_p99_error: float | None = None
+    itl_error: float | None = None
+
+    def errors(self) -> dict[str, float]:
+        """The relative errors this point has (predicted / measured − 1), by figure: ``tok/s``, ``TTFT``,
+        ``TTFT p99``, ``ITL``."""
+        named = {"tok/s": self.error, "TTFT": self.ttft_error, "TTFT p99": self.ttft_p99_error, "ITL": self.itl_error}
+        return {k: v for k, v in named.items() if v is not None}
+
+
+def _rel(pred: float | None, meas: float | None) -> float | None:
+    """predicted / measured − 1, or None without both."""
+    return None if pred is None or not meas else pred / meas - 1
+
+
+def median_abs_errors(rows: list[PointComparison]) -> dict[str, float]:
+    """Median |predicted / measured − 1| per figure over ``rows`` (``tok/s``, ``TTFT``, ``TTFT p99``, ``ITL``), and
+    over all of them together (``all``)."""
+    import statistics
+
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        for k, v in r.errors().items():
+            by.setdefault(k, []).append(abs(v))
+    out = {k: statistics.median(v) for k, v in by.items()}
+    if by:
+        out["all"] = statistics.median([x for v in by.values() for x in v])
+    return out
 
 
 def load_bench(run_dir: Path) -> dict:
@@ -93,11 +124,14 @@ def compare_run(run_dir: Path, recipe_path: Path | None = None, concurrency: lis
             continue
         pred = predict(recipe, int(p["isl"]), int(p["osl"]), c, gpu=gpu, recipe_dir=Path(path).resolve().parent)
         e = pred.rel_error
+        ttft, itl = m.get("time_to_first_token") or {}, m.get("inter_token_latency") or {}
         out.append(PointComparison(
             run_dir=str(run_dir), isl=int(p["isl"]), osl=int(p["osl"]), concurrency=c, requests=s["counts"]["completed"],
-            measured_output_tokens_per_s=tps, measured_ttft_ms=(m.get("time_to_first_token") or {}).get("avg"),
-            measured_itl_ms=(m.get("inter_token_latency") or {}).get("avg"), predicted=pred,
+            measured_output_tokens_per_s=tps, measured_ttft_ms=ttft.get("avg"), measured_ttft_p99_ms=ttft.get("p99"),
+            measured_itl_ms=itl.get("avg"), predicted=pred,
             error=pred.output_tokens_per_s / tps - 1, within=abs(math.log(pred.output_tokens_per_s / tps)) <= math.log1p(e),
+            ttft_error=_rel(pred.ttft_ms, ttft.get("avg")), ttft_p99_error=_rel(pred.ttft_p99_ms, ttft.get("p99")),
+            itl_error=_rel(pred.itl_ms, itl.get("avg")),
         ))
     if not out:
         want = f" at concurrency {','.join(map(str, concurrency))}" if concurrency else ""
@@ -111,19 +145,28 @@ def _f(x: float | None, nd: int = 1) -> str:
 
 def comparison_table(rows: list[PointComparison], *, markdown: bool = False) -> str:
     """``rows`` as a plain-text table (or a Markdown one): run, ISL/OSL, concurrency, measured and predicted
-    output tokens/s (± expected error), the error, whether the measurement is in the band, TTFT and ITL (ms)
-    measured / predicted."""
+    output tokens/s (± expected error), the error, whether the measurement is in the band, TTFT (mean, p99) and ITL
+    (ms) measured / predicted with their errors; then the median |error| per figure and over all of them."""
     head = ["run", "ISL/OSL", "conc.", "measured tok/s", "predicted tok/s", "error", "in band", "TTFT ms meas/pred",
-            "ITL ms meas/pred"]
+            "TTFT p99 meas/pred", "ITL ms meas/pred"]
+
+    def err(x: float | None) -> str:
+        return "" if x is None else f" ({x:+.0%})"
+
     table = []
     for r in rows:
         p = r.predicted
         table.append([Path(r.run_dir).name, f"{r.isl}/{r.osl}", str(r.concurrency), _f(r.measured_output_tokens_per_s),
                       f"{p.output_tokens_per_s:,.1f} ±{p.rel_error:.0%}", f"{r.error:+.0%}", "yes" if r.within else "no",
-                      f"{_f(r.measured_ttft_ms, 0)} / {_f(p.ttft_ms, 0)}", f"{_f(r.measured_itl_ms)} / {_f(p.itl_ms)}"])
+                      f"{_f(r.measured_ttft_ms, 0)} / {_f(p.ttft_ms, 0)}{err(r.ttft_error)}",
+                      f"{_f(r.measured_ttft_p99_ms, 0)} / {_f(p.ttft_p99_ms, 0)}{err(r.ttft_p99_error)}",
+                      f"{_f(r.measured_itl_ms)} / {_f(p.itl_ms)}{err(r.itl_error)}"])
+    med = median_abs_errors(rows)
+    foot = "median |error|: " + ", ".join(f"{k} {v:.0%}" for k, v in med.items())
     if markdown:
-        return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(t) + " |" for t in table])
+        return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(t) + " |" for t in table]
+                         + ["", foot])
     widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
     lines += ["  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(t, widths))) for t in table]
-    return "\n".join(lines)
+    return "\n".join(lines + [foot])
