@@ -148,3 +148,20 @@ def test_cli_bad_concurrency_or_slo_is_one_line(args, message):
     res = runner.invoke(app, ["plan", RECIPE, *args])
     assert res.exit_code == 2
     assert message in res.stderr and "Traceback" not in res.output
+
+
+def test_the_cpu_deployment_measured_on_the_reference_host():
+    """The served CPU default measured by ``trtpipe bench`` at 1 / 4 / 16 clients on the reference host of
+    pipeline/data/cpu_host.yaml (tests/data/bench_cpu_20261127: its load points, the requests dropped) against the
+    prediction from that host's measured rates: median |error| ≤ 20 % (issue 37; before the closed-loop groups and
+    the served CPU per token, the error at 16 clients was +42-62 % in tok/s and −90 % in TTFT)."""
+    from pipeline.core import hardware
+    from pipeline.plan import compare_run
+    from pipeline.plan.measured import median_abs_errors
+
+    assert hardware.cpu_host().serving_cpu_per_token_us  # the shipped reference host, served probe included
+    rows = compare_run(REPO / "tests" / "data" / "bench_cpu_20261127", REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml")
+    assert [r.concurrency for r in rows] == [1, 4, 16]
+    med = median_abs_errors(rows)
+    assert med["all"] <= 0.20, med
+    assert all(med[k] <= 0.20 for k in ("tok/s", "TTFT", "ITL")), med
