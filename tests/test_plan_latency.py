@@ -143,6 +143,7 @@ def test_cli_tables_show_the_requested_concurrencies_and_the_slo_answer():
     (["--concurrency", "0,4"], "concurrency 0: must be at least 1"),
     (["--concurrency", "x"], "--concurrency 'x': expected comma-separated integers"),
     (["--concurrency", "all"], "--concurrency all goes with --against"),
+    (["--against", "run", "--slo", "itl:5"], "--isl/--osl/--slo do not go with --against"),
 ])
 def test_cli_bad_concurrency_or_slo_is_one_line(args, message):
     res = runner.invoke(app, ["plan", RECIPE, *args])

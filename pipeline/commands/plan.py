@@ -94,10 +94,8 @@ def plan(
     from pipeline.recipe.bench import parse_goodput
 
     if against:
-        if isl is not None or osl is not None:
-            raise UserError("--isl/--osl do not go with --against: the run's own load points are compared")
-        if slo:
-            raise UserError("--slo does not go with --against: it searches the prediction, not a run")
+        if isl is not None or osl is not None or slo:
+            raise UserError("--isl/--osl/--slo do not go with --against: the run's own load points are compared")
         return _against(against, recipe_file, gpu, concurrency or "1,4,16", set_, json_out, markdown)
     if recipe_file is None:
         raise UserError("missing RECIPE: trtpipe plan RECIPE (or trtpipe plan --against RUN_DIR, trtpipe plan measure-host)")
@@ -113,10 +111,8 @@ def plan(
     results = [plan_recipe(recipe, gpu=g, scenarios=scenarios, recipe_dir=recipe_file.resolve().parent, concurrency=conc, slo=slos)
                for g in names]
     if json_out:
-        if len(results) == 1:
-            typer.echo(results[0].model_dump_json(indent=2))
-        else:
-            typer.echo("[\n" + ",\n".join(r.model_dump_json(indent=2) for r in results) + "\n]")
+        typer.echo(results[0].model_dump_json(indent=2) if len(results) == 1
+                   else "[\n" + ",\n".join(r.model_dump_json(indent=2) for r in results) + "\n]")
     elif len(results) == 1:
         print_plan(results[0], console, conc or list(recipe.bench.concurrency))
     else:

@@ -237,8 +237,9 @@ def serving_cpu_per_token(engine_cpu_per_token_s: float, log: Callable[[str], No
     """CPU time (s) a served CPU deployment spends per streamed token outside the engine's own work, and how it was
     measured (one line, with the figures).
 
-    The probe model (:func:`_probe_source`) is built by the real pipeline (:data:`PROBE_RECIPE`: the shipped CPU
-    recipes' engine and serving limits, full precision), served by
+    The probe model (:func:`_probe_source`) is built by the real stages (quantize → engine → triton_repo, as
+    ``trtpipe build`` runs them; :data:`PROBE_RECIPE`: the shipped CPU recipes' engine and serving limits, full
+    precision), served by
     the real Triton on free ports, and benched in this process by ``trtpipe bench``'s load generator:
     :data:`SERVED_CONCURRENCY` clients, ISL :data:`ISL` / OSL :data:`OSL`, :data:`SERVED_REQUESTS` requests + 2 warm-up.
     Per streamed response (token): (CPU time of the server's process tree + this process's) / responses −
@@ -253,17 +254,22 @@ def serving_cpu_per_token(engine_cpu_per_token_s: float, log: Callable[[str], No
 
     from pipeline.bench.run import execute
     from pipeline.bench.target import BenchTarget
-    from pipeline.build import stage as build_stage
     from pipeline.core.layout import BuildLayout
+    from pipeline.engine import stage as engine_stage
+    from pipeline.quantize import stage as quantize_stage
     from pipeline.recipe import load_recipe
     from pipeline.recipe.bench import BenchSpec
     from pipeline.serve import stage as serve_stage
+    from pipeline.triton_repo import stage as repo_stage
 
     with tempfile.TemporaryDirectory(prefix="trtpipe-measure-served-") as d:
         work = Path(d)
         doc = {**PROBE_RECIPE, "model": {"source": str(_probe_source(work / "model")), "dtype": "float32"}}
         (work / "probe.yaml").write_text(yaml.safe_dump(doc))
-        build_stage.run(load_recipe(work / "probe.yaml"), work / "build", recipe_dir=work, warn=lambda line: None)
+        # the build's three stages (not pipeline.build, which asks the planner first: the planner does not import it)
+        recipe, layout = load_recipe(work / "probe.yaml"), BuildLayout(work / "build")
+        q = quantize_stage.run(recipe, layout, recipe_dir=work)
+        repo_stage.run(recipe, layout, quantized=q, engine=engine_stage.run(recipe, layout, quantized=q))
         opts = serve_stage.ServeOptions(http_port=None, grpc_port=None, metrics_port=None, log_file=work / "triton.log")
         with serve_stage.run(work / "build", opts, root=work / "artifacts") as handle:
             server = psutil.Process(handle.server.pid)
