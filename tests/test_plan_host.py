@@ -15,7 +15,7 @@ from pipeline.core import hardware
 from pipeline.core.errors import UserError
 from pipeline.plan import host as host_mod
 from pipeline.plan import plan_recipe
-from pipeline.plan.achievable import Efficiency, StepMix, step_time
+from pipeline.plan.step import Efficiency, StepMix, step_time
 from pipeline.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def test_engine_overheads_recover_a_known_line():
 
 def _probe_cost(geo, bw, flops):
     """The probe model's StepCost in float32, written out from the geometry (KV bytes: the one rule)."""
-    from pipeline.plan.achievable import StepCost, activation_traffic_bytes
+    from pipeline.plan.step import StepCost, activation_traffic_bytes
 
     h, L, V = geo.hidden_size, geo.num_hidden_layers, geo.vocab_size
     lin = L * (4 * h * h + 3 * h * geo.intermediate_size)

@@ -12,15 +12,14 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.plan.achievable import (
-    Efficiency,
     SchedulerLimits,
-    StepCost,
     max_batch,
     max_concurrency_within,
     predict_point,
     prefill_groups,
     slo_value,
 )
+from pipeline.plan.step import Efficiency, StepCost
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -11,7 +11,7 @@ import pytest
 from pipeline.core.geometry import ModelGeometry, geometry_from_dict, known_geometry
 from pipeline.plan import memory as mem
 from pipeline.plan import plan_recipe
-from pipeline.plan.achievable import expert_read_share
+from pipeline.plan.step import expert_read_share
 from pipeline.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,7 +136,7 @@ def test_interconnect_figures_are_sourced():
 
 
 def test_allreduce_bytes_by_hand():
-    from pipeline.plan.achievable import allreduce_bytes_per_token
+    from pipeline.plan.step import allreduce_bytes_per_token
 
     assert allreduce_bytes_per_token(8192, 80, 1) == 0
     # Llama-3.3-70B tp 2: 80 layers × 2 all-reduces × 2·(1/2) × 8192 × 2 B
@@ -148,7 +148,7 @@ def test_allreduce_bytes_by_hand():
 def test_tensor_parallel_step_pays_its_all_reduces():
     """The same 70B recipe with tp 4 on NVLink (H100 SXM) and on PCIe (L40S-class link): the comm term is the
     bytes over the link, so it grows 14× when the link is 14× slower, and it is absent at tp 1."""
-    from pipeline.plan.achievable import StepMix, step_time
+    from pipeline.plan.step import StepMix, step_time
 
     plan = plan_recipe(_recipe("meta-llama/Llama-3.3-70B-Instruct", "h100_sxm", 4), scenarios=[(128, 128)])
     cost, eff = plan.step_cost, plan.efficiency

@@ -21,18 +21,20 @@ from pipeline.core.errors import UserError
 from pipeline.plan import calibration as cal
 from pipeline.plan import compare_run, plan_recipe, predict
 from pipeline.plan.achievable import (
-    Efficiency,
     SchedulerLimits,
-    StepCost,
-    StepMix,
-    activation_traffic_bytes,
     kv_sequences,
     max_batch,
     predict_point,
-    step_time,
 )
 from pipeline.plan.measured import median_abs_errors
 from pipeline.plan.model_inputs import gpu_efficiency
+from pipeline.plan.step import (
+    Efficiency,
+    StepCost,
+    StepMix,
+    activation_traffic_bytes,
+    step_time,
+)
 from pipeline.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]

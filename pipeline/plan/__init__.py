@@ -15,7 +15,7 @@ Public API:
 See docs/plan.md for the formulas, the constants and how the estimates compare with published figures.
 """
 
-from pipeline.plan.achievable import Efficiency, Prediction, SchedulerLimits, StepCost
+from pipeline.plan.achievable import Prediction, SchedulerLimits
 from pipeline.plan.measured import PointComparison, compare_run
 from pipeline.plan.memory import (
     WeightBytes,
@@ -32,6 +32,7 @@ from pipeline.plan.result import (
     ScenarioPlan,
     ThroughputPoint,
 )
+from pipeline.plan.step import Efficiency, StepCost
 
 __all__ = [
     "Efficiency", "FitVerdict", "MemoryPlan", "PlanResult", "PointComparison", "Prediction", "Roofline", "ScenarioPlan",

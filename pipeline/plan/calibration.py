@@ -24,8 +24,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from pipeline.core import hardware
-from pipeline.plan.achievable import Efficiency
 from pipeline.plan.model_inputs import EFFICIENCY_FILE
+from pipeline.plan.step import Efficiency
 from pipeline.recipe import Recipe
 
 CALIBRATION_FILE = "data/plan_calibration.yaml"

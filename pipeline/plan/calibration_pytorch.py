@@ -22,7 +22,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from pipeline.core import hardware
-from pipeline.plan.achievable import Efficiency
 from pipeline.plan.calibration import (
     FIXED,
     PointResult,
@@ -31,6 +30,7 @@ from pipeline.plan.calibration import (
     trtllm_bench_settings,
 )
 from pipeline.plan.model_inputs import PYTORCH_EFFICIENCY_FILE
+from pipeline.plan.step import Efficiency
 from pipeline.recipe import Recipe
 
 CALIBRATION_FILE = "data/plan_calibration_pytorch.yaml"

@@ -308,7 +308,7 @@ def engine_overheads(measured: dict[int, float], geo: ModelGeometry, bw: float, 
     count) minus what the probe model ``geo``'s bytes and FLOPs cost in float32 at ``bw`` B/s and ``flops`` FLOP/s
     (the achievable-throughput model's :func:`~pipeline.plan.achievable.step_time` with efficiencies 1, context
     ISL + OSL/2), fitted as a line in the request count (least squares; slope and intercept clipped at 0)."""
-    from pipeline.plan.achievable import (
+    from pipeline.plan.step import (
         Efficiency,
         StepCost,
         StepMix,

@@ -28,14 +28,14 @@ import yaml
 from pipeline.core import hardware
 from pipeline.core.geometry import ModelGeometry
 from pipeline.plan import memory as mem
-from pipeline.plan.achievable import (
+from pipeline.plan.achievable import SchedulerLimits
+from pipeline.plan.perf import QFORMAT_COMPUTE, peak_flops
+from pipeline.plan.step import (
     Efficiency,
-    SchedulerLimits,
     StepCost,
     activation_traffic_bytes,
     allreduce_bytes_per_token,
 )
-from pipeline.plan.perf import QFORMAT_COMPUTE, peak_flops
 from pipeline.recipe import Recipe
 from pipeline.recipe.quant import FP8_QFORMATS
 

@@ -10,14 +10,9 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pipeline.core.geometry import ModelGeometry
-from pipeline.plan.achievable import (
-    Efficiency,
-    Prediction,
-    SchedulerLimits,
-    SloAnswer,
-    StepCost,
-)
+from pipeline.plan.achievable import Prediction, SchedulerLimits, SloAnswer
 from pipeline.plan.memory import WeightBytes
+from pipeline.plan.step import Efficiency, StepCost
 
 
 class FitVerdict(BaseModel):

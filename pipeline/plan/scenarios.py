@@ -18,9 +18,7 @@ from pipeline.core import hardware
 from pipeline.core.geometry import ModelGeometry
 from pipeline.plan import memory as mem
 from pipeline.plan.achievable import (
-    Efficiency,
     SchedulerLimits,
-    StepCost,
     knee_batch,
     max_concurrency_within,
     predict_point,
@@ -28,6 +26,7 @@ from pipeline.plan.achievable import (
 )
 from pipeline.plan.perf import Roofline, decode_flops_per_token, prefill_flops
 from pipeline.plan.result import MemoryPlan, ScenarioPlan, ThroughputPoint
+from pipeline.plan.step import Efficiency, StepCost
 from pipeline.recipe import Recipe
 
 
