@@ -73,6 +73,13 @@ def _print_held_out(data: dict) -> None:
     for r in res:
         print(f"  {r.gpu:8s} {r.isl:>5d}/{r.osl:<5d} published {r.published:>9,.0f} predicted {r.predicted:>9,.0f} "
               f"{r.error:+.1%}  batch {r.batch} ({r.limited_by})")
+    for version, pts in cal.held_out_other_versions().items():
+        res = cal.evaluate(eff, pts)
+        by = {g: [r for r in res if r.gpu == g] for g in ("h200", "h100_sxm")}
+        ratio = [(a.published / b.published) / (a.predicted / b.predicted) for a, b in zip(by["h200"], by["h100_sxm"])]
+        print(f"v{version} table (not fitted): H200 median error {median(r.error for r in by['h200']):+.1%} "
+              f"(worst {max((r.error for r in by['h200']), key=abs):+.1%}), H100 {median(r.error for r in by['h100_sxm']):+.1%}, "
+              f"H200/H100 published over model {median(ratio):.3f}")
 
 
 def _print_pytorch(data: dict, markdown: bool) -> None:

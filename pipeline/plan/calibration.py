@@ -77,14 +77,30 @@ def points() -> list[CalibrationPoint]:
 
 
 def held_out_points() -> list[CalibrationPoint]:
-    """The published points of ``plan_held_out.yaml`` (9: the H200 column of the same v0.17 table), under the
-    calibration's conditions; :func:`fit` never uses them, :func:`evaluate` scores them like any point."""
+    """The published points of ``plan_held_out.yaml`` (9: the H200 column of the same v0.17 table; the v0.13 and v0.14
+    tables are :func:`held_out_other_versions`), under the calibration's conditions; :func:`fit` never uses them,
+    :func:`evaluate` scores them like any point."""
     raw = yaml.safe_load(resources.files("pipeline").joinpath(HELD_OUT_FILE).read_text())
     assert raw["model"] == _raw()["model"], "held-out points must be of the calibrated model"
     cols = list(raw["columns"].items())
     return [CalibrationPoint(gpu=gpu, qformat=col["qformat"], kv_cache_dtype=col["kv_cache_dtype"], model_dtype=col["model_dtype"],
                              isl=isl, osl=osl, published=v)
             for isl, osl, *values in raw["rows"] for (gpu, col), v in zip(cols, values, strict=True)]
+
+
+def held_out_other_versions() -> dict[str, list[CalibrationPoint]]:
+    """``other_versions`` of ``plan_held_out.yaml`` by version: the H200 (held out) and H100 (a fitted GPU, measured by
+    that version) FP8 columns of the v0.13 and v0.14 engine-path tables, under the calibration's conditions. A check of
+    the fitted model on other releases, never fitted: the H100 column gives the version offset, the H200/H100 ratio
+    (published over model) the bandwidth scaling, free of it."""
+    raw = yaml.safe_load(resources.files("pipeline").joinpath(HELD_OUT_FILE).read_text())
+    out = {}
+    for t in raw["other_versions"]:
+        cols = list(t["columns"].items())
+        out[t["version"]] = [CalibrationPoint(gpu=gpu, qformat=col["qformat"], kv_cache_dtype=col["kv_cache_dtype"],
+                                              model_dtype=col["model_dtype"], isl=isl, osl=osl, published=v)
+                             for isl, osl, *values in t["rows"] for (gpu, col), v in zip(cols, values, strict=True)]
+    return out
 
 
 def trtllm_bench_settings(gpu: hardware.GpuSpec, param_count: int, weight_bytes_per_param: float, kv_bytes_per_token: int,
