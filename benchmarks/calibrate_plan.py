@@ -61,6 +61,27 @@ def _print(data: dict, markdown: bool) -> None:
                   f"{r['error']:+.1%} | {logo_error(r):+.1%} | {r['batch']} ({r['limited_by'].replace('_', ' ')}) |")
 
 
+def _print_held_out(data: dict) -> None:
+    """The fitted parameters on the GPU the fit never sees (pipeline/data/plan_held_out.yaml: the H200 column)."""
+    from statistics import median
+
+    eff = cal.Efficiency(**data["fitted"], **data["fixed"], rel_error=data["rel_error"])
+    res = cal.evaluate(eff, cal.held_out_points())
+    summ = cal.summary(res)
+    print(f"\nheld out (not fitted), {len(res)} points: median |error| {summ['median_abs_error']:.1%}, worst "
+          f"{summ['worst_abs_error']:.1%}, median error {median(r.error for r in res):+.1%}")
+    for r in res:
+        print(f"  {r.gpu:8s} {r.isl:>5d}/{r.osl:<5d} published {r.published:>9,.0f} predicted {r.predicted:>9,.0f} "
+              f"{r.error:+.1%}  batch {r.batch} ({r.limited_by})")
+    for version, pts in cal.held_out_other_versions().items():
+        res = cal.evaluate(eff, pts)
+        by = {g: [r for r in res if r.gpu == g] for g in ("h200", "h100_sxm")}
+        ratio = [(a.published / b.published) / (a.predicted / b.predicted) for a, b in zip(by["h200"], by["h100_sxm"])]
+        print(f"v{version} table (not fitted): H200 median error {median(r.error for r in by['h200']):+.1%} "
+              f"(worst {max((r.error for r in by['h200']), key=abs):+.1%}), H100 {median(r.error for r in by['h100_sxm']):+.1%}, "
+              f"H200/H100 published over model {median(ratio):.3f}")
+
+
 def _print_pytorch(data: dict, markdown: bool) -> None:
     summ, lomo, lopo = data["fit"], data["leave_one_model_out"], data["leave_one_pair_out"]
     print("fitted:", data["fitted"], "fixed:", data["fixed"])
@@ -103,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out or OUT
     data = cal.calibrate()
     _print(data, args.markdown)
+    _print_held_out(data)
     if args.check:
         diff = cal.drift(cal.shipped(), data)
         print("shipped parameters reproduce" if not diff else f"shipped parameters differ: {diff}")

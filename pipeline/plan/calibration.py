@@ -29,6 +29,8 @@ from pipeline.plan.step import Efficiency
 from pipeline.recipe import Recipe
 
 CALIBRATION_FILE = "data/plan_calibration.yaml"
+#: published points of a GPU the fit never sees (the H200 column of the same v0.17 table): the out-of-fit check
+HELD_OUT_FILE = "data/plan_held_out.yaml"
 #: Parameters fitted: (start, lower bound, upper bound); fractions of peak, µs per sequence per step.
 #: attn_frac's ceiling 0.75 is the best published FMHA forward efficiency (FlashAttention-3: ~740 TFLOPS
 #: BF16 on H100 = 75 % of peak, arXiv:2407.08608; FlashAttention-2: up to 73 % of A100 peak, arXiv:2307.08691).
@@ -71,6 +73,33 @@ def points() -> list[CalibrationPoint]:
         for (gpu, col), v in zip(cols, values, strict=True):
             out.append(CalibrationPoint(gpu=gpu, qformat=col["qformat"], kv_cache_dtype=col["kv_cache_dtype"],
                                         model_dtype=col["model_dtype"], isl=isl, osl=osl, published=v))
+    return out
+
+
+def held_out_points() -> list[CalibrationPoint]:
+    """The published points of ``plan_held_out.yaml`` (9: the H200 column of the same v0.17 table; the v0.13 and v0.14
+    tables are :func:`held_out_other_versions`), under the calibration's conditions; :func:`fit` never uses them,
+    :func:`evaluate` scores them like any point."""
+    raw = yaml.safe_load(resources.files("pipeline").joinpath(HELD_OUT_FILE).read_text())
+    assert raw["model"] == _raw()["model"], "held-out points must be of the calibrated model"
+    cols = list(raw["columns"].items())
+    return [CalibrationPoint(gpu=gpu, qformat=col["qformat"], kv_cache_dtype=col["kv_cache_dtype"], model_dtype=col["model_dtype"],
+                             isl=isl, osl=osl, published=v)
+            for isl, osl, *values in raw["rows"] for (gpu, col), v in zip(cols, values, strict=True)]
+
+
+def held_out_other_versions() -> dict[str, list[CalibrationPoint]]:
+    """``other_versions`` of ``plan_held_out.yaml`` by version: the H200 (held out) and H100 (a fitted GPU, measured by
+    that version) FP8 columns of the v0.13 and v0.14 engine-path tables, under the calibration's conditions. A check of
+    the fitted model on other releases, never fitted: the H100 column gives the version offset, the H200/H100 ratio
+    (published over model) the bandwidth scaling, free of it."""
+    raw = yaml.safe_load(resources.files("pipeline").joinpath(HELD_OUT_FILE).read_text())
+    out = {}
+    for t in raw["other_versions"]:
+        cols = list(t["columns"].items())
+        out[t["version"]] = [CalibrationPoint(gpu=gpu, qformat=col["qformat"], kv_cache_dtype=col["kv_cache_dtype"],
+                                              model_dtype=col["model_dtype"], isl=isl, osl=osl, published=v)
+                             for isl, osl, *values in t["rows"] for (gpu, col), v in zip(cols, values, strict=True)]
     return out
 
 
