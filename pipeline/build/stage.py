@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pipeline.core import artifacts
+from pipeline.core import artifacts, lock
 from pipeline.core.errors import UserError
 from pipeline.core.layout import BuildLayout
 from pipeline.core.results import StageResult
@@ -83,7 +83,8 @@ def run(
         dry_run: write commands and configs only (no ModelOpt run, no trtllm-build).
         on_stage: called after each stage with its name, result and the consumed recipe fields that changed
             since the stage's previous result (for the CLI's progress lines).
-        warn: receives planner warnings (one line each).
+        warn: receives planner warnings and, when another build holds this directory, the line saying so (one line
+            each).
         donors: other build directories whose finished quantize/engine stages may be hard-linked in when this
             build lacks them and their recipes feed those stages the same inputs
             (:func:`pipeline.build.seed.seed_build`; not with ``force`` or ``dry_run``); reused only when
@@ -93,6 +94,11 @@ def run(
         UserError: unknown ``until``, the planner (:func:`pipeline.plan.check_fits`) finds that
             the recipe cannot fit its target, or a CPU recipe meets a bad ``$TRTPIPE_CPU_KERNELS``
             (before any stage runs); any stage's own errors propagate unchanged.
+        StageError: the disk under ``build_dir`` is full or has less free than a stage needs (one line naming the
+            stage directory and the space needed, :func:`pipeline.core.artifacts.atomic_dir`).
+
+    Another build of the same ``build_dir`` (another terminal, a CI retry) holds the directory's lock
+    (:mod:`pipeline.core.lock`): this one waits, telling ``warn`` who holds it, then reuses what the other built.
     """
     from pipeline.plan import check_fits
 
@@ -118,20 +124,33 @@ def run(
     seeded: dict[str, Path] = {}
     linked: set[tuple[Path, int]] = set()  # (file, inode) hard-linked in from another build
     try:
-        if donors and not (force or dry_run):
-            from pipeline.build.seed import seed_build
+        with lock.exclusive(layout.lock_file, on_wait=warn):  # a second build of this directory waits here
+            if created is not None:
+                linked = _files(created)  # the lock file
+            if donors and not (force or dry_run):
+                from pipeline.build.seed import seed_build
 
-            seeded = seed_build(layout.root, recipe, list(donors), until=last)
-            linked = _files(created) if created is not None else set()
-        _run_stages(recipe, layout, recipe_dir, last, force, dry_run, results, changes, on_stage)
+                seeded = seed_build(layout.root, recipe, list(donors), until=last)
+                linked = _files(created) if created is not None else set()
+            _run_stages(recipe, layout, recipe_dir, last, force, dry_run, results, changes, on_stage)
+            _write_final(layout, recipe, record=last == "triton_repo" and not dry_run)
     except BaseException:
         if created is not None and created.is_dir() and not _files(created) - linked:
             shutil.rmtree(created, ignore_errors=True)  # a failed first build leaves nothing behind (nor links)
         raise
-    artifacts.write_atomic(layout.recipe_file, dump_recipe(recipe))
-    if last == "triton_repo" and not dry_run:
-        artifacts.record_last_build(layout.root)
     return BuildResult(layout, results, changes, seeded)
+
+
+def _write_final(layout: BuildLayout, recipe: Recipe, *, record: bool) -> None:
+    """The build's resolved recipe and (``record``) the last-build marker; a full disk is one line."""
+    try:
+        artifacts.write_atomic(layout.recipe_file, dump_recipe(recipe))
+        if record:
+            artifacts.record_last_build(layout.root)
+    except OSError as e:
+        if artifacts.is_no_space(e):
+            raise artifacts.no_space_error(layout.recipe_file, None, during=True) from e
+        raise
 
 
 def _files(root: Path) -> set[tuple[Path, int]]:

@@ -49,7 +49,7 @@ def build(
             console.print(f"    [dim]changed:[/] {'; '.join(changes)}", highlight=False, soft_wrap=True)
 
     def warn(msg: str) -> None:
-        console.print(f"  [yellow]warning:[/] {msg}", highlight=False)
+        console.print(f"  [yellow]warning:[/] {msg}", highlight=False, soft_wrap=True)
 
     result = build_stage.run(
         recipe, build_dir, recipe_dir=recipe_file.resolve().parent, until=stage, force=force, dry_run=dry_run,

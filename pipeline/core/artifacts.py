@@ -16,24 +16,29 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import hashlib
 import json
 import os
 import resource
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from pipeline import __version__
+from pipeline.core.errors import StageError
 
 MANIFEST = "manifest.json"
 DEFAULT_ARTIFACTS_ROOT = Path("artifacts")
 LAST_BUILD_FILE = ".last_build"
 
 _CHUNK = 1 << 20
+#: a filesystem with less than this free when a writer failed is taken as full (libraries that hide the
+#: ENOSPC, e.g. torch.save's "file write failed")
+_FULL_BYTES = 1 << 20
 
 
 def sha256_file(path: Path) -> str:
@@ -68,6 +73,21 @@ def file_hashes(root: Path, exclude: tuple[str, ...] = (MANIFEST,)) -> dict[str,
     }
 
 
+def changed_files(root: Path, recorded: Mapping[str, str]) -> list[str]:
+    """One line per file of ``recorded`` (``{path relative to root: sha256}``, as :func:`file_hashes` wrote it at
+    build time) that is missing under ``root`` or whose bytes no longer have that sha256 (streamed,
+    :func:`sha256_file`); ``[]`` when every file matches. The one rule ``trtpipe serve`` applies to the files a
+    server loads (:func:`pipeline.serve.compat.check_files`)."""
+    problems = []
+    for rel, sha in sorted(recorded.items()):
+        path = Path(root) / rel
+        if not path.is_file():
+            problems.append(f"{path} is missing")
+        elif sha256_file(path) != sha:
+            problems.append(f"{path} changed on disk since the build (sha256 differs)")
+    return problems
+
+
 def stable_hash(obj: Any) -> str:
     """Hex sha256 of ``obj`` as canonical JSON (sorted keys, no whitespace; paths as strings)."""
     data = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
@@ -95,23 +115,70 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def size_text(n: int) -> str:
+    """``n`` bytes for a message: ``312 MiB`` below 1 GiB, else ``1.45 GiB``."""
+    return f"{n / 2**20:.0f} MiB" if n < 1 << 30 else f"{n / 2**30:.2f} GiB"
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem of ``path`` (its nearest existing ancestor)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def no_space_error(final: Path, need_bytes: int | None, *, during: bool) -> StageError:
+    """The one line for a full disk under ``final``: the path, the space the writer needs (``need_bytes``, its
+    estimate; ``None``: unknown) and what is free there now. ``during``: the disk filled while writing (else the
+    up-front check refused)."""
+    need = f"needs about {size_text(need_bytes)}" if need_bytes else "needs more space"
+    what = "no space left on device while writing it" if during else "not enough free space"
+    return StageError(f"{final}: {what}: it {need}, {size_text(free_bytes(final.parent))} free there — free space "
+                      "or build on a larger disk (--out DIR)")
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """True when ``exc`` or an exception it was raised from is a full disk: an ``OSError`` with ``ENOSPC``/``EDQUOT``,
+    or a library's error carrying the OS text (safetensors' ``SafetensorError``: "No space left on device")."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 @contextlib.contextmanager
-def atomic_dir(final: Path) -> Iterator[Path]:
+def atomic_dir(final: Path, *, need_bytes: int | None = None) -> Iterator[Path]:
     """Yield an empty temp dir next to ``final``; on success replace ``final`` with it.
 
     On any exception (including KeyboardInterrupt) the temp dir is removed and ``final`` is left
     exactly as it was. The swap is two renames on the same filesystem: the old directory is moved
     aside first and deleted only after the new one is in place.
+
+    ``need_bytes`` (the writer's estimate of what it writes): when less is free there, nothing is created and a
+    :class:`StageError` names ``final``, the space needed and the space free (:func:`no_space_error`). A full disk
+    while writing (:func:`is_no_space`, or nothing left free when the body failed) becomes the same one line.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_tmp(final)
+    if need_bytes and free_bytes(final.parent) < need_bytes:
+        raise no_space_error(final, need_bytes, during=False)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         yield tmp
-    except BaseException:
+    except BaseException as e:
+        full = is_no_space(e) or (isinstance(e, Exception) and free_bytes(final.parent) < _FULL_BYTES)
         shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise no_space_error(final, need_bytes, during=True) from e
         raise
     old = None
     if final.exists():

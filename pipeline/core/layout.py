@@ -6,6 +6,7 @@ A build (``trtpipe build RECIPE --out OUT``, default ``artifacts/<recipe name>``
     OUT/engine/                 engine stage: TensorRT engine / LLM-API config / CPU engine + manifest.json
     OUT/triton_repo/            the Triton model repository + manifest.json
     OUT/recipe.yaml             the resolved recipe of the last successful build
+    OUT/.build.lock             held (flock) by the ``trtpipe build`` writing OUT (:mod:`pipeline.core.lock`)
     OUT/triton_server-<port>.log   server logs of ``trtpipe serve`` (one per gRPC port; the newest 8 are kept)
     OUT/eval_outputs/<key>.jsonl   outputs ``trtpipe eval`` generated on this build (cached by content key)
 
@@ -20,6 +21,7 @@ from pathlib import Path
 #: the build stages in pipeline order; each owns the directory of the same name
 STAGES = ("quantize", "engine", "triton_repo")
 RECIPE_FILE = "recipe.yaml"
+LOCK_FILE = ".build.lock"
 #: the quantize stage's two exports (subdirectories of its stage directory)
 TRTLLM_CKPT = "trtllm_ckpt"
 HF_CKPT = "hf_ckpt"
@@ -73,6 +75,11 @@ class BuildLayout:
     def recipe_file(self) -> Path:
         """The resolved recipe of the last successful build."""
         return self.root / RECIPE_FILE
+
+    @property
+    def lock_file(self) -> Path:
+        """The lock a build holds while it writes this directory (:func:`pipeline.core.lock.exclusive`)."""
+        return self.root / LOCK_FILE
 
     def server_log(self, grpc_port: int) -> Path:
         """Log of a ``trtpipe serve`` of this build on ``grpc_port``."""

@@ -53,6 +53,7 @@ from pipeline.core.artifacts import (
     stable_hash,
     write_manifest,
 )
+from pipeline.core.disk import cpu_engine_bytes
 from pipeline.core.errors import StageError, UserError
 from pipeline.core.geometry import geometry_from_dict
 from pipeline.core.layout import BuildLayout
@@ -243,7 +244,8 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
 
     Raises:
         UserError: the recipe's limits do not fit the model (see :func:`engine_config`).
-        StageError: ``hf_ckpt/`` is missing or holds a tensor layout that cannot be dequantized.
+        StageError: ``hf_ckpt/`` is missing or holds a tensor layout that cannot be dequantized; less free disk
+            than the dequantized weights need (:func:`pipeline.core.disk.cpu_engine_bytes`), or the disk filled.
     """
     import torch
 
@@ -270,7 +272,8 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
     model_cfg = _model_config(hf_ckpt, recipe, dry_run)
     ecfg = engine_config(recipe, model_cfg)
     timings: dict[str, float] = {}
-    with atomic_dir(out_dir) as tmp:
+    need = None if dry_run else cpu_engine_bytes(hf_ckpt / "config.json", ecfg["dtype"])
+    with atomic_dir(out_dir, need_bytes=need) as tmp:
         (tmp / ENGINE_CONFIG).write_text(json.dumps(ecfg, indent=2, sort_keys=True) + "\n")
         inputs: dict[str, Any] = {"quantize_cache_key": quantized.cache_key}
         linked: dict[str, str] = {}

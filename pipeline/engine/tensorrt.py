@@ -258,7 +258,9 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
     )
     for a in p["adjustments"]:
         sys.stderr.write(f"trtpipe: {a['knob']} {a['requested']} -> {a['effective']}: {a['reason']}\n")
-    with atomic_dir(out_dir) as tmp:
+    # the engine holds the checkpoint's weights: its rank files' size is what the build needs free
+    need = sum(f.stat().st_size for f in quantized.trtllm_ckpt.glob("rank*.safetensors")) if status == "built" else None
+    with atomic_dir(out_dir, need_bytes=need) as tmp:
         _write_plan(tmp, p)
         if status == "built":
             assert tool is not None

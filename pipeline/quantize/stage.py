@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core import artifacts
+from pipeline.core.disk import quantize_bytes
 from pipeline.core.errors import StageError, UserError
 from pipeline.core.layout import HF_CKPT, TRTLLM_CKPT, BuildLayout
 from pipeline.quantize import ptq
@@ -83,7 +84,8 @@ def run(recipe: Recipe, layout: BuildLayout, *, recipe_dir: Path, force: bool = 
 
     Raises:
         UserError: source or calibration data unavailable (see :mod:`pipeline.quantize.sources`, :mod:`calib`).
-        StageError: ModelOpt calibration or export failed.
+        StageError: ModelOpt calibration or export failed; less free disk than both exports need
+            (:func:`pipeline.core.disk.quantize_bytes`; checked before the model loads), or the disk filled.
     """
     out_dir = layout.quantize
     if dry_run:
@@ -99,7 +101,11 @@ def run(recipe: Recipe, layout: BuildLayout, *, recipe_dir: Path, force: bool = 
     key = cache_key(recipe, source_hash=source.content_hash, dataset_hash=_dataset_hash(recipe, recipe_dir), dry_run=False)
     if not force and (hit := QuantizeResult.load(out_dir, key)):
         return hit
-    with _threads(), artifacts.atomic_dir(out_dir) as tmp:
+    export_dtype = derived.model_dtype(recipe.model, recipe.target, _checkpoint_dtype(source.hf_dir))
+    q, t = recipe.quantization, recipe.target
+    need = quantize_bytes(Path(source.hf_dir) / "config.json", q.qformat, export_dtype, awq_block_size=q.awq_block_size,
+                          tp_size=t.tp_size, pp_size=t.pp_size)
+    with _threads(), artifacts.atomic_dir(out_dir, need_bytes=need) as tmp:
         with quiet_libraries() as library_log:
             manifest = _quantize(recipe, tmp, key, source, Path(recipe_dir))
         manifest["library_log"] = library_log

@@ -3,7 +3,9 @@
 :class:`ServeTarget` resolves ``[ARTIFACT_DIR | RECIPE]`` (a build directory, a recipe's default build, a model
 repository, or the last build) to a model repository and its build; :func:`check_runtime` refuses artifacts this
 Triton cannot run (a TensorRT-LLM repository on the CPU Triton, an engine built for another runtime) before any
-server starts. The stage itself is :func:`pipeline.serve.stage.run`.
+server starts. :func:`check_files` (run by :func:`check_runtime` and by the trtllm-serve frontend) refuses a build
+whose served files no longer have the sha256 the build recorded (a truncated copy, a bit flip). The stage itself is
+:func:`pipeline.serve.stage.run`.
 """
 
 from __future__ import annotations
@@ -80,17 +82,59 @@ def _repo_of(layout: BuildLayout, hint: str) -> Path:
     return layout.triton_repo
 
 
+def served_files(layout: BuildLayout) -> list[tuple[Path, dict[str, str]]]:
+    """What a server of this build loads, with the sha256 the build recorded: ``[(directory, {relative path:
+    sha256})]``. The engine stage's files (the CPU engine's weights, config and tokenizer: its manifest's
+    ``files``; a TensorRT engine: ``engine_files``) and, for an engine that loads the quantize stage's checkpoint
+    at start (``build.engine: pytorch`` on a GPU: the LLM API's ``model``), that checkpoint's files as the quantize
+    manifest's ``outputs`` recorded them. Empty when nothing was built or nothing recorded."""
+    engine = EngineResult.load(layout.engine)
+    if engine is None or not engine.built:
+        return []
+    m = engine.manifest
+    out = []
+    if m.get("files"):
+        out.append((engine.path, m["files"]))
+    if m.get("engine_files"):
+        out.append((engine.path / m.get("engine_dir", "."), m["engine_files"]))
+    checkpoint = (m.get("checkpoint") or {}).get("path") if engine.engine_kind == "pytorch" else None
+    if checkpoint:  # the LLM API loads it at start (a TensorRT engine's manifest names the checkpoint it was built from)
+        ckpt = Path(checkpoint)
+        recorded = ((artifacts.read_manifest(ckpt.parent) or {}).get("outputs") or {}).get(ckpt.name)
+        if recorded:
+            out.append((ckpt, recorded))
+    return out
+
+
+def check_files(target: ServeTarget) -> None:
+    """Refuse a build whose served files (:func:`served_files`) are missing or no longer have their recorded
+    sha256 (:func:`pipeline.core.artifacts.changed_files`); a bare model repository has nothing recorded.
+
+    Raises:
+        IncompatibleArtifactError: one line naming the first such file (and how many more).
+    """
+    if target.layout is None:
+        return
+    problems = [line for root, recorded in served_files(target.layout) for line in artifacts.changed_files(root, recorded)]
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise IncompatibleArtifactError(f"{problems[0]}{more}: the build's files no longer match the hashes recorded "
+                                        "when it was built — rebuild it with `trtpipe build RECIPE --force`")
+
+
 def check_runtime(target: ServeTarget, install: TritonInstall) -> list[str]:
     """Refuse artifacts this Triton cannot serve; returns warnings to show (may be empty).
 
+    * Any build whose served files changed since the build (:func:`check_files`) → refused.
     * CPU Triton + a repository using the C++ ``tensorrtllm`` backend → refused (GPU image needed).
     * GPU Triton + a TensorRT engine → ``pipeline.trtllm.runtime.check_engine_compatible(
-      manifest, runtime_facts())``; any difference is refused.
+      manifest, runtime_facts())`` (versions and GPU; its files were checked above); any difference is refused.
     * GPU Triton whose TensorRT-LLM is not the release matrix's target → a warning naming the image.
 
     Raises:
         IncompatibleArtifactError: listing what differs.
     """
+    check_files(target)
     repo = target.repo
     uses_trtllm = any(_TRTLLM_BACKEND.search(p.read_text(errors="replace")) for p in repo.glob("*/config.pbtxt"))
     if install.kind == "cpu" and uses_trtllm:
@@ -112,7 +156,7 @@ def check_runtime(target: ServeTarget, install: TritonInstall) -> list[str]:
     engine = EngineResult.load(target.layout.engine) if target.layout is not None else None
     if not uses_trtllm or engine is None:
         return warnings
-    problems = check_engine_compatible(engine.manifest, facts, stage_dir=engine.path)
+    problems = check_engine_compatible(engine.manifest, facts)
     if problems:
         raise IncompatibleArtifactError(
             f"engine {engine.path} does not match this runtime: {'; '.join(problems)} "

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import MissingToolError, StageError
-from pipeline.serve.compat import ServeTarget
+from pipeline.serve.compat import ServeTarget, check_files
 
 SERVE_COMMAND = "trtllm_serve.json"  # written by pipeline.engine.pytorch
 CPU_OPTIONS = "llm_api_config.yaml"  # written by pipeline.engine.cpu for build.engine: pytorch on the cpu target
@@ -116,6 +116,7 @@ def serve_trtllm(target: ServeTarget, options: Any, *, detach: bool, state_file:
 
     Raises:
         MissingToolError: a GPU build and no ``trtllm-serve`` here (nothing starts).
+        IncompatibleArtifactError: the build's served files changed since the build (:func:`check_files`).
         UserError: the port is in use.
         StageError: the build has no trtllm-serve command; the server exited or was not ready in time (one line
             naming ``/health`` and the log; it is stopped); it exited on its own in the foreground.
@@ -126,6 +127,7 @@ def serve_trtllm(target: ServeTarget, options: Any, *, detach: bool, state_file:
     spec = trtllm_serve_spec(target)
     if spec is None:
         raise StageError(f"{target.layout}: no {SERVE_COMMAND}: the build's frontend is triton")
+    check_files(target)
     argv = _runnable(spec, options.host, options.http_port)
     root = target.layout.root if target.layout is not None else target.repo.parent
     log_file = options.log_file or Path(root) / LOG_NAME.format(port=options.http_port)

@@ -162,7 +162,8 @@ def run(
 
     Raises:
         UserError: nothing to serve there, or a port is taken.
-        IncompatibleArtifactError: the artifacts cannot run on this Triton (e.g. a GPU engine on CPU).
+        IncompatibleArtifactError: the artifacts cannot run on this Triton (e.g. a GPU engine on CPU), or a file the
+            server loads no longer has the sha256 its build recorded (:func:`~pipeline.serve.compat.check_files`).
         MissingToolError: no ``tritonserver`` here.
         StageError: the server exited or was not ready within ``options.ready_timeout_s`` (it is killed).
     """

@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.artifacts import file_hashes
+from pipeline.core.artifacts import changed_files, file_hashes
 
 ENGINE_DIR = "."
 SCRIPT = "trtllm_build.sh"
@@ -111,12 +111,7 @@ def check_engine_compatible(manifest: dict[str, Any], runtime: dict[str, Any], *
                             f"the engine was built for {want_cc}: rebuild on this GPU type")
     if stage_dir is not None:
         engine_dir = Path(stage_dir) / manifest.get("engine_dir", ENGINE_DIR)
-        have_files = engine_file_hashes(engine_dir) if engine_dir.is_dir() else {}
-        for rel, sha in sorted((manifest.get("engine_files") or {}).items()):
-            if rel not in have_files:
-                problems.append(f"engine file {engine_dir / rel} is missing")
-            elif have_files[rel] != sha:
-                problems.append(f"engine file {engine_dir / rel} changed on disk since the build (sha256 differs)")
+        problems += [f"engine file {line}" for line in changed_files(engine_dir, manifest.get("engine_files") or {})]
     return problems
 
 
