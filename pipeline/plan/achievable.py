@@ -8,15 +8,16 @@ what an engine reaches: one engine iteration ("step") costs
                       + (n_tokens × A + n_logits × G) / (η_bw·BW)                                activation and logits traffic
                       + kv_read_tokens × kv_bytes / (η_bw·BW)                                    decode attention
                       + F_attn / (η_attn·T_attn)                                                 prefill attention
-                      + n_tokens × R / (η_link·BW_link) + n_ar × t_ar ]                          tensor-parallel all-reduces
+                      + n_ar × [t_ar(m) + f(m) × m / (η_link·BW_link)] ]                          tensor-parallel all-reduces
 
 (W: weight bytes streamed per step; BW: peak DRAM bandwidth; T: dense tensor peak of the dtype; F_lin,
 F_head: GEMM FLOPs per token / per emitted token; n_tokens: tokens in the step; n_logits: sequences that
 emit a token; A: activation bytes each token moves through DRAM between kernels; G: logits bytes each
 emitted token writes and the sampler reads back; kv_read_tokens: context
-tokens whose K and V the decoding sequences read; F_attn: causal prefill attention FLOPs; R: bytes a GPU sends per
-token in the step's ring all-reduces, n_ar of them per step, t_ar the fixed time of one, BW_link the GPU-to-GPU
-bandwidth per direction; MoE: W counts the routed experts the step's tokens select, :func:`expert_read_share`). The η's, the overheads and their sources are in :class:`Efficiency`.
+tokens whose K and V the decoding sequences read; F_attn: causal prefill attention FLOPs; n_ar all-reduces per step
+(2 per layer) of m = n_tokens × hidden × activation bytes each, a GPU moving f(m) × m of it over its link and
+paying a fixed t_ar(m); both depend on which all-reduce TensorRT-LLM runs for that message size
+(:func:`_allreduce_s`); BW_link the GPU-to-GPU bandwidth per direction; MoE: W counts the routed experts the step's tokens select, :func:`expert_read_share`). The η's, the overheads and their sources are in :class:`Efficiency`.
 
 The scheduler is modelled in steady state (:func:`predict_point`): B sequences in flight, each living
 k_p prefill steps (1, or ceil(ISL / chunk) with chunked prefill) + OSL − 1 decode steps; B is bounded
@@ -76,10 +77,12 @@ class StepCost(BaseModel):
     experts_per_token: int = Field(default=0, ge=0)
     #: tensor parallelism: bytes each GPU sends per token per step in its all-reduces (ring: 2(tp−1)/tp × hidden ×
     #: activation bytes, 2 all-reduces per layer: after attention's o_proj and the MLP's down_proj), the number of
-    #: all-reduces per step (2 × layers per stage), and the GPU-to-GPU bandwidth per direction (B/s); 0 when tp = 1
+    #: all-reduces per step (2 × layers per stage), and the GPU-to-GPU bandwidth per direction (B/s); 0 when tp = 1;
+    #: the tensor-parallel degree (which all-reduce algorithm runs, :func:`_allreduce_s`)
     allreduce_bytes_per_token: float = Field(default=0.0, ge=0)
     allreduces_per_step: int = Field(default=0, ge=0)
     link_bandwidth: float = Field(default=0.0, ge=0)
+    tp_size: int = Field(default=1, ge=1)
 
 
 def allreduce_bytes_per_token(hidden: int, layers: int, tp: int, act_bytes: int = 2) -> float:
@@ -140,10 +143,12 @@ class Efficiency(BaseModel):
     step_overhead_ms: float = Field(ge=0)
     rel_error: float = Field(ge=0)
     step_overhead_uncertainty_ms: float = Field(default=0.0, ge=0)
-    #: achieved fraction of the per-direction link bandwidth in the all-reduces, and the fixed time of one
-    #: all-reduce (launch + synchronisation across the GPUs, µs); tensor parallelism only
+    #: tensor parallelism only: achieved fraction of the per-direction link bandwidth in the all-reduces; the fixed
+    #: time (µs) of one all-reduce run by TensorRT-LLM's custom kernels (messages up to their workspace: the decode
+    #: steps) and of one run by NCCL (larger messages: steps carrying prefill chunks); see :func:`_allreduce_s`
     link_frac: float = Field(default=1.0, gt=0, le=1)
     allreduce_latency_us: float = Field(default=0.0, ge=0)
+    nccl_latency_us: float = Field(default=0.0, ge=0)
     source: str = ""
     #: which fitted model these are (the engine path's, the PyTorch backend's, a host's measurement)
     name: str = ""
@@ -237,13 +242,37 @@ def step_time(cost: StepCost, eff: Efficiency, mix: StepMix) -> StepTime:
     )
 
 
+#: Largest all-reduce message (bytes) TensorRT-LLM runs with its custom (peer-to-peer) kernels; larger ones fall back
+#: to NCCL: 16 MB at tp ≤ 2, 8 MB above (cpp/tensorrt_llm/common/customAllReduceUtils.h@b78a5461:28-38,
+#: getMaxRequiredWorkspaceSize; used by AllreduceOp::selectImplementation / ifFallbackToNCCL in
+#: cpp/tensorrt_llm/thop/allreduceOp.cpp@01e2c361, the PyTorch backend's all-reduce op).
+def custom_allreduce_max_bytes(tp: int) -> float:
+    """Largest message (bytes) of TensorRT-LLM's custom all-reduce kernels at tensor parallelism ``tp``."""
+    return 16e6 if tp <= 2 else 8e6
+
+
 def _allreduce_s(cost: StepCost, eff: Efficiency, n_tokens: float) -> float:
-    """Seconds of one stage's all-reduces in a step of ``n_tokens`` tokens: bytes / (η_link × link bandwidth)
-    + all-reduces × latency (not overlapped with compute: each all-reduce sits between two GEMMs)."""
+    """Seconds of one stage's all-reduces in a step of ``n_tokens`` tokens (not overlapped with compute: each sits
+    between two GEMMs). Per all-reduce of m = n_tokens × hidden × activation bytes, TensorRT-LLM's AUTO strategy runs
+
+    - m ≤ :func:`custom_allreduce_max_bytes` (decode steps: hundreds of tokens at most): its custom peer-to-peer
+      kernels, one launch and a flag barrier over NVLink: t = ``allreduce_latency_us`` + 2(tp − 1)/tp × m /
+      (η_link × BW_link) (two-shot: reduce-scatter + all-gather, the ring's bytes);
+    - larger m (steps carrying prefill chunks): NCCL, t = ``nccl_latency_us`` + m / (η_link × BW_link): on an NVSwitch
+      node NCCL's NVLink SHARP algorithm reduces in the switch, each GPU sending and receiving m once (at tp 2 the
+      ring's 2(tp − 1)/tp is 1 as well).
+
+    ``nccl_latency_us`` 0 means the same latency for both (the older single-latency model)."""
     if cost.allreduces_per_step == 0 or cost.link_bandwidth <= 0:
         return 0.0
-    return (n_tokens * cost.allreduce_bytes_per_token / (eff.link_frac * cost.link_bandwidth)
-            + cost.allreduces_per_step * eff.allreduce_latency_us * 1e-6)
+    tp = cost.tp_size
+    ring = n_tokens * cost.allreduce_bytes_per_token  # bytes per GPU per step, 2(tp − 1)/tp × m per all-reduce
+    msg = ring / (cost.allreduces_per_step * 2 * (tp - 1) / tp)
+    if msg > custom_allreduce_max_bytes(tp) and eff.nccl_latency_us > 0:
+        moved, latency_us = ring * tp / (2 * (tp - 1)), eff.nccl_latency_us
+    else:
+        moved, latency_us = ring, eff.allreduce_latency_us
+    return moved / (eff.link_frac * cost.link_bandwidth) + cost.allreduces_per_step * latency_us * 1e-6
 
 
 def kv_sequences(limits: SchedulerLimits, isl: int, osl: int) -> int:

@@ -107,7 +107,7 @@ def _tp_terms(geo: ModelGeometry, spec: hardware.GpuSpec | None, tp: int, pp: in
         return {}
     layers = -(-geo.num_hidden_layers // pp)
     return {"allreduce_bytes_per_token": allreduce_bytes_per_token(geo.hidden_size, layers, tp, act_bytes),
-            "allreduces_per_step": 2 * layers, "link_bandwidth": spec.link_bytes_per_s}
+            "allreduces_per_step": 2 * layers, "link_bandwidth": spec.link_bytes_per_s, "tp_size": tp}
 
 
 def engine_model(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, kv_token_bytes: int, kv_tokens: int,
