@@ -8,16 +8,17 @@ what an engine reaches: one engine iteration ("step") costs
                       + (n_tokens × A + n_logits × G) / (η_bw·BW)                                activation and logits traffic
                       + kv_read_tokens × kv_bytes / (η_bw·BW)                                    decode attention
                       + F_attn / (η_attn·T_attn)                                                 prefill attention
-                      + n_ar × [t_ar(m) + f(m) × m / (η_link·BW_link)] ]                          tensor-parallel all-reduces
+                      + n_ar × t_ar(m) ]                                                       tensor-parallel all-reduces
 
 (W: weight bytes streamed per step; BW: peak DRAM bandwidth; T: dense tensor peak of the dtype; F_lin,
 F_head: GEMM FLOPs per token / per emitted token; n_tokens: tokens in the step; n_logits: sequences that
 emit a token; A: activation bytes each token moves through DRAM between kernels; G: logits bytes each
 emitted token writes and the sampler reads back; kv_read_tokens: context
 tokens whose K and V the decoding sequences read; F_attn: causal prefill attention FLOPs; n_ar all-reduces per step
-(2 per layer) of m = n_tokens × hidden × activation bytes each, a GPU moving f(m) × m of it over its link and
-paying a fixed t_ar(m); both depend on which all-reduce TensorRT-LLM runs for that message size
-(:func:`_allreduce_s`); BW_link the GPU-to-GPU bandwidth per direction; MoE: W counts the routed experts the step's tokens select, :func:`expert_read_share`). The η's, the overheads and their sources are in :class:`Efficiency`.
+(2 per layer) of m = n_tokens × hidden × 2 B (BF16 activations) each, t_ar(m) the MEASURED time of one TensorRT-LLM
+all-reduce of m bytes on the GPU at the tp degree (pipeline/data/allreduce_measured.yaml, log-log interpolation,
+:func:`allreduce_time_s`), or on a GPU without measurements latency + 2(tp − 1)/tp × m / BW_link (:func:`_allreduce_s`);
+MoE: W counts the routed experts the step's tokens select, :func:`expert_read_share`). The η's, the overheads and their sources are in :class:`Efficiency`.
 
 The scheduler is modelled in steady state (:func:`predict_point`): B sequences in flight, each living
 k_p prefill steps (1, or ceil(ISL / chunk) with chunked prefill) + OSL − 1 decode steps; B is bounded
@@ -33,6 +34,7 @@ Units: bytes, FLOPs, seconds inside; the :class:`Prediction` fields carry their 
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Literal
 
@@ -78,10 +80,13 @@ class StepCost(BaseModel):
     #: tensor parallelism: bytes each GPU sends per token per step in its all-reduces (ring: 2(tp−1)/tp × hidden ×
     #: activation bytes, 2 all-reduces per layer: after attention's o_proj and the MLP's down_proj), the number of
     #: all-reduces per step (2 × layers per stage), and the GPU-to-GPU bandwidth per direction (B/s); 0 when tp = 1;
-    #: the tensor-parallel degree (which all-reduce algorithm runs, :func:`_allreduce_s`)
+    #: the tensor-parallel degree; ``allreduce_measured``: the measured (message bytes, seconds) points of one
+    #: all-reduce on this GPU at this tp, ascending (pipeline/data/allreduce_measured.yaml; empty: not measured, the
+    #: bandwidth formula applies), see :func:`_allreduce_s`
     allreduce_bytes_per_token: float = Field(default=0.0, ge=0)
     allreduces_per_step: int = Field(default=0, ge=0)
     link_bandwidth: float = Field(default=0.0, ge=0)
+    allreduce_measured: tuple[tuple[float, float], ...] = ()
     tp_size: int = Field(default=1, ge=1)
 
 
@@ -143,12 +148,6 @@ class Efficiency(BaseModel):
     step_overhead_ms: float = Field(ge=0)
     rel_error: float = Field(ge=0)
     step_overhead_uncertainty_ms: float = Field(default=0.0, ge=0)
-    #: tensor parallelism only: achieved fraction of the per-direction link bandwidth in the all-reduces; the fixed
-    #: time (µs) of one all-reduce run by TensorRT-LLM's custom kernels (messages up to their workspace: the decode
-    #: steps) and of one run by NCCL (larger messages: steps carrying prefill chunks); see :func:`_allreduce_s`
-    link_frac: float = Field(default=1.0, gt=0, le=1)
-    allreduce_latency_us: float = Field(default=0.0, ge=0)
-    nccl_latency_us: float = Field(default=0.0, ge=0)
     source: str = ""
     #: which fitted model these are (the engine path's, the PyTorch backend's, a host's measurement)
     name: str = ""
@@ -238,41 +237,55 @@ def step_time(cost: StepCost, eff: Efficiency, mix: StepMix) -> StepTime:
         act_s=pp * (mix.n_tokens * cost.act_bytes_per_token + mix.n_logits * cost.logit_bytes_per_token) / bw,
         kv_s=pp * mix.kv_read_tokens * cost.kv_token_bytes / bw,
         attn_s=pp * cost.attn_flops_coeff * mix.attn_units / (eff.attn_frac * cost.attn_flops),
-        comm_s=pp * _allreduce_s(cost, eff, mix.n_tokens),
+        comm_s=pp * _allreduce_s(cost, mix.n_tokens),
     )
 
 
-#: Largest all-reduce message (bytes) TensorRT-LLM runs with its custom (peer-to-peer) kernels; larger ones fall back
-#: to NCCL: 16 MB at tp ≤ 2, 8 MB above (cpp/tensorrt_llm/common/customAllReduceUtils.h@b78a5461:28-38,
-#: getMaxRequiredWorkspaceSize; used by AllreduceOp::selectImplementation / ifFallbackToNCCL in
-#: cpp/tensorrt_llm/thop/allreduceOp.cpp@01e2c361, the PyTorch backend's all-reduce op).
-def custom_allreduce_max_bytes(tp: int) -> float:
-    """Largest message (bytes) of TensorRT-LLM's custom all-reduce kernels at tensor parallelism ``tp``."""
-    return 16e6 if tp <= 2 else 8e6
+#: Fixed time (µs) of one all-reduce on a GPU (or tp) without measured all-reduce times, added to its bytes over the
+#: link at the full per-direction bandwidth (η_link = 1). Judgment: about 3× the small-message floor measured on
+#: NVSwitch nodes (2.6–3.8 µs at 128–512 elements, H100/H200 tp 2–8, pipeline/data/allreduce_measured.yaml), for a
+#: launch plus a barrier over a slower link (PCIe); such plans carry the "parallelism" error term
+#: (:data:`pipeline.plan.model_inputs.UNCALIBRATED_ERROR`).
+FALLBACK_ALLREDUCE_LATENCY_US = 10.0
 
 
-def _allreduce_s(cost: StepCost, eff: Efficiency, n_tokens: float) -> float:
+def allreduce_time_s(points: tuple[tuple[float, float], ...], msg_bytes: float) -> float:
+    """Seconds of one all-reduce of ``msg_bytes`` from measured (bytes, seconds) ``points`` (ascending in bytes):
+    the tabulated value at a tabulated size; between two sizes, linear in log(time) over log(bytes); below the
+    smallest, the smallest's time (the latency floor); above the largest, its time × bytes / its bytes
+    (bandwidth-bound)."""
+    xs = [x for x, _ in points]
+    i = bisect.bisect_left(xs, msg_bytes)
+    if i < len(xs) and xs[i] == msg_bytes:
+        return points[i][1]
+    if i == 0:
+        return points[0][1]
+    if i == len(xs):
+        return points[-1][1] * msg_bytes / xs[-1]
+    (x0, t0), (x1, t1) = points[i - 1], points[i]
+    w = math.log(msg_bytes / x0) / math.log(x1 / x0)
+    return math.exp(math.log(t0) + w * math.log(t1 / t0))
+
+
+def _allreduce_s(cost: StepCost, n_tokens: float) -> float:
     """Seconds of one stage's all-reduces in a step of ``n_tokens`` tokens (not overlapped with compute: each sits
-    between two GEMMs). Per all-reduce of m = n_tokens × hidden × activation bytes, TensorRT-LLM's AUTO strategy runs
+    between two GEMMs): ``allreduces_per_step`` all-reduces of m = n_tokens × hidden × activation bytes each.
 
-    - m ≤ :func:`custom_allreduce_max_bytes` (decode steps: hundreds of tokens at most): its custom peer-to-peer
-      kernels, one launch and a flag barrier over NVLink: t = ``allreduce_latency_us`` + 2(tp − 1)/tp × m /
-      (η_link × BW_link) (two-shot: reduce-scatter + all-gather, the ring's bytes);
-    - larger m (steps carrying prefill chunks): NCCL, t = ``nccl_latency_us`` + m / (η_link × BW_link): on an NVSwitch
-      node NCCL's NVLink SHARP algorithm reduces in the switch, each GPU sending and receiving m once (at tp 2 the
-      ring's 2(tp − 1)/tp is 1 as well).
-
-    ``nccl_latency_us`` 0 means the same latency for both (the older single-latency model)."""
-    if cost.allreduces_per_step == 0 or cost.link_bandwidth <= 0:
+    - measured GPU and tp (``cost.allreduce_measured``): each takes :func:`allreduce_time_s` of m — TensorRT-LLM's
+      AllReduce with its AUTO strategy as AIConfigurator timed it (custom one-/two-shot kernels for small messages,
+      NCCL for large ones, the choice TensorRT-LLM makes; nothing fitted);
+    - otherwise: 2(tp − 1)/tp × m over the link at full bandwidth (ring) + :data:`FALLBACK_ALLREDUCE_LATENCY_US`.
+    """
+    if cost.allreduces_per_step == 0 or cost.allreduce_bytes_per_token <= 0 or n_tokens <= 0:
         return 0.0
     tp = cost.tp_size
     ring = n_tokens * cost.allreduce_bytes_per_token  # bytes per GPU per step, 2(tp − 1)/tp × m per all-reduce
-    msg = ring / (cost.allreduces_per_step * 2 * (tp - 1) / tp)
-    if msg > custom_allreduce_max_bytes(tp) and eff.nccl_latency_us > 0:
-        moved, latency_us = ring * tp / (2 * (tp - 1)), eff.nccl_latency_us
-    else:
-        moved, latency_us = ring, eff.allreduce_latency_us
-    return moved / (eff.link_frac * cost.link_bandwidth) + cost.allreduces_per_step * latency_us * 1e-6
+    if cost.allreduce_measured:
+        msg = ring / (cost.allreduces_per_step * 2 * (tp - 1) / tp)
+        return cost.allreduces_per_step * allreduce_time_s(cost.allreduce_measured, msg)
+    if cost.link_bandwidth <= 0:
+        return 0.0
+    return ring / cost.link_bandwidth + cost.allreduces_per_step * FALLBACK_ALLREDUCE_LATENCY_US * 1e-6
 
 
 def kv_sequences(limits: SchedulerLimits, isl: int, osl: int) -> int:

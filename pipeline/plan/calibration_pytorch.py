@@ -3,7 +3,8 @@
 ``pipeline/data/plan_calibration_pytorch.yaml`` holds the H100 SXM columns of TensorRT-LLM v1.0's perf overview:
 Llama-3.1-8B TP1, Llama-3.3-70B TP2, Llama-3.1-405B TP8, FP8, ten ISL/OSL pairs, maximum load. Each point becomes a
 recipe (:func:`point_recipe`) that goes through the same planner as users' recipes, as the engine path's calibration
-(:mod:`pipeline.plan.calibration`) does; the step model is the same, with tensor parallelism's all-reduces. The
+(:mod:`pipeline.plan.calibration`) does; the step model is the same, with tensor parallelism's all-reduces at their measured times
+(``pipeline/data/allreduce_measured.yaml``, not fitted). The
 parameters are fitted separately from the engine path's, so the two runtimes keep their own efficiencies.
 
 :func:`fit` fits :data:`FREE` (least squares on ln(predicted / published), deterministic); :func:`leave_one_model_out`
@@ -34,26 +35,19 @@ from pipeline.plan.model_inputs import PYTORCH_EFFICIENCY_FILE
 from pipeline.recipe import Recipe
 
 CALIBRATION_FILE = "data/plan_calibration_pytorch.yaml"
-#: Parameters fitted: (start, lower bound, upper bound). As the engine path's (fractions of peak DRAM bandwidth,
-#: GEMM and attention tensor throughput, µs per sequence per step), plus tensor parallelism's: ``link_frac``, the
-#: achieved fraction of the NVLink bandwidth per direction in the all-reduces, ``allreduce_latency_us``, the fixed
-#: time of one all-reduce run by TensorRT-LLM's custom kernels (messages up to 16 MB at tp 2 / 8 MB above: decode
-#: steps), and ``nccl_latency_us``, that of one run by NCCL (larger messages: steps carrying prefill chunks;
-#: :func:`pipeline.plan.achievable._allreduce_s`). allreduce_latency_us ≤ 20 µs: a custom all-reduce of a decode
-#: step's few hundred KB is one kernel launch and a flag barrier over NVLink (judgment: a launch is ~2–5 µs, a
-#: peer-memory round trip ~1–2 µs); without that bound the max-load table, whose steps are nearly always full, trades
-#: it against link_frac (collinear) and put 73 µs there, which made decode at low concurrency 1.3–2.3× too slow
-#: against measured TPOT (benchmarks/check_latency.py). nccl_latency_us ≤ 100 µs (the former single bound). bw_frac's ceiling 0.895 is the HBM
-#: read rate torch measured on an H200 (4.30 of 4.8 TB/s, docs/reference/published-throughput-pytorch-backend.md):
-#: no kernel streams weights faster than a plain read, so the fit may not use more (assumed the same fraction on H100).
+#: Parameters fitted: (start, lower bound, upper bound). As the engine path's: fractions of peak DRAM bandwidth,
+#: GEMM and attention tensor throughput, µs per sequence per step. Tensor parallelism's all-reduces are NOT fitted: each
+#: takes its measured time (pipeline/data/allreduce_measured.yaml, AIConfigurator's TensorRT-LLM AllReduce tables for
+#: H100/H200 SXM; :func:`pipeline.plan.achievable._allreduce_s`). The previous fit's link_frac / allreduce latencies were
+#: not identifiable from max-load points (every step ~max_num_tokens tokens) and went unphysical (31 % of NVLink).
+#: bw_frac's ceiling 0.895 is the HBM read rate torch measured on an H200 (4.30 of 4.8 TB/s,
+#: docs/reference/published-throughput-pytorch-backend.md): no kernel streams weights faster than a plain read, so the
+#: fit may not use more (assumed the same fraction on H100).
 FREE: dict[str, tuple[float, float, float]] = {
     "bw_frac": (0.7, 0.2, 0.895),
     "gemm_frac": (0.6, 0.1, 1.0),
     "attn_frac": (0.5, 0.05, 0.75),
     "seq_overhead_us": (5.0, 0.0, 200.0),
-    "link_frac": (0.7, 0.2, 1.0),
-    "allreduce_latency_us": (10.0, 0.0, 20.0),
-    "nccl_latency_us": (30.0, 0.0, 100.0),
 }
 LABEL = {"llama31_8b": "Llama-3.1-8B TP1", "llama33_70b": "Llama-3.3-70B TP2", "llama31_405b": "Llama-3.1-405B TP8"}
 NAME = "pytorch backend (fitted on TensorRT-LLM v1.0's H100 table: 8B TP1, 70B TP2, 405B TP8)"
@@ -192,9 +186,8 @@ HEADER = """\
 #
 # fitted (least squares on ln(predicted / published), 30 points: H100 SXM, 8B TP1 / 70B TP2 / 405B TP8, FP8):
 #   bw_frac, gemm_frac, attn_frac, seq_overhead_us   as the engine path's (plan_efficiency.yaml)
-#   link_frac             achieved fraction of the NVLink bandwidth per direction in the all-reduces
-#   allreduce_latency_us  fixed time of one custom-kernel all-reduce (messages <= 16 MB at tp 2, 8 MB above), <= 20 us
-#   nccl_latency_us       fixed time of one NCCL all-reduce (larger messages), <= 100 us (2 all-reduces per layer per step)
+# not fitted: the tensor-parallel all-reduces take their measured times (pipeline/data/allreduce_measured.yaml,
+#   AIConfigurator's TensorRT-LLM 1.3.0rc10 AllReduce tables, H100 SXM; log-log interpolation in message size)
 # fixed: step_overhead_ms 0.5 ± 0.5 ms per step (not identifiable from max-load points)
 # rel_error: the largest RMS of ln(predicted / published) when a model (or an ISL/OSL pair) is left out of the fit.
 """
