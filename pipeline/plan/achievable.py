@@ -8,7 +8,7 @@ what an engine reaches: one engine iteration ("step") costs
                       + (n_tokens × A + n_logits × G) / (η_bw·BW)                                activation and logits traffic
                       + kv_read_tokens × kv_bytes / (η_bw·BW)                                    decode attention
                       + F_attn / (η_attn·T_attn)                                                 prefill attention
-                      + n_ar × t_ar(m) ]                                                       tensor-parallel all-reduces
+                      + n_ar × (t_ar(m) + t_sync) ]                                            tensor-parallel all-reduces
 
 (W: weight bytes streamed per step; BW: peak DRAM bandwidth; T: dense tensor peak of the dtype; F_lin,
 F_head: GEMM FLOPs per token / per emitted token; n_tokens: tokens in the step; n_logits: sequences that
@@ -18,7 +18,8 @@ tokens whose K and V the decoding sequences read; F_attn: causal prefill attenti
 (2 per layer) of m = n_tokens × hidden × 2 B (BF16 activations) each, t_ar(m) the MEASURED time of one TensorRT-LLM
 all-reduce of m bytes on the GPU at the tp degree (pipeline/data/allreduce_measured.yaml, log-log interpolation,
 :func:`allreduce_time_s`), or on a GPU without measurements latency + 2(tp − 1)/tp × m / BW_link (:func:`_allreduce_s`);
-MoE: W counts the routed experts the step's tokens select, :func:`expert_read_share`). The η's, the overheads and their sources are in :class:`Efficiency`.
+t_sync: the fitted per-all-reduce sync time, one for pure-decode steps and one for steps carrying a prefill, see
+:class:`Efficiency`; MoE: W counts the routed experts the step's tokens select, :func:`expert_read_share`). The η's, the overheads and their sources are in :class:`Efficiency`.
 
 The scheduler is modelled in steady state (:func:`predict_point`): B sequences in flight, each living
 k_p prefill steps (1, or ceil(ISL / chunk) with chunked prefill) + OSL − 1 decode steps; B is bounded
@@ -131,6 +132,12 @@ class Efficiency(BaseModel):
     - ``seq_overhead_us``: time per sequence in a step outside the GEMM/attention roofline (sampling,
       logits copy, the runtime's per-request bookkeeping), µs.
     - ``step_overhead_ms``: fixed time per step (kernel launches, scheduler iteration), ms.
+    - ``allreduce_sync_us`` t_sync: fixed time per tensor-parallel all-reduce of a pure-decode step beyond its
+      isolated measured time (the ranks meet at a barrier after drifting apart since the previous one; the step runs
+      as one CUDA graph, so no launch gap), µs; none at tp = 1.
+    - ``allreduce_sync_prefill_us``: the same for a step that carries a prefill (the PyTorch backend runs it eagerly,
+      without a CUDA graph: each layer's kernels are launched from Python, and every all-reduce waits for the slowest
+      rank's launches), µs; None: ``allreduce_sync_us``.
     - ``rel_error``: expected relative error of the output tokens/s where the parameters were calibrated
       (one standard deviation of the log error, from leave-one-GPU-out refits).
     - ``step_overhead_uncertainty_ms``: how far ``step_overhead_ms`` may be off (it is not identifiable
@@ -148,6 +155,8 @@ class Efficiency(BaseModel):
     step_overhead_ms: float = Field(ge=0)
     rel_error: float = Field(ge=0)
     step_overhead_uncertainty_ms: float = Field(default=0.0, ge=0)
+    allreduce_sync_us: float = Field(default=0.0, ge=0)
+    allreduce_sync_prefill_us: float | None = Field(default=None, ge=0)
     source: str = ""
     #: which fitted model these are (the engine path's, the PyTorch backend's, a host's measurement)
     name: str = ""
@@ -237,8 +246,16 @@ def step_time(cost: StepCost, eff: Efficiency, mix: StepMix) -> StepTime:
         act_s=pp * (mix.n_tokens * cost.act_bytes_per_token + mix.n_logits * cost.logit_bytes_per_token) / bw,
         kv_s=pp * mix.kv_read_tokens * cost.kv_token_bytes / bw,
         attn_s=pp * cost.attn_flops_coeff * mix.attn_units / (eff.attn_frac * cost.attn_flops),
-        comm_s=pp * _allreduce_s(cost, mix.n_tokens),
+        comm_s=pp * (_allreduce_s(cost, mix.n_tokens)
+                     + (cost.allreduces_per_step * _sync_us(eff, mix) * 1e-6 if mix.n_tokens > 0 else 0.0)),
     )
+
+
+def _sync_us(eff: Efficiency, mix: StepMix) -> float:
+    """Sync time (µs) of one all-reduce in a step of ``mix``: the prefill-carrying steps' own when set."""
+    if mix.attn_units > 0 and eff.allreduce_sync_prefill_us is not None:
+        return eff.allreduce_sync_prefill_us
+    return eff.allreduce_sync_us
 
 
 #: Fixed time (µs) of one all-reduce on a GPU (or tp) without measured all-reduce times, added to its bytes over the

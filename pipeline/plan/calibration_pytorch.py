@@ -42,12 +42,18 @@ CALIBRATION_FILE = "data/plan_calibration_pytorch.yaml"
 #: not identifiable from max-load points (every step ~max_num_tokens tokens) and went unphysical (31 % of NVLink).
 #: bw_frac's ceiling 0.895 is the HBM read rate torch measured on an H200 (4.30 of 4.8 TB/s,
 #: docs/reference/published-throughput-pytorch-backend.md): no kernel streams weights faster than a plain read, so the
-#: fit may not use more (assumed the same fraction on H100).
+#: fit may not use more (assumed the same fraction on H100). On top of the measured all-reduce times a fitted sync time
+#: per all-reduce (:class:`~pipeline.plan.achievable.Efficiency`): ≤ 20 µs in decode steps (AIConfigurator's 70B TP8 c4
+#: ITL on H200 leaves ~15 µs), up to 500 µs in prefill-carrying steps (eager, no CUDA graph). A tensor-parallel GEMM
+#: slow-down 1 + κ(tp − 1)/tp on compute-bound time was tried and dropped: alone it leaves 405B TP8 at +24 %, and next
+#: to the prefill sync it fits κ = 0.
 FREE: dict[str, tuple[float, float, float]] = {
     "bw_frac": (0.7, 0.2, 0.895),
     "gemm_frac": (0.6, 0.1, 1.0),
     "attn_frac": (0.5, 0.05, 0.75),
     "seq_overhead_us": (5.0, 0.0, 200.0),
+    "allreduce_sync_us": (5.0, 0.0, 20.0),
+    "allreduce_sync_prefill_us": (20.0, 0.0, 500.0),
 }
 LABEL = {"llama31_8b": "Llama-3.1-8B TP1", "llama33_70b": "Llama-3.3-70B TP2", "llama31_405b": "Llama-3.1-405B TP8"}
 NAME = "pytorch backend (fitted on TensorRT-LLM v1.0's H100 table: 8B TP1, 70B TP2, 405B TP8)"
@@ -186,6 +192,8 @@ HEADER = """\
 #
 # fitted (least squares on ln(predicted / published), 30 points: H100 SXM, 8B TP1 / 70B TP2 / 405B TP8, FP8):
 #   bw_frac, gemm_frac, attn_frac, seq_overhead_us   as the engine path's (plan_efficiency.yaml)
+#   allreduce_sync_us, allreduce_sync_prefill_us   µs per tensor-parallel all-reduce on top of its measured time,
+#   in pure-decode steps (bound 20) and in prefill-carrying steps (eager, bound 500)
 # not fitted: the tensor-parallel all-reduces take their measured times (pipeline/data/allreduce_measured.yaml,
 #   AIConfigurator's TensorRT-LLM 1.3.0rc10 AllReduce tables, H100 SXM; log-log interpolation in message size)
 # fixed: step_overhead_ms 0.5 ± 0.5 ms per step (not identifiable from max-load points)
