@@ -54,9 +54,6 @@ def test_shipped_fit_meets_the_issue_bound_for_70b():
                                                  doc["leave_one_pair_out"]["rms_log_error"]), abs=1e-4)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 37 open: measured all-reduces + a fitted sync per all-reduce (20 us decode, at its bound; "
-                   "206 us in prefill-carrying steps) leave 405B TP8 at +15.4 % (128/4096) and "
-                   "+14.7 % (1000/2000); a TP GEMM slow-down 1 + k(tp-1)/tp fits k = 0 next to them (alone: +24 %)")
 def test_shipped_fit_meets_the_issue_bound_for_405b():
     """Issue 37: Llama-3.1-405B FP8 TP8 on H100 within 15 % of the published numbers at every ISL/OSL."""
     for r in _shipped_results():
@@ -65,7 +62,7 @@ def test_shipped_fit_meets_the_issue_bound_for_405b():
 
 
 @pytest.mark.xfail(strict=True, reason="issue 37 open: fitted on 70B TP2 + 405B TP8 only, part of the tp > 1 cost is "
-                   "absorbed by the shared parameters and the 8B TP1 is then under-predicted by up to 33 %")
+                   "absorbed by the shared parameters and the 8B TP1 is then under-predicted by up to 35 %")
 def test_leave_one_model_out_stays_below_30_percent():
     doc = calp.shipped()
     for model, v in doc["leave_one_model_out"].items():
@@ -80,7 +77,7 @@ def test_fitted_parameters_are_physical():
     # the tensor-parallel all-reduces are measured (allreduce_measured.yaml), not fitted
     assert set(e) == set(calp.FREE) == {"bw_frac", "gemm_frac", "attn_frac", "seq_overhead_us", "allreduce_sync_us",
                                         "allreduce_sync_prefill_us"}
-    assert 0 <= e["allreduce_sync_us"] <= 20 and 0 <= e["allreduce_sync_prefill_us"] <= 500
+    assert 0 <= e["allreduce_sync_us"] <= 30 and 0 <= e["allreduce_sync_prefill_us"] <= 500
 
 
 def test_refit_reproduces_the_shipped_file():
@@ -110,3 +107,17 @@ def test_cli_says_which_model():
     out = CliRunner().invoke(app, ["plan", str(PYTORCH), "--isl", "128", "--osl", "128"], terminal_width=250)
     assert out.exit_code == 0, out.output
     assert "pytorch backend" in out.output
+
+
+def test_decode_sync_grows_linearly_with_tp():
+    """The decode sync is tp 8's value × (tp − 1)/7 (none at tp 1); the prefill sync is the same at every tp > 1."""
+    from pipeline.plan.achievable import StepMix, _sync_us
+    from pipeline.plan.model_inputs import pytorch_efficiency
+
+    eff = pytorch_efficiency()
+    assert eff.allreduce_sync_tp_scaling == "linear" and eff.allreduce_sync_prefill_tp_scaling == "none"
+    decode, prefill = StepMix(n_seqs=8, n_tokens=8, n_logits=8, kv_read_tokens=1000), StepMix(n_seqs=1, n_tokens=512, n_logits=1, kv_read_tokens=0, attn_units=1.0)
+    assert _sync_us(eff, decode, 8) == pytest.approx(eff.allreduce_sync_us)
+    assert _sync_us(eff, decode, 2) == pytest.approx(eff.allreduce_sync_us / 7)
+    assert _sync_us(eff, decode, 1) == 0.0
+    assert _sync_us(eff, prefill, 2) == _sync_us(eff, prefill, 8) == eff.allreduce_sync_prefill_us

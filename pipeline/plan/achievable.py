@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 Policy = Literal["GUARANTEED_NO_EVICT", "MAX_UTILIZATION"]
+SyncScaling = Literal["none", "log2", "linear"]
 
 
 class StepCost(BaseModel):
@@ -138,6 +140,9 @@ class Efficiency(BaseModel):
     - ``allreduce_sync_prefill_us``: the same for a step that carries a prefill (the PyTorch backend runs it eagerly,
       without a CUDA graph: each layer's kernels are launched from Python, and every all-reduce waits for the slowest
       rank's launches), µs; None: ``allreduce_sync_us``.
+    - ``allreduce_sync_tp_scaling`` / ``allreduce_sync_prefill_tp_scaling``: how each sync grows with the tensor-parallel
+      degree (:data:`SYNC_SCALE`): "none" the same at every tp > 1; "log2" × log2(tp)/3 (the barrier's depth, the value
+      is tp 8's); "linear" × (tp − 1)/7 (one more rank to wait for each, the value is tp 8's).
     - ``rel_error``: expected relative error of the output tokens/s where the parameters were calibrated
       (one standard deviation of the log error, from leave-one-GPU-out refits).
     - ``step_overhead_uncertainty_ms``: how far ``step_overhead_ms`` may be off (it is not identifiable
@@ -157,6 +162,8 @@ class Efficiency(BaseModel):
     step_overhead_uncertainty_ms: float = Field(default=0.0, ge=0)
     allreduce_sync_us: float = Field(default=0.0, ge=0)
     allreduce_sync_prefill_us: float | None = Field(default=None, ge=0)
+    allreduce_sync_tp_scaling: SyncScaling = "none"
+    allreduce_sync_prefill_tp_scaling: SyncScaling = "none"
     source: str = ""
     #: which fitted model these are (the engine path's, the PyTorch backend's, a host's measurement)
     name: str = ""
@@ -247,15 +254,24 @@ def step_time(cost: StepCost, eff: Efficiency, mix: StepMix) -> StepTime:
         kv_s=pp * mix.kv_read_tokens * cost.kv_token_bytes / bw,
         attn_s=pp * cost.attn_flops_coeff * mix.attn_units / (eff.attn_frac * cost.attn_flops),
         comm_s=pp * (_allreduce_s(cost, mix.n_tokens)
-                     + (cost.allreduces_per_step * _sync_us(eff, mix) * 1e-6 if mix.n_tokens > 0 else 0.0)),
+                     + (cost.allreduces_per_step * _sync_us(eff, mix, cost.tp_size) * 1e-6 if mix.n_tokens > 0 else 0.0)),
     )
 
 
-def _sync_us(eff: Efficiency, mix: StepMix) -> float:
-    """Sync time (µs) of one all-reduce in a step of ``mix``: the prefill-carrying steps' own when set."""
+#: Factor of a fitted sync time at tensor parallelism tp, per scaling (1 at tp 8 for "log2" and "linear").
+SYNC_SCALE: dict[str, Callable[[int], float]] = {
+    "none": lambda tp: 1.0,
+    "log2": lambda tp: math.log2(tp) / 3,
+    "linear": lambda tp: (tp - 1) / 7,
+}
+
+
+def _sync_us(eff: Efficiency, mix: StepMix, tp: int = 8) -> float:
+    """Sync time (µs) of one all-reduce at tensor parallelism ``tp`` in a step of ``mix``: the prefill-carrying
+    steps' own when set, each scaled with tp as its ``*_tp_scaling`` says."""
     if mix.attn_units > 0 and eff.allreduce_sync_prefill_us is not None:
-        return eff.allreduce_sync_prefill_us
-    return eff.allreduce_sync_us
+        return eff.allreduce_sync_prefill_us * SYNC_SCALE[eff.allreduce_sync_prefill_tp_scaling](tp)
+    return eff.allreduce_sync_us * SYNC_SCALE[eff.allreduce_sync_tp_scaling](tp)
 
 
 #: Fixed time (µs) of one all-reduce on a GPU (or tp) without measured all-reduce times, added to its bytes over the

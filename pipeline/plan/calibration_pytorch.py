@@ -43,8 +43,10 @@ CALIBRATION_FILE = "data/plan_calibration_pytorch.yaml"
 #: bw_frac's ceiling 0.895 is the HBM read rate torch measured on an H200 (4.30 of 4.8 TB/s,
 #: docs/reference/published-throughput-pytorch-backend.md): no kernel streams weights faster than a plain read, so the
 #: fit may not use more (assumed the same fraction on H100). On top of the measured all-reduce times a fitted sync time
-#: per all-reduce (:class:`~pipeline.plan.achievable.Efficiency`): ≤ 20 µs in decode steps (AIConfigurator's 70B TP8 c4
-#: ITL on H200 leaves ~15 µs), up to 500 µs in prefill-carrying steps (eager, no CUDA graph). A tensor-parallel GEMM
+#: per all-reduce (:class:`~pipeline.plan.achievable.Efficiency`): in decode steps ≤ 30 µs at tp 8, × (tp − 1)/7 at
+#: lower tp (one more rank to wait for each; AIConfigurator's 70B H200 ITL wants ~0 µs at TP2 and ~15 µs at TP8; a
+#: log2(tp)/3 growth, or the same growth on the prefill sync, fitted and scored worse), up to 500 µs (any tp > 1) in
+#: prefill-carrying steps (eager, no CUDA graph). A tensor-parallel GEMM
 #: slow-down 1 + κ(tp − 1)/tp on compute-bound time was tried and dropped: alone it leaves 405B TP8 at +24 %, and next
 #: to the prefill sync it fits κ = 0.
 FREE: dict[str, tuple[float, float, float]] = {
@@ -52,9 +54,11 @@ FREE: dict[str, tuple[float, float, float]] = {
     "gemm_frac": (0.6, 0.1, 1.0),
     "attn_frac": (0.5, 0.05, 0.75),
     "seq_overhead_us": (5.0, 0.0, 200.0),
-    "allreduce_sync_us": (5.0, 0.0, 20.0),
+    "allreduce_sync_us": (5.0, 0.0, 30.0),
     "allreduce_sync_prefill_us": (20.0, 0.0, 500.0),
 }
+#: How each fitted sync grows with tp (:data:`pipeline.plan.achievable.SYNC_SCALE`); held, written to the "fixed" section.
+SYNC_SCALING: dict[str, str] = {"allreduce_sync_tp_scaling": "linear", "allreduce_sync_prefill_tp_scaling": "none"}
 LABEL = {"llama31_8b": "Llama-3.1-8B TP1", "llama33_70b": "Llama-3.3-70B TP2", "llama31_405b": "Llama-3.1-405B TP8"}
 NAME = "pytorch backend (fitted on TensorRT-LLM v1.0's H100 table: 8B TP1, 70B TP2, 405B TP8)"
 
@@ -155,7 +159,7 @@ def fit(pts: list[PytorchPoint] | None = None, fixed: dict[str, float] | None = 
     from scipy.optimize import least_squares
 
     pts = points() if pts is None else pts
-    fixed = FIXED if fixed is None else fixed
+    fixed = {**FIXED, **SYNC_SCALING} if fixed is None else fixed
 
     def resid(x):
         return [math.log(r.predicted / r.published) for r in evaluate(_efficiency(x, fixed), pts)]
@@ -193,7 +197,8 @@ HEADER = """\
 # fitted (least squares on ln(predicted / published), 30 points: H100 SXM, 8B TP1 / 70B TP2 / 405B TP8, FP8):
 #   bw_frac, gemm_frac, attn_frac, seq_overhead_us   as the engine path's (plan_efficiency.yaml)
 #   allreduce_sync_us, allreduce_sync_prefill_us   µs per tensor-parallel all-reduce on top of its measured time,
-#   in pure-decode steps (bound 20) and in prefill-carrying steps (eager, bound 500)
+#   in pure-decode steps (tp 8's, × (tp − 1)/7 at lower tp; bound 30) and in prefill-carrying steps (eager, any tp > 1;
+#   bound 500); fixed.allreduce_sync_*tp_scaling say how each grows with tp
 # not fitted: the tensor-parallel all-reduces take their measured times (pipeline/data/allreduce_measured.yaml,
 #   AIConfigurator's TensorRT-LLM 1.3.0rc10 AllReduce tables, H100 SXM; log-log interpolation in message size)
 # fixed: step_overhead_ms 0.5 ± 0.5 ms per step (not identifiable from max-load points)
@@ -218,7 +223,7 @@ def calibrate() -> dict:
         "name": NAME,
         "source": f"fit of benchmarks/calibrate_plan.py --engine pytorch on {_raw()['source']}",
         "fitted": _round({k: getattr(eff, k) for k in FREE}),
-        "fixed": dict(FIXED),
+        "fixed": {**FIXED, **SYNC_SCALING},
         "rel_error": round(rel_error, 4),
         "fit": _round(summary(results)),
         "leave_one_model_out": lomo,
