@@ -4,6 +4,7 @@ and a plan of a 70B recipe that no longer stops at "geometry unknown"."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -145,24 +146,67 @@ def test_allreduce_bytes_by_hand():
     assert allreduce_bytes_per_token(16384, 126, 8) == pytest.approx(126 * 2 * 1.75 * 16384 * 2)
 
 
-def test_tensor_parallel_step_pays_its_all_reduces():
-    """The same 70B recipe with tp 4 on NVLink (H100 SXM) and on PCIe (L40S-class link): the comm term is the
-    bytes over the link, so it grows 14× when the link is 14× slower, and it is absent at tp 1."""
-    from pipeline.plan.step import StepMix, step_time
+def test_tensor_parallel_step_pays_its_measured_all_reduces():
+    """The 70B with tp 4 on H100 SXM: each of the 160 all-reduces of a 256-token step (256 × 8192 × 2 B = 4 MiB =
+    2 M elements, a tabulated size) takes the measured time of AIConfigurator's H100 tp-4 row; on a GPU without
+    measurements (the same cost, table dropped) the ring bytes over the link at full bandwidth + the fallback
+    latency, 14× the bytes' time on a 14× slower link; no all-reduce at tp 1."""
+    from pipeline.plan.model_inputs import allreduce_table
+    from pipeline.plan.step import FALLBACK_ALLREDUCE_LATENCY_US, StepMix, step_time
 
     plan = plan_recipe(_recipe("meta-llama/Llama-3.3-70B-Instruct", "h100_sxm", 4), scenarios=[(128, 128)])
     cost, eff = plan.step_cost, plan.efficiency
     assert cost.allreduces_per_step == 160 and cost.link_bandwidth == 450e9
+    row = next(r for r in allreduce_table()["tables"]["h100_sxm"] if r[0] == 4 and r[1] == 256 * 8192)
     mix = StepMix(n_seqs=256, n_tokens=256, n_logits=256, kv_read_tokens=256 * 192)
     t = step_time(cost, eff, mix)
-    by_hand = 256 * (80 * 2 * 1.5 * 8192 * 2) / (eff.link_frac * 450e9) + 160 * eff.allreduce_latency_us * 1e-6
-    assert t.comm_s == pytest.approx(by_hand)
-    slow = step_time(cost.model_copy(update={"link_bandwidth": 32e9}), eff, mix)
-    assert slow.comm_s - 160 * eff.allreduce_latency_us * 1e-6 == pytest.approx(
-        (t.comm_s - 160 * eff.allreduce_latency_us * 1e-6) * 450 / 32)
+    assert t.comm_s == pytest.approx(160 * row[2] * 1e-6, rel=1e-12)
+    bare = cost.model_copy(update={"allreduce_measured": ()})
+    lat = 160 * FALLBACK_ALLREDUCE_LATENCY_US * 1e-6
+    assert step_time(bare, eff, mix).comm_s == pytest.approx(256 * (80 * 2 * 1.5 * 8192 * 2) / 450e9 + lat)
+    slow = step_time(bare.model_copy(update={"link_bandwidth": 32e9}), eff, mix)
+    assert slow.comm_s - lat == pytest.approx((step_time(bare, eff, mix).comm_s - lat) * 450 / 32)
     one = plan_recipe(_recipe("meta-llama/Llama-3.1-8B-Instruct", "h100_sxm", 1), scenarios=[(128, 128)])
     assert one.step_cost.allreduces_per_step == 0
     assert step_time(one.step_cost, one.efficiency, mix).comm_s == 0
+
+
+ALLREDUCE_SRC = re.compile(r"^ai-dynamo/aiconfigurator/aic-core/src/aiconfigurator_core/systems/data/(h100_sxm|h200_sxm)/comm/"
+                           r"trtllm/1\.3\.0rc10/custom_allreduce_perf\.parquet@[0-9a-f]{40}:(\d+)$")
+
+
+def test_allreduce_rows_are_cited():
+    """Every measured all-reduce row cites owner/repo/path@commit:row, the commit the file's; per GPU the rows are the
+    table's rows 1..69 in order (tp 2, 4, 8 × 23 sizes from 128 elements (decode) to 512 M elements (1 GiB))."""
+    from pipeline.plan.model_inputs import allreduce_table
+
+    doc = allreduce_table()
+    assert set(doc["tables"]) == {"h100_sxm", "h200"}
+    for gpu, rows in doc["tables"].items():
+        assert [r[0] for r in rows] == [2] * 23 + [4] * 23 + [8] * 23
+        for i, (tp, n, lat_us, src) in enumerate(rows, 1):
+            m = ALLREDUCE_SRC.match(src)
+            assert m, src
+            assert m[1] == {"h100_sxm": "h100_sxm", "h200": "h200_sxm"}[gpu] and int(m[2]) == i
+            assert f"@{doc['commit']}:" in src and lat_us > 0
+        assert {r[1] for r in rows} == {128 * 2 ** k for k in range(23)}
+
+
+def test_allreduce_interpolation_reproduces_the_table():
+    """At a tabulated size the measured time itself (exactly); between sizes log-log interpolation (the geometric mean
+    at the geometric-mean size); below the smallest its time; above the largest proportional to the bytes."""
+    from pipeline.plan.model_inputs import allreduce_table, measured_allreduce
+    from pipeline.plan.step import allreduce_time_s
+
+    pts = measured_allreduce("h200", 8)
+    for tp, n, lat_us, _ in allreduce_table()["tables"]["h200"]:
+        if tp == 8:
+            assert allreduce_time_s(pts, 2 * n) == lat_us * 1e-6
+    (x0, t0), (x1, t1) = pts[10], pts[11]
+    assert allreduce_time_s(pts, (x0 * x1) ** 0.5) == pytest.approx((t0 * t1) ** 0.5, rel=1e-12)
+    assert allreduce_time_s(pts, 2.0) == pts[0][1]
+    assert allreduce_time_s(pts, 2 * pts[-1][0]) == pytest.approx(2 * pts[-1][1])
+    assert measured_allreduce("l40s", 2) == () and measured_allreduce("h100_sxm", 3) == ()
 
 
 def test_tensor_parallel_per_gpu_memory():

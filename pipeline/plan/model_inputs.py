@@ -40,8 +40,9 @@ from pipeline.recipe import Recipe
 from pipeline.recipe.quant import FP8_QFORMATS
 
 #: Relative error (1 σ) added in quadrature per uncalibrated condition. Judgment, not fitted:
-#: ``parallelism`` — tp all-reduces are modelled but calibrated only on the PyTorch backend (tp ≤ 8, Hopper NVLink),
-#: pipeline bubbles not at all;
+#: ``parallelism`` — tp all-reduce times are measured only for H100/H200 SXM at tp 2/4/8 (allreduce_measured.yaml;
+#: elsewhere an uncalibrated bandwidth + latency formula) and the rest of a tp step calibrated only on the PyTorch
+#: backend; pipeline bubbles not at all;
 #: ``qformat`` — GEMM paths absent from the calibration (INT8 SmoothQuant, weight-only INT4/INT8 dequant
 #: GEMMs, FP4) reach other fractions of peak; ``engine`` — a runtime without its own fit (the PyTorch backend before
 #: plan_efficiency_pytorch.yaml exists); ``architecture`` — no Blackwell (or older) GPU was calibrated;
@@ -105,15 +106,39 @@ def _attn_peak(recipe: Recipe, spec: hardware.GpuSpec, gemm_peak: float, bf16_pe
     return bf16_peak
 
 
+#: measured all-reduce times (benchmarks: AIConfigurator's TensorRT-LLM tables; pipeline/data/allreduce_measured.yaml)
+ALLREDUCE_FILE = "data/allreduce_measured.yaml"
+
+
+@functools.cache
+def allreduce_table() -> dict:
+    """``allreduce_measured.yaml`` as loaded."""
+    return yaml.safe_load(resources.files("pipeline").joinpath(ALLREDUCE_FILE).read_text())
+
+
+@functools.cache
+def measured_allreduce(gpu: str, tp: int) -> tuple[tuple[float, float], ...]:
+    """Measured (message bytes, seconds) of one BF16 all-reduce on catalog GPU ``gpu`` at tensor parallelism ``tp``,
+    ascending in bytes (message bytes = 2 × the table's element count); () where none was measured."""
+    rows = allreduce_table()["tables"].get(gpu, [])
+    return tuple(sorted((2.0 * n, lat_us * 1e-6) for t, n, lat_us, _ in rows if t == tp))
+
+
 def _tp_terms(geo: ModelGeometry, spec: hardware.GpuSpec | None, tp: int, pp: int, act_bytes: int) -> dict:
     """The all-reduce inputs of :class:`StepCost` for tensor parallelism on ``spec`` (none at tp = 1 or on the host):
     bytes per token (:func:`allreduce_bytes_per_token` over one stage's layers), 2 all-reduces per layer of the
-    stage, and the catalog's GPU-to-GPU bandwidth per direction (``GpuSpec.link_bytes_per_s``)."""
-    if spec is None or tp == 1 or spec.link_bytes_per_s is None:
+    stage, the catalog's GPU-to-GPU bandwidth per direction (``GpuSpec.link_bytes_per_s``) and the measured
+    all-reduce times of the GPU at ``tp`` (:func:`measured_allreduce`; the all-reduces are BF16 whatever the
+    checkpoint, so ``act_bytes`` only sizes the fallback's bytes)."""
+    if spec is None or tp == 1:
+        return {}
+    measured = measured_allreduce(spec.key, tp)
+    if not measured and spec.link_bytes_per_s is None:
         return {}
     layers = -(-geo.num_hidden_layers // pp)
     return {"allreduce_bytes_per_token": allreduce_bytes_per_token(geo.hidden_size, layers, tp, act_bytes),
-            "allreduces_per_step": 2 * layers, "link_bandwidth": spec.link_bytes_per_s}
+            "allreduces_per_step": 2 * layers, "link_bandwidth": spec.link_bytes_per_s or 0.0, "tp_size": tp,
+            "allreduce_measured": measured}
 
 
 def engine_model(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, kv_token_bytes: int, kv_tokens: int,
@@ -188,8 +213,9 @@ def error_terms(recipe: Recipe, spec: hardware.GpuSpec | None) -> dict[str, floa
     t, q, b = recipe.target, recipe.quantization, recipe.build
     pytorch_fitted = b.engine == "pytorch" and resources.files("pipeline").joinpath(PYTORCH_EFFICIENCY_FILE).is_file()
     on = {
-        # the PyTorch fit covers tp 1/2/8 on one NVLink node (its held-out error is its rel_error); pp is covered by neither
-        "parallelism": t.pp_size > 1 or (t.tp_size > 1 and not (pytorch_fitted and t.tp_size <= 8 and spec.arch == "hopper")),
+        # the PyTorch fit covers tp 1/2/8 on one H100 NVLink node (its held-out error is its rel_error) and the comm
+        # term is measured for the GPUs and tp degrees of allreduce_measured.yaml; pp is covered by neither
+        "parallelism": t.pp_size > 1 or (t.tp_size > 1 and not (pytorch_fitted and measured_allreduce(spec.key, t.tp_size))),
         "qformat": q.qformat not in CALIBRATED_QFORMATS,
         "engine": b.engine not in (("tensorrt", "pytorch") if pytorch_fitted else ("tensorrt",)),
         "architecture": spec.arch not in CALIBRATED_ARCHS,

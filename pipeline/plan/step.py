@@ -7,25 +7,33 @@ One engine iteration ("step") costs
                       + (n_tokens × A + n_logits × G) / (η_bw·BW)                                activation and logits traffic
                       + kv_read_tokens × kv_bytes / (η_bw·BW)                                    decode attention
                       + F_attn / (η_attn·T_attn)                                                 prefill attention
-                      + n_tokens × R / (η_link·BW_link) + n_ar × t_ar ]                          tensor-parallel all-reduces
+                      + n_ar × (t_ar(m) + t_sync) ]                                              tensor-parallel all-reduces
 
 (W: weight bytes streamed per step; BW: peak DRAM bandwidth; T: dense tensor peak of the dtype; F_lin,
 F_head: GEMM FLOPs per token / per emitted token; n_tokens: tokens in the step; n_logits: sequences that
 emit a token; A: activation bytes each token moves through DRAM between kernels; G: logits bytes each
 emitted token writes and the sampler reads back; kv_read_tokens: context
-tokens whose K and V the decoding sequences read; F_attn: causal prefill attention FLOPs; R: bytes a GPU sends per
-token in the step's ring all-reduces, n_ar of them per step, t_ar the fixed time of one, BW_link the GPU-to-GPU
-bandwidth per direction; MoE: W counts the routed experts the step's tokens select, :func:`expert_read_share`). The
-η's, the overheads and their sources are in :class:`Efficiency`.
+tokens whose K and V the decoding sequences read; F_attn: causal prefill attention FLOPs; n_ar all-reduces per step
+(2 per layer) of m = n_tokens × hidden × 2 B (BF16 activations) each, t_ar(m) the MEASURED time of one TensorRT-LLM
+all-reduce of m bytes on the GPU at the tp degree (pipeline/data/allreduce_measured.yaml, log-log interpolation,
+:func:`allreduce_time_s`), or on a GPU without measurements latency + 2(tp − 1)/tp × m / BW_link (:func:`_allreduce_s`);
+t_sync: the fitted per-all-reduce sync time, one for pure-decode steps and one for steps carrying a prefill, see
+:class:`Efficiency`; MoE: W counts the routed experts the step's tokens select, :func:`expert_read_share`). The η's,
+the overheads and their sources are in :class:`Efficiency`.
 
 Units: bytes, FLOPs, bytes/s, FLOP/s, seconds. Pure arithmetic: no recipe, no I/O.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+SyncScaling = Literal["none", "log2", "linear"]
 
 
 class StepCost(BaseModel):
@@ -64,10 +72,15 @@ class StepCost(BaseModel):
     experts_per_token: int = Field(default=0, ge=0)
     #: tensor parallelism: bytes each GPU sends per token per step in its all-reduces (ring: 2(tp−1)/tp × hidden ×
     #: activation bytes, 2 all-reduces per layer: after attention's o_proj and the MLP's down_proj), the number of
-    #: all-reduces per step (2 × layers per stage), and the GPU-to-GPU bandwidth per direction (B/s); 0 when tp = 1
+    #: all-reduces per step (2 × layers per stage), and the GPU-to-GPU bandwidth per direction (B/s); 0 when tp = 1;
+    #: the tensor-parallel degree; ``allreduce_measured``: the measured (message bytes, seconds) points of one
+    #: all-reduce on this GPU at this tp, ascending (pipeline/data/allreduce_measured.yaml; empty: not measured, the
+    #: bandwidth formula applies), see :func:`_allreduce_s`
     allreduce_bytes_per_token: float = Field(default=0.0, ge=0)
     allreduces_per_step: int = Field(default=0, ge=0)
     link_bandwidth: float = Field(default=0.0, ge=0)
+    allreduce_measured: tuple[tuple[float, float], ...] = ()
+    tp_size: int = Field(default=1, ge=1)
 
 
 def allreduce_bytes_per_token(hidden: int, layers: int, tp: int, act_bytes: int = 2) -> float:
@@ -97,6 +110,15 @@ class Efficiency(BaseModel):
     - ``seq_overhead_us``: time per sequence in a step outside the GEMM/attention roofline (sampling,
       logits copy, the runtime's per-request bookkeeping), µs.
     - ``step_overhead_ms``: fixed time per step (kernel launches, scheduler iteration), ms.
+    - ``allreduce_sync_us`` t_sync: fixed time per tensor-parallel all-reduce of a pure-decode step beyond its
+      isolated measured time (the ranks meet at a barrier after drifting apart since the previous one; the step runs
+      as one CUDA graph, so no launch gap), µs; none at tp = 1.
+    - ``allreduce_sync_prefill_us``: the same for a step that carries a prefill (the PyTorch backend runs it eagerly,
+      without a CUDA graph: each layer's kernels are launched from Python, and every all-reduce waits for the slowest
+      rank's launches), µs; None: ``allreduce_sync_us``.
+    - ``allreduce_sync_tp_scaling`` / ``allreduce_sync_prefill_tp_scaling``: how each sync grows with the tensor-parallel
+      degree (:data:`SYNC_SCALE`): "none" the same at every tp > 1; "log2" × log2(tp)/3 (the barrier's depth, the value
+      is tp 8's); "linear" × (tp − 1)/7 (one more rank to wait for each, the value is tp 8's).
     - ``rel_error``: expected relative error of the output tokens/s where the parameters were calibrated
       (one standard deviation of the log error, from leave-one-GPU-out refits).
     - ``step_overhead_uncertainty_ms``: how far ``step_overhead_ms`` may be off (it is not identifiable
@@ -114,10 +136,10 @@ class Efficiency(BaseModel):
     step_overhead_ms: float = Field(ge=0)
     rel_error: float = Field(ge=0)
     step_overhead_uncertainty_ms: float = Field(default=0.0, ge=0)
-    #: achieved fraction of the per-direction link bandwidth in the all-reduces, and the fixed time of one
-    #: all-reduce (launch + synchronisation across the GPUs, µs); tensor parallelism only
-    link_frac: float = Field(default=1.0, gt=0, le=1)
-    allreduce_latency_us: float = Field(default=0.0, ge=0)
+    allreduce_sync_us: float = Field(default=0.0, ge=0)
+    allreduce_sync_prefill_us: float | None = Field(default=None, ge=0)
+    allreduce_sync_tp_scaling: SyncScaling = "none"
+    allreduce_sync_prefill_tp_scaling: SyncScaling = "none"
     source: str = ""
     #: which fitted model these are (the engine path's, the PyTorch backend's, a host's measurement)
     name: str = ""
@@ -174,17 +196,72 @@ def step_time(cost: StepCost, eff: Efficiency, mix: StepMix) -> StepTime:
         act_s=pp * (mix.n_tokens * cost.act_bytes_per_token + mix.n_logits * cost.logit_bytes_per_token) / bw,
         kv_s=pp * mix.kv_read_tokens * cost.kv_token_bytes / bw,
         attn_s=pp * cost.attn_flops_coeff * mix.attn_units / (eff.attn_frac * cost.attn_flops),
-        comm_s=pp * _allreduce_s(cost, eff, mix.n_tokens),
+        comm_s=pp * (_allreduce_s(cost, mix.n_tokens)
+                     + (cost.allreduces_per_step * _sync_us(eff, mix, cost.tp_size) * 1e-6 if mix.n_tokens > 0 else 0.0)),
     )
 
 
-def _allreduce_s(cost: StepCost, eff: Efficiency, n_tokens: float) -> float:
-    """Seconds of one stage's all-reduces in a step of ``n_tokens`` tokens: bytes / (η_link × link bandwidth)
-    + all-reduces × latency (not overlapped with compute: each all-reduce sits between two GEMMs)."""
-    if cost.allreduces_per_step == 0 or cost.link_bandwidth <= 0:
+#: Factor of a fitted sync time at tensor parallelism tp, per scaling (1 at tp 8 for "log2" and "linear").
+SYNC_SCALE: dict[str, Callable[[int], float]] = {
+    "none": lambda tp: 1.0,
+    "log2": lambda tp: math.log2(tp) / 3,
+    "linear": lambda tp: (tp - 1) / 7,
+}
+
+
+def _sync_us(eff: Efficiency, mix: StepMix, tp: int = 8) -> float:
+    """Sync time (µs) of one all-reduce at tensor parallelism ``tp`` in a step of ``mix``: the prefill-carrying
+    steps' own when set, each scaled with tp as its ``*_tp_scaling`` says."""
+    if mix.attn_units > 0 and eff.allreduce_sync_prefill_us is not None:
+        return eff.allreduce_sync_prefill_us * SYNC_SCALE[eff.allreduce_sync_prefill_tp_scaling](tp)
+    return eff.allreduce_sync_us * SYNC_SCALE[eff.allreduce_sync_tp_scaling](tp)
+
+
+#: Fixed time (µs) of one all-reduce on a GPU (or tp) without measured all-reduce times, added to its bytes over the
+#: link at the full per-direction bandwidth (η_link = 1). Judgment: about 3× the small-message floor measured on
+#: NVSwitch nodes (2.6–3.8 µs at 128–512 elements, H100/H200 tp 2–8, pipeline/data/allreduce_measured.yaml), for a
+#: launch plus a barrier over a slower link (PCIe); such plans carry the "parallelism" error term
+#: (:data:`pipeline.plan.model_inputs.UNCALIBRATED_ERROR`).
+FALLBACK_ALLREDUCE_LATENCY_US = 10.0
+
+
+def allreduce_time_s(points: tuple[tuple[float, float], ...], msg_bytes: float) -> float:
+    """Seconds of one all-reduce of ``msg_bytes`` from measured (bytes, seconds) ``points`` (ascending in bytes):
+    the tabulated value at a tabulated size; between two sizes, linear in log(time) over log(bytes); below the
+    smallest, the smallest's time (the latency floor); above the largest, its time × bytes / its bytes
+    (bandwidth-bound)."""
+    xs = [x for x, _ in points]
+    i = bisect.bisect_left(xs, msg_bytes)
+    if i < len(xs) and xs[i] == msg_bytes:
+        return points[i][1]
+    if i == 0:
+        return points[0][1]
+    if i == len(xs):
+        return points[-1][1] * msg_bytes / xs[-1]
+    (x0, t0), (x1, t1) = points[i - 1], points[i]
+    w = math.log(msg_bytes / x0) / math.log(x1 / x0)
+    return math.exp(math.log(t0) + w * math.log(t1 / t0))
+
+
+def _allreduce_s(cost: StepCost, n_tokens: float) -> float:
+    """Seconds of one stage's all-reduces in a step of ``n_tokens`` tokens (not overlapped with compute: each sits
+    between two GEMMs): ``allreduces_per_step`` all-reduces of m = n_tokens × hidden × activation bytes each.
+
+    - measured GPU and tp (``cost.allreduce_measured``): each takes :func:`allreduce_time_s` of m — TensorRT-LLM's
+      AllReduce with its AUTO strategy as AIConfigurator timed it (custom one-/two-shot kernels for small messages,
+      NCCL for large ones, the choice TensorRT-LLM makes; nothing fitted);
+    - otherwise: 2(tp − 1)/tp × m over the link at full bandwidth (ring) + :data:`FALLBACK_ALLREDUCE_LATENCY_US`.
+    """
+    if cost.allreduces_per_step == 0 or cost.allreduce_bytes_per_token <= 0 or n_tokens <= 0:
         return 0.0
-    return (n_tokens * cost.allreduce_bytes_per_token / (eff.link_frac * cost.link_bandwidth)
-            + cost.allreduces_per_step * eff.allreduce_latency_us * 1e-6)
+    tp = cost.tp_size
+    ring = n_tokens * cost.allreduce_bytes_per_token  # bytes per GPU per step, 2(tp − 1)/tp × m per all-reduce
+    if cost.allreduce_measured:
+        msg = ring / (cost.allreduces_per_step * 2 * (tp - 1) / tp)
+        return cost.allreduces_per_step * allreduce_time_s(cost.allreduce_measured, msg)
+    if cost.link_bandwidth <= 0:
+        return 0.0
+    return ring / cost.link_bandwidth + cost.allreduces_per_step * FALLBACK_ALLREDUCE_LATENCY_US * 1e-6
 
 
 def activation_traffic_bytes(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, layers: int,
