@@ -2,7 +2,8 @@
 AIPerf export files of a synthetic run — failures, short requests, a multi-token response, SLOs, GPUs, server
 metrics, one and several load points — hash to what the code before issue #33 (6cf60e0) wrote. The metric registry,
 the typed load points and the exporters may be rearranged; their output may not change. (A numpy upgrade that moves
-the last digit of a float would change a hash too: check the diff, then re-record.)"""
+the last digit of a float would change a hash too: check the diff, then re-record. Re-recorded for #39: the spec gained
+`stall_timeout_s`; with that one line taken out, every file hashes as before.)"""
 
 from __future__ import annotations
 
