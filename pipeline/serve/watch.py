@@ -1,9 +1,13 @@
 """A served deployment recovers by itself when its engine process dies (issue #39).
 
-``trtpipe serve`` watches what it serves: every :data:`INTERVAL_S` it checks that the server process runs and that
-every model answers (:func:`pipeline.triton.health.probe`: Triton's model-ready API plus a one-token inference). When
-the server exited, or a model answered with an error, or a model gave no answer :data:`TIMEOUTS_TO_RESTART` times in a
-row, it restarts the server on the same ports, log kept as ``<log>.before-restart``.
+``trtpipe serve`` watches what it serves: every :data:`INTERVAL_S` it checks that the server process runs and that its
+python-backend stub processes are the ones it started with (:func:`pipeline.triton.health.stub_processes`: cheap, no
+request). When a stub is gone or was replaced, and in any case every :data:`PROBE_EVERY_S`, it asks every model to
+answer (:func:`pipeline.triton.health.probe`: Triton's model-ready API plus a one-token inference each) — not every
+check, so that a benchmark of the deployment is not disturbed by the probes (on the 2-core CPU host three one-token
+requests cost about as much as a decode step of the whole batch). When the server exited, or a model answered with an
+error, or a model gave no answer :data:`TIMEOUTS_TO_RESTART` probes in a row, it restarts the server on the same ports,
+log kept as ``<log>.before-restart``.
 
 Why a restart and not a reload through Triton's model-control API: on this Triton (2.51, nvidia-pytriton) a SIGKILLed
 python stub either leaves its model READY with requests that fail (``Stub process 'tensorrt_llm_0_0' is not healthy``)
@@ -28,24 +32,41 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.serve import registry
-from pipeline.triton.health import ModelProblem, probe
+from pipeline.triton.health import ModelProblem, probe, stub_processes
 
-#: seconds between two checks
+#: seconds between two checks (process and stubs)
 INTERVAL_S = 5.0
+#: seconds between two inference probes while the stubs are unchanged (a hang without a dead process)
+PROBE_EVERY_S = 60.0
 #: consecutive checks with a model that does not answer in time (not an error) before a restart
 TIMEOUTS_TO_RESTART = 3
 
 
 class Health:
-    """Consecutive check outcomes: :meth:`check` returns why to restart now, or ``None``."""
+    """Consecutive check outcomes of one server: :meth:`check` returns why to restart now, or ``None``. A new server
+    (after a restart) gets a new :class:`Health`."""
 
     def __init__(self) -> None:
         self.timeouts = 0
+        self.stubs: dict[str, int] | None = None
+        self.last_probe = time.monotonic()
 
-    def check(self, alive: bool, http_url: str, grpc_url: str) -> str | None:
+    def check(self, alive: bool, http_url: str, grpc_url: str, server_pid: int | None = None) -> str | None:
         if not alive:
             return "the server process exited"
+        stubs = stub_processes(server_pid) if server_pid else {}
+        if self.stubs is None:
+            self.stubs = stubs
+        changed = any(stubs.get(name) != pid for name, pid in self.stubs.items())
+        if not changed and time.monotonic() - self.last_probe < PROBE_EVERY_S:
+            return None
+        self.last_probe = time.monotonic()
         problems: list[ModelProblem] = probe(http_url, grpc_url)
+        if changed and not problems:
+            self.stubs = stubs  # Triton replaced the stub itself and the model answers
+        if changed and problems:
+            lost = [name for name, pid in self.stubs.items() if stubs.get(name) != pid]
+            return f"stub process of {', '.join(lost)} died; not answering: " + ", ".join(str(p) for p in problems)
         if any(p.definitive for p in problems):
             self.timeouts = 0
             return "not answering: " + ", ".join(str(p) for p in problems)
@@ -72,7 +93,7 @@ def serve_foreground(handle: Any, restart: Callable[[], Any], say: Callable[[str
             proc.wait(timeout=interval_s)
         except subprocess.TimeoutExpired:
             pass
-        why = health.check(proc.poll() is None, handle.http_url, handle.grpc_url)
+        why = health.check(proc.poll() is None, handle.http_url, handle.grpc_url, handle.server.pid)
         if why is None:
             continue
         t0 = time.monotonic()
@@ -81,6 +102,7 @@ def serve_foreground(handle: Any, restart: Callable[[], Any], say: Callable[[str
         _keep_log(handle.server.log_file)
         new = restart()
         handle.server, handle.ready_s = new.server, new.ready_s
+        health = Health()
         say(f"[green]recovered[/] in {time.monotonic() - t0:.1f} s (pid {handle.server.pid})")
 
 
@@ -131,13 +153,14 @@ def watch_detached(state_file: Path, interval_s: float = INTERVAL_S) -> None:
         state = registry.read_state(state_file)
         if state is None or (state.get("watcher") or {}).get("pid") != me:
             return
-        why = health.check(registry.state_alive(state), state["http_url"], state["grpc_url"])
+        why = health.check(registry.state_alive(state), state["http_url"], state["grpc_url"], int(state["pid"]))
         if why is None:
             continue
         t0 = time.monotonic()
         print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} restarting pid {state['pid']}: {why}", flush=True)
         try:
             state = _restart_detached(state_file, state)
+            health = Health()
             print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} recovered in {time.monotonic() - t0:.1f} s: pid {state['pid']}", flush=True)
         except Exception as e:  # noqa: BLE001 - keep watching: the next check tries again
             print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} restart failed: {' '.join(str(e).split())[:500]}", flush=True)

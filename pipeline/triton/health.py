@@ -106,6 +106,32 @@ def _infer(grpc_url: str, request: Any, timeout_s: float) -> ModelProblem | None
     return None if final else ModelProblem(model, "stream ended without a final response", True)
 
 
+def stub_processes(server_pid: int) -> dict[str, int]:
+    """The python-backend stub processes of the Triton ``server_pid``: model instance name (``tensorrt_llm_0_0``) →
+    pid, from the children's command lines (a stub is started as ``triton_python_backend_stub … INSTANCE KIND``).
+    A stub that died (SIGKILL, the OOM killer) is missing, or has another pid once Triton started a new one. Empty when
+    the server is gone or has no python models."""
+    import re
+
+    import psutil
+
+    out: dict[str, int] = {}
+    try:
+        children = psutil.Process(server_pid).children(recursive=True)
+    except psutil.Error:
+        return out
+    for child in children:
+        try:
+            cmd = child.cmdline()
+        except psutil.Error:
+            continue
+        if any("triton_python_backend_stub" in c for c in cmd):
+            name = next((c for c in reversed(cmd) if re.fullmatch(r"\w+_\d+_\d+", c)), None)
+            if name:
+                out[name] = child.pid
+    return out
+
+
 def probe(http_url: str, grpc_url: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> list[ModelProblem]:
     """The models of the Triton at ``http_url``/``grpc_url`` that do not answer (``[]``: every model answers).
 
