@@ -2,7 +2,8 @@
 AIPerf export files of a synthetic run — failures, short requests, a multi-token response, SLOs, GPUs, server
 metrics, one and several load points — hash to what the code before issue #33 (6cf60e0) wrote. The metric registry,
 the typed load points and the exporters may be rearranged; their output may not change. (A numpy upgrade that moves
-the last digit of a float would change a hash too: check the diff, then re-record.)"""
+the last digit of a float would change a hash too: check the diff, then re-record. Re-recorded for #39: the spec gained
+`stall_timeout_s`; with that one line taken out, every file hashes as before.)"""
 
 from __future__ import annotations
 
@@ -21,24 +22,24 @@ SCENARIOS = (("10:4", 10, 4), ("20:3", 20, 3))
 
 MULTI = {
     "aiperf/10x4_c1/profile_export_aiperf.csv": "b76d9cbbc2b985c4",
-    "aiperf/10x4_c1/profile_export_aiperf.json": "01481539d27d586a",
+    "aiperf/10x4_c1/profile_export_aiperf.json": "30a877126b37cd7c",
     "aiperf/10x4_c4/profile_export_aiperf.csv": "4d7c3bd80e872bae",
-    "aiperf/10x4_c4/profile_export_aiperf.json": "779a560a0be5cc39",
+    "aiperf/10x4_c4/profile_export_aiperf.json": "4151458e3ae4546e",
     "aiperf/20x3_c1/profile_export_aiperf.csv": "127de62ba97b8faa",
-    "aiperf/20x3_c1/profile_export_aiperf.json": "051241b78b0aa7aa",
+    "aiperf/20x3_c1/profile_export_aiperf.json": "2ab75d59def55f5d",
     "aiperf/20x3_c4/profile_export_aiperf.csv": "b6f35cfff222c338",
-    "aiperf/20x3_c4/profile_export_aiperf.json": "5dab67c684d19bd0",
-    "bench.json": "d333558d36db7f20",
+    "aiperf/20x3_c4/profile_export_aiperf.json": "79f46fd58a636b40",
+    "bench.json": "294e618db2bd0492",  # + config.stall_timeout_s (#39)
     "profile_export.jsonl": "ce88d164ba28b70a",
     "summary.csv": "9d9355b59072a5f3",
 }
 SINGLE = {
     "aiperf/10x4_c4/profile_export_aiperf.csv": "2a3862423bfb141e",
-    "aiperf/10x4_c4/profile_export_aiperf.json": "16bc67aaac660eb5",
-    "bench.json": "80454d2df0582bb3",
+    "aiperf/10x4_c4/profile_export_aiperf.json": "2216e2b4e9685970",
+    "bench.json": "64d04abb96047e1d",  # + config.stall_timeout_s (#39)
     "profile_export.jsonl": "b4cbf0851d8a8c56",
     "profile_export_aiperf.csv": "2a3862423bfb141e",
-    "profile_export_aiperf.json": "16bc67aaac660eb5",
+    "profile_export_aiperf.json": "2216e2b4e9685970",
     "summary.csv": "d792e43e6493081e",
 }
 

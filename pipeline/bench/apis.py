@@ -101,12 +101,13 @@ class Api:
 
         return with_request_id(request, request_id, self.name)
 
-    def client(self, info: Any, *, timeout_s: float, max_streams: int) -> Any:
-        """A client with ``stream(request, record)``, ``stop()`` and ``async close()``; ``timeout_s`` per request (s)."""
+    def client(self, info: Any, *, timeout_s: float, max_streams: int, stall_s: float | None = None) -> Any:
+        """A client with ``stream(request, record)``, ``stop()`` and ``async close()``; ``timeout_s`` per request (s);
+        ``stall_s``: gRPC streams that stop answering end with error ``stalled`` (:class:`~pipeline.bench.client.StreamClient`)."""
         if self.name == "grpc":
             from pipeline.bench.client import StreamClient
 
-            return StreamClient(self.url, info, timeout_s=timeout_s, max_streams=max_streams)
+            return StreamClient(self.url, info, timeout_s=timeout_s, max_streams=max_streams, stall_s=stall_s)
         from pipeline.bench.http_client import SSEClient
 
         return SSEClient(self.url, info, api=self.name, timeout_s=timeout_s, max_streams=max_streams)

@@ -47,7 +47,12 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pipeline.bench.prompts import Prompt
-from pipeline.bench.records import RequestRecord
+from pipeline.bench.records import (
+    STALLED,
+    RequestRecord,
+    _fix_cumulative_counts,
+    _perf_times,
+)
 from pipeline.core.errors import UserError
 
 #: streams per gRPC channel before another channel is opened (HTTP/2 concurrent-stream headroom)
@@ -275,6 +280,10 @@ def with_request_id(request: service_pb2.ModelInferRequest, request_id: str) -> 
     return out
 
 
+class _Stalled(Exception):
+    """No response for ``args[0]`` seconds."""
+
+
 class StreamClient:
     """Runs requests as decoupled gRPC streams and records receipt times into records.
 
@@ -282,14 +291,20 @@ class StreamClient:
         url: ``host:port`` of Triton's gRPC endpoint.
         info: the model, from :func:`preflight`.
         timeout_s: per-request deadline in seconds (gRPC deadline; error ``timeout``).
+        stall_s: a stream ends with error ``stalled: …`` (:data:`STALLED`) when it got no response for this long after
+            its last one, or, before its first, when no stream of this client got one for this long (a request
+            queued behind others that progress is not stalled). ``None``: only ``timeout_s``.
         max_streams: the most streams in flight at once (sizes the channel pool).
         keep_text: also keep every ``text_output`` piece in ``rec.response_text`` when the token count
             comes as ``num_output_tokens`` (``trtpipe eval`` needs the text; the bench does not).
     """
 
-    def __init__(self, url: str, info: ModelInfo, *, timeout_s: float, max_streams: int = 1, keep_text: bool = False) -> None:
+    def __init__(self, url: str, info: ModelInfo, *, timeout_s: float, max_streams: int = 1, keep_text: bool = False,
+                 stall_s: float | None = None) -> None:
         self.info = info
         self.timeout_s = timeout_s
+        self.stall_s = stall_s
+        self._last_ns = time.perf_counter_ns()  # the last response on any stream (or the start of a stream when idle)
         opts = [("grpc.max_receive_message_length", -1), ("grpc.use_local_subchannel_pool", 1)]
         n = max(1, math.ceil(max_streams / STREAMS_PER_CHANNEL))
         self._channels = [grpc.aio.insecure_channel(url, options=opts) for _ in range(n)]
@@ -311,11 +326,13 @@ class StreamClient:
         self._next += 1
         rec.start_ns = time.perf_counter_ns()
         call = stub.ModelStreamInfer(iter((request,)), timeout=self.timeout_s)
+        if not self._active:
+            self._last_ns = rec.start_ns
         self._active.add(call)
         response_ns, response_tokens = rec.response_ns, rec.response_tokens
         try:
-            async for resp in call:
-                now = time.perf_counter_ns()
+            while (resp := await self._read(call, rec)) is not grpc.aio.EOF:
+                now = self._last_ns = time.perf_counter_ns()
                 if rec.end_ns is not None:  # after the final response: only drain the stream
                     continue
                 if resp.error_message:
@@ -343,6 +360,9 @@ class StreamClient:
                 rec.error = f"timeout after {self.timeout_s:g} s"
             else:
                 rec.error = f"{code.name}: {' '.join(str(e.details()).split())[:300]}"
+        except _Stalled as e:
+            if rec.end_ns is None:  # (a finished request whose stream is slow to close keeps its result)
+                rec.end_ns, rec.error = time.perf_counter_ns(), f"{STALLED}: no response for {e.args[0]:.0f} s"
         except asyncio.CancelledError:
             if rec.end_ns is None:
                 rec.end_ns = time.perf_counter_ns()
@@ -354,6 +374,25 @@ class StreamClient:
             if not call.done():
                 call.cancel()
             _fix_cumulative_counts(rec)
+
+    async def _read(self, call: Any, rec: RequestRecord) -> Any:
+        """The next response of ``call`` (or ``grpc.aio.EOF``); raises :class:`_Stalled` per ``stall_s``. The read
+        itself is never cancelled while waiting (cancelling a read cancels the call)."""
+        if self.stall_s is None:
+            return await call.read()
+        read = asyncio.ensure_future(call.read())
+        try:
+            while True:
+                done, _ = await asyncio.wait({read}, timeout=min(1.0, self.stall_s))
+                if done:
+                    return read.result()
+                since = rec.response_ns[-1] if rec.response_ns else max(rec.start_ns or 0, self._last_ns)
+                idle_s = (time.perf_counter_ns() - since) / 1e9
+                if idle_s >= self.stall_s:
+                    raise _Stalled(idle_s)
+        finally:
+            if not read.done():
+                read.cancel()
 
     def _count(self, ir: Any, rec: RequestRecord) -> int:
         """Tokens in one response: ``output_ids`` length, ``num_output_tokens``, or ``-1`` (text kept).
@@ -407,33 +446,3 @@ class StreamClient:
         self.stop()
         for c in self._channels:
             await c.close()
-
-
-def _perf_times(ir: Any) -> dict[str, int]:
-    """``*_time_ns`` outputs of the final response: INT64, or a number as text (the LLM-API model
-    builds these tensors with ``text_output``'s STRING dtype)."""
-    out = {}
-    for i, o in enumerate(ir.outputs):
-        if o.name.endswith("_time_ns") and i < len(ir.raw_output_contents):
-            raw = ir.raw_output_contents[i]
-            if o.datatype == "BYTES":
-                try:
-                    out[o.name] = int(float(raw[4:4 + int.from_bytes(raw[:4], "little")]))
-                except ValueError:
-                    continue
-            else:
-                out[o.name] = int.from_bytes(raw[:8], "little", signed=True)
-    return out
-
-
-def _fix_cumulative_counts(rec: RequestRecord) -> None:
-    """Turn cumulative ``num_output_tokens`` into per-response counts (once per request).
-
-    A server may report the running total instead of the tokens in each response. The sum of
-    per-response counts can never exceed what was asked (``max_tokens``), so a strictly
-    increasing series whose sum does proves running totals; it is differenced.
-    """
-    c = rec.response_tokens
-    if len(c) >= 2 and -1 not in c and all(b > a for a, b in zip(c, c[1:])) and sum(c) > rec.requested_tokens >= c[-1]:
-        rec.response_tokens = [c[0]] + [b - a for a, b in zip(c, c[1:])]
-

@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 
+#: the error of a stream that stopped answering (``StreamClient(stall_s=…)``); ``trtpipe bench`` then stops the run
+STALLED = "stalled"
+
 
 @dataclasses.dataclass(slots=True)
 class RequestRecord:
@@ -229,3 +232,33 @@ def cumulative_counts(
     cum = np.minimum(cum, total)
     cum[-1] = total
     return np.diff(cum, prepend=0).tolist()
+
+
+def _perf_times(ir: Any) -> dict[str, int]:
+    """``*_time_ns`` outputs of the final response: INT64, or a number as text (the LLM-API model
+    builds these tensors with ``text_output``'s STRING dtype)."""
+    out = {}
+    for i, o in enumerate(ir.outputs):
+        if o.name.endswith("_time_ns") and i < len(ir.raw_output_contents):
+            raw = ir.raw_output_contents[i]
+            if o.datatype == "BYTES":
+                try:
+                    out[o.name] = int(float(raw[4:4 + int.from_bytes(raw[:4], "little")]))
+                except ValueError:
+                    continue
+            else:
+                out[o.name] = int.from_bytes(raw[:8], "little", signed=True)
+    return out
+
+
+def _fix_cumulative_counts(rec: RequestRecord) -> None:
+    """Turn cumulative ``num_output_tokens`` into per-response counts (once per request).
+
+    A server may report the running total instead of the tokens in each response. The sum of
+    per-response counts can never exceed what was asked (``max_tokens``), so a strictly
+    increasing series whose sum does proves running totals; it is differenced.
+    """
+    c = rec.response_tokens
+    if len(c) >= 2 and -1 not in c and all(b > a for a, b in zip(c, c[1:])) and sum(c) > rec.requested_tokens >= c[-1]:
+        rec.response_tokens = [c[0]] + [b - a for a, b in zip(c, c[1:])]
+

@@ -6,7 +6,9 @@
 :func:`finish` (count text tokens, summarize, write the run directory). Faults during the run:
 
 * a request that fails or times out is recorded (``error``) and counted; the run goes on;
-* the server going away (gRPC ``UNAVAILABLE``) stops the run; partial results are written and
+* the server going away (gRPC ``UNAVAILABLE``) or a stream that stops answering (no response for
+  ``stall_timeout_s``, ``--stall-timeout``: a model whose engine process died) stops the run, cancelling the
+  streams in flight; partial results are written and
   :func:`~pipeline.bench.results.check_outcome` raises :class:`~pipeline.core.errors.StageError` (exit 1);
 * Ctrl-C cancels the streams in flight, writes what was measured, then ``check_outcome`` raises
   ``KeyboardInterrupt`` (exit 130).
@@ -38,7 +40,7 @@ from pipeline.bench.loadgen import (
     run_request_rate,
 )
 from pipeline.bench.prompts import Prompt, load_tokenizer, make_prompts
-from pipeline.bench.records import RequestRecord, count_text_tokens
+from pipeline.bench.records import STALLED, RequestRecord, count_text_tokens
 from pipeline.bench.results import BenchResult, LoadPoint
 from pipeline.recipe.bench import BenchSpec
 
@@ -66,7 +68,7 @@ async def _run_async(run: BenchResult, tokenizer: Any, on_progress: Progress) ->
     stop = asyncio.Event()
     points = _load_points(spec)
     max_streams = max(int(v) for m, v in points) if points[0][0] is Schedule.CONCURRENCY else 1024
-    client = api.client(info, timeout_s=spec.request_timeout_s, max_streams=max_streams)
+    client = api.client(info, timeout_s=spec.request_timeout_s, max_streams=max_streams, stall_s=spec.stall_timeout_s)
 
     def on_sigint() -> None:
         if run.interrupted:  # second Ctrl-C: give up on a clean stop
@@ -113,9 +115,11 @@ async def _load_point(run: BenchResult, client: Any, stop: asyncio.Event, point:
             rec = RequestRecord(scenario, label, i, warmup, prompts[k].num_tokens, point.osl)
             run.records.append(rec)
             await client.stream(run.api.with_id(requests[k], f"{scenario}-{label}-{i}"), rec)
-            if rec.error and rec.error.startswith("UNAVAILABLE") and not stop.is_set():
-                run.aborted = f"server became unreachable during {scenario} {label}: {rec.error}"
+            if rec.error and rec.error.startswith(("UNAVAILABLE", STALLED)) and not stop.is_set():
+                lost = "stopped answering" if rec.error.startswith(STALLED) else "became unreachable"
+                run.aborted = f"server {lost} during {scenario} {label}: {rec.error}"
                 stop.set()
+                client.stop()  # the other streams in flight end now (cancelled), not one by one
             progress(1)
 
         return send

@@ -37,8 +37,8 @@ def serve(
     print_command: Annotated[bool, typer.Option("--print-command", help="Print the exact command line of the build's frontend (tritonserver or trtllm-serve) and exit; nothing starts.")] = False,
 ) -> None:
     """Serve a build with Triton (gRPC, HTTP, metrics) or trtllm-serve (serving.frontend) until Ctrl-C; --print-command shows the command."""
-    from pipeline.core.errors import StageError, UserError
-    from pipeline.serve import registry
+    from pipeline.core.errors import UserError
+    from pipeline.serve import registry, watch
     from pipeline.serve import stage as srv
     from pipeline.serve.compat import ServeTarget
 
@@ -100,12 +100,12 @@ def serve(
                       highlight=False, soft_wrap=True)
         if detach:
             handle.detach(state_file)
+            watch.spawn(state_file, admin_key)
             console.print(f"running in the background; `trtpipe serve --status` / `trtpipe serve --stop` ({state_file})",
                           highlight=False, soft_wrap=True)
             return
-        console.print("[dim]Ctrl-C to stop[/]")
-        rc = handle.server.proc.wait()  # type: ignore[union-attr]
-        raise StageError(f"tritonserver exited on its own with status {rc} (log: {handle.server.log_file})" + handle.server.log_excerpt())
+        console.print("[dim]Ctrl-C to stop; a server or model that stops answering is restarted[/]")
+        watch.serve_foreground(handle, lambda: srv.run(resolved, options), say=lambda m: console.print(m, highlight=False, soft_wrap=True))
     except KeyboardInterrupt:
         console.print("stopping…")
         rc = handle.stop() if handle is not None else None
@@ -121,18 +121,19 @@ def _status(state_file: Path) -> None:
     from pipeline.serve import registry
 
     state = registry.read_state(state_file)
-    if state is None:
-        console.print(f"not running (no {state_file})", highlight=False, soft_wrap=True)
+    build = state and (state.get("build_dir") or state.get("model_repository"))
+    if state is None or not registry.state_alive(state):
+        if state is not None and registry.state_alive(state.get("watcher") or {}):
+            console.print(f"not ready: pid {state.get('pid')} ({build}) is gone, its watcher is restarting it", highlight=False, soft_wrap=True)
+        else:
+            console.print(f"not running: pid {state.get('pid')} ({build}) is gone (removed stale {state_file})" if state
+                          else f"not running (no {state_file})", highlight=False, soft_wrap=True)
+            state_file.unlink(missing_ok=True)
         raise typer.Exit(1)
-    build = state.get("build_dir") or state.get("model_repository")
-    if not registry.state_alive(state):
-        state_file.unlink(missing_ok=True)
-        console.print(f"not running: pid {state.get('pid')} ({build}) is gone (removed stale {state_file})", highlight=False, soft_wrap=True)
-        raise typer.Exit(1)
-    ready = registry.state_ready(state)
-    console.print(f"running (pid {state['pid']}), {'[green]ready[/]' if ready else f'[yellow]not ready[/]: {build}'}\n"
+    problems = registry.not_answering(state)  # every model must answer, not only the process run
+    console.print(f"running (pid {state['pid']}), {'[yellow]not ready[/]: ' + '; '.join(problems) if problems else '[green]ready[/]'}\n"
                   f"{registry.describe(state)}", highlight=False, soft_wrap=True)
-    if not ready:
+    if problems:
         raise typer.Exit(1)
 
 

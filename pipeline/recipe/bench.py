@@ -187,6 +187,13 @@ class BenchSpec(StrictModel):
         "--warmup", "Warmup requests per load point (excluded).", int, min=0)] = Field(default=2, ge=0, le=MAX_REQUESTS, description="Requests sent first and excluded from statistics.")
     request_timeout_s: Annotated[float, Flag(
         "--timeout", "Per-request timeout in seconds.", float, min=0.001)] = Field(default=600.0, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False, description="Per-request timeout in seconds (at most a day).")
+    stall_timeout_s: Annotated[float, Flag(
+        "--stall-timeout", ("Stop the run when a stream gets no response for this many seconds (before its first "
+                            "response: when no stream gets one); gRPC."), float, min=0.001)] = Field(
+        default=60.0, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False, description=(
+            "A gRPC stream with no response for this many seconds after its last one (before its first: while no "
+            "stream of the run gets one) ends as `stalled` and stops the run, writing partial results: a model whose "
+            "engine process died leaves its streams open forever."))
     goodput: Annotated[dict[Literal[SLO_KEYS], Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S * 1000, allow_inf_nan=False)]], Flag(
         "--goodput", "SLOs in ms: ttft:200,itl:20 (keys ttft, itl, tpot, e2e; repeatable).", list[str], parse_goodput,
     )] = Field(

@@ -131,6 +131,31 @@ def state_ready(state: dict[str, Any]) -> bool:
     return http_ok(state.get("health_url") or f"http://{state['http_url']}/v2/health/ready")
 
 
+def not_answering(state: dict[str, Any]) -> list[str]:
+    """What does not answer on the recorded server (``[]``: all answers): for Triton every model of its repository
+    (model-ready API and a one-token inference, :func:`pipeline.triton.health.probe`), for trtllm-serve ``/health``."""
+    if frontend_of(state) != TRITON:
+        return [] if state_ready(state) else [f"server ({state.get('health_url')} does not answer 200)"]
+    from pipeline.triton.health import probe
+
+    return [str(p) for p in probe(state["http_url"], state["grpc_url"])]
+
+
+def _stop_watcher(state: dict[str, Any]) -> None:
+    """Stop the watcher of a detached server (:mod:`pipeline.serve.watch`) first, so that it restarts nothing."""
+    import psutil
+
+    watcher = state.get("watcher") or {}
+    if not watcher or not state_alive(watcher):
+        return
+    p = psutil.Process(int(watcher["pid"]))
+    p.terminate()  # SIGTERM: a restart in progress stops the server it was starting
+    try:
+        p.wait(15)
+    except psutil.TimeoutExpired:
+        p.kill()
+
+
 def describe(state: dict[str, Any]) -> str:
     """The recorded server's endpoints, what it serves, its log and start time: one ``name value`` line each."""
     rows = [("frontend", frontend_of(state)), ("build", state.get("build_dir") or "—")]
@@ -140,6 +165,8 @@ def describe(state: dict[str, Any]) -> str:
     else:
         rows += [("OpenAI", state.get("openai_url")), ("health", state.get("health_url"))]
     rows += [("log", state.get("log_file")), ("since", state.get("started_at"))]
+    if state.get("watcher"):
+        rows.append(("watcher", f"pid {state['watcher'].get('pid')}, {state.get('restarts', 0)} restart(s), log {state['watcher'].get('log_file')}"))
     return "\n".join(f"  {name:<8} {value}" for name, value in rows)
 
 
@@ -153,6 +180,8 @@ def stop_detached(path: Path, grace_s: float | None = None) -> tuple[dict[str, A
     state = read_state(path)
     if state is None:
         return None, False
+    _stop_watcher(state)
+    state = read_state(path) or state  # the watcher may have restarted the server: its new record
     running = state_alive(state)
     if running:
         grace = float(state.get("exit_timeout_s", 5)) + 5 if grace_s is None else grace_s
