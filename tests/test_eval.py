@@ -273,6 +273,7 @@ def test_a_damaged_build_fails(fp8_eval, cpu_build: Path, tmp_path: Path):
     import torch
     from safetensors.torch import load_file, save_file
 
+    from pipeline.core import artifacts
     from pipeline.core.layout import BuildLayout
     from pipeline.eval import stage as stage
 
@@ -287,6 +288,11 @@ def test_a_damaged_build_fails(fp8_eval, cpu_build: Path, tmp_path: Path):
         if t.is_floating_point() and t.dim() == 2 and "embed" not in name:
             tensors[name] = t[torch.randperm(t.shape[0], generator=gen)]  # rows shuffled: the layers compute nonsense
     save_file(tensors, weights)
+    # a build that produced bad weights (not a file damaged after the build, which serve refuses by its hash): the
+    # engine's manifest records the scrambled file's sha256
+    manifest = artifacts.read_manifest(damaged / "engine")
+    manifest["files"]["model.safetensors"] = artifacts.sha256_file(weights)
+    artifacts.write_manifest(damaged / "engine", manifest)
     baseline = cpu_build.parent / f"{cpu_build.name}-baseline"
     res = stage.run(EvalSpec(**EVAL_OPTS), stage.EvalTarget(layout=BuildLayout(damaged)),
                     stage.EvalTarget(layout=BuildLayout(baseline)), recipe=load_recipe(cpu_build / "recipe.yaml"),

@@ -18,7 +18,9 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+from collections.abc import Callable
 from importlib import resources
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict
@@ -211,46 +213,51 @@ def summary(results: list[PointResult]) -> dict[str, float]:
     }
 
 
-def _efficiency(x, fixed: dict[str, float]) -> Efficiency:
-    return Efficiency(**dict(zip(FREE, (float(v) for v in x), strict=True)), **fixed, rel_error=0.0)
+def least_squares_fit(free: dict[str, tuple[float, float, float]], fixed: dict, evaluate_fn: Callable[[Efficiency, list], list[PointResult]],
+                      pts: list) -> Efficiency:
+    """Least-squares fit of the ``free`` parameters (name → (start, lower, upper)) on ln(predicted / published) over
+    ``pts``, ``fixed`` held, each point predicted by ``evaluate_fn(efficiency, pts)``. Deterministic (scipy
+    ``least_squares``, trust-region reflective, fixed start). Shared by the engine path's fit and the PyTorch
+    backend's (:mod:`pipeline.plan.calibration_pytorch`)."""
+    from scipy.optimize import least_squares
+
+    def eff_of(x) -> Efficiency:
+        return Efficiency(**dict(zip(free, (float(v) for v in x), strict=True)), **fixed, rel_error=0.0)
+
+    def resid(x):
+        return [math.log(r.predicted / r.published) for r in evaluate_fn(eff_of(x), pts)]
+
+    res = least_squares(resid, [v[0] for v in free.values()], bounds=([v[1] for v in free.values()], [v[2] for v in free.values()]),
+                        x_scale=[v[0] or 1 for v in free.values()], diff_step=1e-4)
+    return eff_of(res.x)
+
+
+def leave_one_out(pts: list, key: Callable[[Any], Any], fit_fn: Callable[[list], Efficiency],
+                  evaluate_fn: Callable[[Efficiency, list], list[PointResult]]) -> dict[Any, tuple[Efficiency, list[PointResult]]]:
+    """For each value of ``key`` over ``pts`` (a GPU, a model, an ISL/OSL pair), in order of appearance: the fit
+    (``fit_fn``) without the points that have it, and that fit's results on them."""
+    out = {}
+    for k in dict.fromkeys(key(p) for p in pts):
+        eff = fit_fn([p for p in pts if key(p) != k])
+        out[k] = (eff, evaluate_fn(eff, [p for p in pts if key(p) == k]))
+    return out
 
 
 def fit(pts: list[CalibrationPoint] | None = None, fixed: dict[str, float] | None = None) -> Efficiency:
     """Least-squares fit of :data:`FREE` on ln(predicted / published) over ``pts`` (default: all points),
-    :data:`FIXED` held. Deterministic (scipy ``least_squares``, trust-region reflective, fixed start)."""
-    from scipy.optimize import least_squares
-
-    pts = points() if pts is None else pts
-    fixed = FIXED if fixed is None else fixed
-
-    def resid(x):
-        return [math.log(r.predicted / r.published) for r in evaluate(_efficiency(x, fixed), pts)]
-
-    x0 = [v[0] for v in FREE.values()]
-    lo = [v[1] for v in FREE.values()]
-    hi = [v[2] for v in FREE.values()]
-    res = least_squares(resid, x0, bounds=(lo, hi), x_scale=[v[0] or 1 for v in FREE.values()], diff_step=1e-4)
-    return _efficiency(res.x, fixed)
+    :data:`FIXED` held (:func:`least_squares_fit`)."""
+    return least_squares_fit(FREE, FIXED if fixed is None else fixed, evaluate, points() if pts is None else pts)
 
 
 def leave_one_gpu_out(pts: list[CalibrationPoint] | None = None) -> dict[str, tuple[Efficiency, list[PointResult]]]:
     """For each calibration GPU: the fit without it and that fit's results on it."""
-    pts = points() if pts is None else pts
-    out = {}
-    for g in dict.fromkeys(p.gpu for p in pts):
-        eff = fit([p for p in pts if p.gpu != g])
-        out[g] = (eff, evaluate(eff, [p for p in pts if p.gpu == g]))
-    return out
+    return leave_one_out(points() if pts is None else pts, lambda p: p.gpu, fit, evaluate)
 
 
 def leave_one_pair_out(pts: list[CalibrationPoint] | None = None) -> list[PointResult]:
     """For each ISL/OSL pair: the fit without it (all GPUs), scored on that pair; all results together."""
-    pts = points() if pts is None else pts
-    out: list[PointResult] = []
-    for pair in dict.fromkeys((p.isl, p.osl) for p in pts):
-        eff = fit([p for p in pts if (p.isl, p.osl) != pair])
-        out += evaluate(eff, [p for p in pts if (p.isl, p.osl) == pair])
-    return out
+    held = leave_one_out(points() if pts is None else pts, lambda p: (p.isl, p.osl), fit, evaluate)
+    return [r for _, rs in held.values() for r in rs]
 
 
 EFFICIENCY_HEADER = """\

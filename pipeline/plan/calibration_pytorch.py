@@ -27,6 +27,8 @@ from pipeline.plan.calibration import (
     FIXED,
     PointResult,
     _round,
+    least_squares_fit,
+    leave_one_out,
     summary,
     trtllm_bench_settings,
 )
@@ -150,44 +152,23 @@ def evaluate(eff: Efficiency, pts: list[PytorchPoint] | None = None) -> list[Poi
     return out
 
 
-def _efficiency(x, fixed: dict[str, float]) -> Efficiency:
-    return Efficiency(**dict(zip(FREE, (float(v) for v in x), strict=True)), **fixed, rel_error=0.0)
-
-
 def fit(pts: list[PytorchPoint] | None = None, fixed: dict[str, float] | None = None) -> Efficiency:
     """Least-squares fit of :data:`FREE` on ln(predicted / published) over ``pts`` (default: all), the engine
-    path's :data:`~pipeline.plan.calibration.FIXED` per-step overhead held. Deterministic (fixed start)."""
-    from scipy.optimize import least_squares
-
-    pts = points() if pts is None else pts
-    fixed = {**FIXED, **SYNC_SCALING} if fixed is None else fixed
-
-    def resid(x):
-        return [math.log(r.predicted / r.published) for r in evaluate(_efficiency(x, fixed), pts)]
-
-    res = least_squares(resid, [v[0] for v in FREE.values()], bounds=([v[1] for v in FREE.values()], [v[2] for v in FREE.values()]),
-                        x_scale=[v[0] or 1 for v in FREE.values()], diff_step=1e-4)
-    return _efficiency(res.x, fixed)
+    path's :data:`~pipeline.plan.calibration.FIXED` per-step overhead and :data:`SYNC_SCALING` held
+    (:func:`pipeline.plan.calibration.least_squares_fit`)."""
+    return least_squares_fit(FREE, {**FIXED, **SYNC_SCALING} if fixed is None else fixed, evaluate,
+                             points() if pts is None else pts)
 
 
 def leave_one_model_out(pts: list[PytorchPoint] | None = None) -> dict[str, tuple[Efficiency, list[PointResult]]]:
     """For each model column: the fit without it and that fit's results on it."""
-    pts = points() if pts is None else pts
-    out = {}
-    for c in dict.fromkeys(p.column for p in pts):
-        eff = fit([p for p in pts if p.column != c])
-        out[c] = (eff, evaluate(eff, [p for p in pts if p.column == c]))
-    return out
+    return leave_one_out(points() if pts is None else pts, lambda p: p.column, fit, evaluate)
 
 
 def leave_one_pair_out(pts: list[PytorchPoint] | None = None) -> list[PointResult]:
     """For each ISL/OSL pair: the fit without it (all models), scored on that pair; all results together."""
-    pts = points() if pts is None else pts
-    out: list[PointResult] = []
-    for pair in dict.fromkeys((p.isl, p.osl) for p in pts):
-        eff = fit([p for p in pts if (p.isl, p.osl) != pair])
-        out += evaluate(eff, [p for p in pts if (p.isl, p.osl) == pair])
-    return out
+    held = leave_one_out(points() if pts is None else pts, lambda p: (p.isl, p.osl), fit, evaluate)
+    return [r for _, rs in held.values() for r in rs]
 
 
 HEADER = """\
