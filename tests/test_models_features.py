@@ -199,3 +199,39 @@ def test_backend_support_and_moe_checks():
     assert llmapi.check_kwargs(dict(kw, speculative_config=ngram)) == []
     trt = llmapi.check_kwargs({"model": "/m", "speculative_config": ngram}, "tensorrt")
     assert trt == [next(p for p in trt if "NGram does not support the tensorrt backend" in p)]
+
+
+# ------------------------------------------------------------------ bench: speculative-decoding counters when returned
+def test_bench_reads_the_speculative_counters_and_summarizes_them():
+    import numpy as np
+    from tritonclient.grpc import service_pb2
+
+    from pipeline.bench.metrics import summarize
+    from pipeline.bench.records import RequestRecord, _perf_times
+
+    def final(accepted: int, drafted: int, as_text: bool) -> service_pb2.ModelInferResponse:
+        ir = service_pb2.ModelInferResponse()
+        for name, v in (("total_accepted_draft_tokens", accepted), ("total_draft_tokens", drafted), ("last_token_time_ns", 7)):
+            if as_text:  # the LLM-API model's STRING tensors: a 4-byte length, then the number as text
+                ir.outputs.add(name=name, datatype="BYTES", shape=[1])
+                ir.raw_output_contents.append(len(str(v)).to_bytes(4, "little") + str(v).encode())
+            else:
+                ir.outputs.add(name=name, datatype="INT64" if name.endswith("_ns") else "INT32", shape=[1])
+                ir.raw_output_contents.append((np.int64 if name.endswith("_ns") else np.int32)(v).tobytes())
+        return ir
+
+    def record(i: int, osl: int, ir) -> RequestRecord:
+        r = RequestRecord("16:11", "c1", i, False, 16, osl, start_ns=0, response_ns=[1_000_000 * (k + 1) for k in range(osl)],
+                          response_tokens=[1] * osl, end_ns=1_000_000 * osl)
+        r.server = _perf_times(ir)
+        return r
+
+    a, b = record(0, 11, final(6, 9, as_text=False)), record(1, 5, final(0, 6, as_text=True))
+    assert a.server == {"total_accepted_draft_tokens": 6, "total_draft_tokens": 9, "last_token_time_ns": 7}
+    assert b.server["total_accepted_draft_tokens"] == 0 and b.server["total_draft_tokens"] == 6
+    spec = summarize([a, b]).speculative
+    # 6 of 15 drafts accepted; 10 + 4 generated tokens in (10 - 6) + (4 - 0) = 8 generation steps
+    assert spec == {"requests": 2, "accepted_draft_tokens": 6, "draft_tokens": 15, "acceptance_rate": 0.4,
+                    "accepted_tokens_per_step": 1.75}
+    plain = record(2, 5, service_pb2.ModelInferResponse())
+    assert summarize([plain]).speculative is None and "speculative" not in summarize([plain]).to_json()
