@@ -235,3 +235,14 @@ def test_bench_reads_the_speculative_counters_and_summarizes_them():
                     "accepted_tokens_per_step": 1.75}
     plain = record(2, 5, service_pb2.ModelInferResponse())
     assert summarize([plain]).speculative is None and "speculative" not in summarize([plain]).to_json()
+
+
+def test_a_speculative_change_keeps_numerics_but_a_new_target_does_not():
+    """Greedy verification of the same target reproduces the target's greedy tokens (eval decodes greedily and the
+    recipe exposes no relaxed acceptance), so tune runs no accuracy gate for adding EAGLE-3; a different target does."""
+    from pipeline.tune.points import numerics_changed
+
+    base = load_recipe(REPO / "recipes" / "llama31_8b_h200_fp8_pytorch.yaml")
+    eagle = load_recipe(EAGLE)
+    assert not numerics_changed(eagle, base)
+    assert numerics_changed(load_recipe(EAGLE, ["quantization.qformat=full_prec", "quantization.kv_cache_dtype=none"]), base)
