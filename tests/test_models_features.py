@@ -246,3 +246,15 @@ def test_a_speculative_change_keeps_numerics_but_a_new_target_does_not():
     eagle = load_recipe(EAGLE)
     assert not numerics_changed(eagle, base)
     assert numerics_changed(load_recipe(EAGLE, ["quantization.qformat=full_prec", "quantization.kv_cache_dtype=none"]), base)
+
+
+def test_moe_roofline_reads_only_the_experts_a_step_selects():
+    from pipeline.plan.perf import Roofline
+
+    moe = dict(weight_bytes=10e9, kv_token_bytes=0.0, bandwidth=1e12, flops=1e18, flops_per_token=1.0, avg_context=0.0,
+               prefill_flops=0.0, expert_bytes=8e9, num_experts=128, experts_per_token=8)
+    r = Roofline(**moe)
+    assert r.step_time_s(1) == pytest.approx((2e9 + 8e9 * 8 / 128) / 1e12)  # one token: 8 of 128 experts
+    assert r.step_time_s(2) == pytest.approx((2e9 + 8e9 * (1 - (120 / 128) ** 2)) / 1e12)
+    assert r.step_time_s(4096) == pytest.approx(10e9 / 1e12, rel=1e-6)  # a large batch reads every expert
+    assert Roofline(**{**moe, "num_experts": 0, "experts_per_token": 0}).step_time_s(1) == pytest.approx(10e9 / 1e12)
