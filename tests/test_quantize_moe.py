@@ -1,8 +1,9 @@
 """ModelOpt PTQ of a mixture-of-experts model, for real on CPU: a tiny random Qwen3-MoE-shaped model (2 layers, 4
 experts, top-2, hidden 64, SmolLM2's tokenizer) through the quantize stage with FP8 weights/activations and an FP8 KV
 cache. The unified HF checkpoint must keep the source's geometry (experts, active experts, expert width, heads) and
-hold every routed expert's gate/up/down projection as its own FP8 tensor with a scale; the TensorRT-LLM checkpoint
-passes the stage's geometry check (pipeline/trtllm/checkpoint.py)."""
+hold every routed expert's gate/up/down projection as its own FP8 tensor with a scale. ModelOpt 0.47 has no
+TensorRT-LLM checkpoint export for Qwen3-MoE blocks (its MoE export takes llama/dbrx/phi3/deepseek/qwen decoders):
+the stage skips that checkpoint, which only build.engine: tensorrt reads, and says why."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from pipeline.core.geometry import geometry_from_config
 from pipeline.core.layout import BuildLayout
 from pipeline.quantize import stage as quantize
 from pipeline.recipe import load_recipe
+
+#: a real calibration + both exports on one thread: ~1 min (the refusal test runs a second one)
+pytestmark = pytest.mark.slow
 
 TINY_MOE = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2, vocab_size=49152,
@@ -70,7 +74,26 @@ def test_moe_export_keeps_the_expert_geometry(moe_fp8):
             "vocab_size", "num_experts", "num_experts_per_tok", "num_shared_experts", "moe_intermediate_size")
     assert {k: getattr(after, k) for k in keys} == {k: getattr(before, k) for k in keys}
     assert res.manifest["exported"] == {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
-    assert res.manifest["geometry_checked"]  # the TensorRT-LLM checkpoint passed the stage's geometry check
+    assert "num_experts" in res.manifest["hf_geometry_checked"]  # the stage's own check of the HF export ran
+    if res.manifest["trtllm_ckpt_skipped"]:
+        assert "tensorrt" in res.manifest["trtllm_ckpt_skipped"] and not res.trtllm_ckpt.exists()
+    else:  # a ModelOpt that exports Qwen3-MoE to TensorRT-LLM: its checkpoint passed the geometry check
+        assert res.manifest["geometry_checked"]
+
+
+def test_moe_without_a_trtllm_export_is_refused_for_the_tensorrt_engine(moe_fp8, tmp_path):
+    from pipeline.core.errors import StageError
+
+    src, res = moe_fp8
+    if not res.manifest["trtllm_ckpt_skipped"]:
+        pytest.skip("this ModelOpt exports Qwen3-MoE to TensorRT-LLM")
+    f = tmp_path / "trt.yaml"
+    data = yaml.safe_load((res.path.parent.parent / "moe_fp8.yaml").read_text())
+    data.update(target={"gpu": "h200"}, build={"engine": "tensorrt", "max_batch_size": 4, "max_input_len": 256,
+                                               "max_seq_len": 512, "max_num_tokens": 512})
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(StageError, match="TensorRT-LLM checkpoint failed"):
+        quantize.run(load_recipe(f), BuildLayout(tmp_path / "b"), recipe_dir=tmp_path)
 
 
 def test_every_expert_is_its_own_fp8_tensor(moe_fp8):
