@@ -25,6 +25,7 @@ CONSUMERS: dict[str, str] = {
     "target.gpu": "engine",          # engine kernels and plugin adjustments follow the GPU's SM
     "target.tp_size": "quantize",    # the checkpoint is sharded per rank (export mapping)
     "target.pp_size": "quantize",
+    "target.ep_size": "runtime",     # LLM-API moe_expert_parallel_size, read when the LLM loads
     "target.num_gpus": "plan",
     "target.gpus_per_node": "deploy",
     "target.tensorrt_llm": "plan",   # checked against the release's engine paths; builds use the pinned container
