@@ -256,8 +256,8 @@ def _write_tokenizer_info(tokenizer_dir: Path, dest: Path) -> None:
     ``generate_xgrammar_tokenizer_info.py`` format). Raises StageError when the tokenizer cannot give one."""
     try:
         write_tokenizer_info(tokenizer_dir, dest)
-    except ValueError as e:
-        raise StageError(f"build.guided_decoding_backend: {e}") from None
+    except Exception as e:  # ValueError (not a fast tokenizer) or whatever transformers raises for broken files
+        raise StageError(f"build.guided_decoding_backend: no xgrammar tokenizer info from {tokenizer_dir}: {e}") from None
 
 
 def _llmapi_kwargs(recipe: Recipe, quantized: QuantizeResult, engine: EngineResult) -> dict[str, Any]:
