@@ -10,7 +10,8 @@ back while there is work. Each step (TensorRT-LLM's in-flight batching):
    batch of at most ``max_num_tokens`` tokens (a prompt longer than what is left is split across
    steps when chunked prefill is on; with it off the whole prompt must fit one step);
 4. runs one forward pass and picks each sequence's next token greedily, with ``end_id`` masked out
-   while fewer than ``min_tokens`` tokens were generated;
+   while fewer than ``min_tokens`` tokens were generated and, for a guided request, every token its grammar
+   forbids masked out (:mod:`pipeline.cpu_runtime.guided`, xgrammar; a completed grammar ends the sequence);
 5. finishes sequences on ``end_id`` (not returned, as in TensorRT-LLM), ``max_new_tokens`` or a stop
    word (returned), frees their slots, and hands every sequence's new tokens to the delivery thread,
    which calls ``on_tokens`` while the next step already runs.
@@ -44,6 +45,7 @@ import torch
 
 from pipeline.core.geometry import geometry_from_dict
 from pipeline.cpu_runtime.batch import build_step
+from pipeline.cpu_runtime.guided import advance, mask
 from pipeline.cpu_runtime.host import release_freed_heap, release_openmp_pool
 from pipeline.cpu_runtime.kv import kv_slots
 from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder
@@ -192,6 +194,7 @@ class CpuEngine:
         stop_words: list[list[int]] | None = None,
         on_tokens: TokensCallback,
         on_error: ErrorCallback | None = None,
+        matcher: Any = None,
     ) -> str:
         """Queue one greedy generation; returns its request id.
 
@@ -202,7 +205,7 @@ class CpuEngine:
         With ``min_tokens >= max_new_tokens`` exactly ``max_new_tokens`` tokens are returned.
         ``end_id`` ``None``/negative never stops. If the engine fails or shuts down,
         ``on_error(message)`` is called instead (or, without ``on_error``, ``on_tokens([], True)``).
-        Callbacks must be quick: one thread delivers every request's tokens.
+        Callbacks must be quick: one thread delivers every request's tokens. ``matcher``: its guide (Guides.matcher).
 
         A request beyond the free KV slots waits (FIFO) and joins the running batch when a slot frees.
 
@@ -226,7 +229,7 @@ class CpuEngine:
                     f"Maximum queue size of {self.max_queue_size} has been reached, please try again later: "
                     f"{queued} requests wait for one of the {self.model.cache.slots} KV-cache slots (max_queue_size)")
             rid = f"cpu-{next(self._ids)}"
-            seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error)
+            seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error, matcher)
             self._requests[rid] = seq
             self._inbox.append(seq)
             self._cv.notify()
@@ -366,12 +369,13 @@ class CpuEngine:
         if ban:
             r, e = zip(*ban)
             logits[list(r), list(e)] = float("-inf")
+        mask(logits, [s.matcher for s in seqs])
         next_ids = logits.argmax(-1).tolist() if seqs else []
         out = []
         finished = []
         for seq, tok in zip(seqs, next_ids):
             seq.generated.append(tok)
-            if tok == seq.end_id:
+            if tok == seq.end_id or advance(seq.matcher, tok):
                 out.append(("tokens", seq, [], True))
                 finished.append(seq)
                 continue

@@ -18,7 +18,9 @@ docs/upstream.md):
   ``max_tokens`` (default 32), ``min_tokens`` (None → no lower bound), ``ignore_eos`` (default False: keep
   generating after the end token), ``end_id`` (default: the tokenizer's EOS), ``stop`` (strings; the returned text
   and tokens end before the stop string unless ``include_stop_str_in_output``), ``exclude_input_from_output``,
-  ``return_perf_metrics``, ``detokenize``, ``skip_special_tokens``, ``add_special_tokens``, and the sampling knobs.
+  ``return_perf_metrics``, ``detokenize``, ``skip_special_tokens``, ``add_special_tokens``, ``guided_decoding``
+  (:class:`~pipeline.cpu_runtime.guided.GuidedDecodingParams`, honoured with ``LLM(guided_decoding_backend="xgrammar")``,
+  llm_args.py@c292b9f997d6:1931), and the sampling knobs.
 
 Decoding is greedy, as in the CPU engine: ``temperature``/``top_k``/``top_p``/``seed``/penalties are accepted and
 have no effect; ``n``/``best_of`` above 1 and beam search are refused (ValueError). The ``LLM()`` keyword arguments
@@ -39,11 +41,13 @@ import time
 from pathlib import Path
 from typing import Any, Self
 
+from pipeline.cpu_runtime.guided import GuidedDecodingParams, request_matcher
+
 #: ``LLM()`` limits that must equal the CPU engine's engine_config.json (fixed when the engine directory was built)
 _LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
 #: ``LLM()`` arguments the facade reads itself
 _READ = {"model", "tokenizer", "kv_cache_config", "enable_chunked_prefill", "backend", "tensor_parallel_size",
-         "pipeline_parallel_size", "max_beam_width", *_LIMITS}
+         "pipeline_parallel_size", "max_beam_width", "guided_decoding_backend", *_LIMITS}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -73,6 +77,7 @@ class SamplingParams:
     detokenize: bool = True
     skip_special_tokens: bool = True
     add_special_tokens: bool = True
+    guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         self.best_of = self.best_of or self.n
@@ -329,7 +334,8 @@ class LLM:
 
     Raises:
         ValueError: an engine limit differs from engine_config.json, tensor/pipeline parallelism or beam width
-            above 1, a backend other than ``pytorch``, ``kv_cache_config.enable_block_reuse`` true.
+            above 1, a backend other than ``pytorch``, ``kv_cache_config.enable_block_reuse`` true, a
+            ``guided_decoding_backend`` other than ``xgrammar``.
         FileNotFoundError: ``model`` is not a CPU engine directory.
     """
 
@@ -349,6 +355,12 @@ class LLM:
         self._engine = CpuEngine(
             self.model_dir, kv_max_tokens=kv.get("max_tokens"), kv_free_memory_fraction=kv.get("free_gpu_memory_fraction"),
             enable_chunked_prefill=kwargs.get("enable_chunked_prefill"))
+        self.guides = None
+        if kwargs.get("guided_decoding_backend") is not None:  # the tokenizer's info, as upstream's LLM builds it
+            from pipeline.cpu_runtime.guided import Guides
+            from pipeline.trtllm.guided import tokenizer_info
+
+            self.guides = Guides(tokenizer_info(Path(tokenizer) if tokenizer else self.model_dir), self._engine.vocab_size)
         self._ids = iter(range(1, 1 << 62))
         self._stop_cache: dict[tuple[str, ...], list[list[int]]] = {}
 
@@ -362,6 +374,8 @@ class LLM:
                 raise ValueError(f"{name}={kwargs[name]}: the CPU engine runs one rank and decodes greedily (1)")
         if kwargs.get("backend") not in (None, "pytorch"):
             raise ValueError(f"backend={kwargs['backend']!r}: the CPU facade stands in for the pytorch backend only")
+        if kwargs.get("guided_decoding_backend") not in (None, "xgrammar"):
+            raise ValueError(f"guided_decoding_backend={kwargs['guided_decoding_backend']!r}: the CPU engine guides with xgrammar")
         if (kwargs.get("kv_cache_config") or {}).get("enable_block_reuse"):
             raise ValueError("kv_cache_config.enable_block_reuse=true: the CPU engine keeps no KV blocks for reuse")
 
@@ -392,12 +406,13 @@ class LLM:
         else:
             prompt, ids = None, [int(t) for t in inputs]
         end_id = p.end_id if p.end_id is not None else (self.tokenizer.eos_token_id if self.tokenizer else None)
+        matcher = request_matcher(self.guides, p.guided_decoding)
         out = RequestOutput(self, next(self._ids), prompt, ids, p, streaming)
         words = [w for w in self.stop_word_ids(p) if w] + [[t] for t in (p.stop_token_ids or [])]
         out._engine_id = self._engine.add_request(
             ids, max_new_tokens=int(p.max_tokens), min_tokens=max(0, int(p.min_tokens or 0)),
             end_id=None if p.ignore_eos or end_id is None else int(end_id), stop_words=words,
-            on_tokens=out._on_tokens, on_error=out._on_error)
+            on_tokens=out._on_tokens, on_error=out._on_error, matcher=matcher)
         return out
 
     def shutdown(self) -> None:

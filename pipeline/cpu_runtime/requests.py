@@ -20,9 +20,9 @@ class SequenceState:
     """One request's state (owned by the scheduler thread except ``done``/``lock``)."""
 
     __slots__ = ("rid", "prompt", "max_new", "min_tokens", "end_id", "stop_words", "on_tokens", "on_error",
-                 "slot", "prefilled", "generated", "done", "lock", "arrival")
+                 "slot", "prefilled", "generated", "done", "lock", "arrival", "matcher")
 
-    def __init__(self, rid, prompt, max_new, min_tokens, end_id, stop_words, on_tokens, on_error):
+    def __init__(self, rid, prompt, max_new, min_tokens, end_id, stop_words, on_tokens, on_error, matcher=None):
         self.rid, self.prompt, self.max_new = rid, prompt, max_new
         self.min_tokens, self.end_id, self.stop_words = min_tokens, end_id, stop_words
         self.on_tokens, self.on_error = on_tokens, on_error
@@ -32,6 +32,7 @@ class SequenceState:
         self.done = False  # no callback may run once set (under ``lock``)
         self.lock = threading.Lock()
         self.arrival = time.perf_counter()
+        self.matcher = matcher  # xgrammar GrammarMatcher of a guided request (pipeline/cpu_runtime/guided.py), or None
 
 
 def checked_request(c: dict[str, Any], chunked: bool, vocab_size: int, input_ids: list[int], max_new_tokens: int,

@@ -190,6 +190,16 @@ class BuildSpec(StrictModel):
     enable_chunked_prefill: bool = Field(
         default=False, description="Chunked context/prefill (LLM-API enable_chunked_prefill; Triton enable_chunked_context; default False)."
     )
+    guided_decoding_backend: Literal["xgrammar"] | None = Field(
+        default=None,
+        description=(
+            "Guided decoding (JSON schema / regex / EBNF grammar per request) with xgrammar (LLM-API "
+            "guided_decoding_backend, default None = off). The engine path's tensorrt_llm model gets "
+            "guided_decoding_backend and xgrammar_tokenizer_info_path (a tokenizer-info file the build writes), the "
+            "PyTorch backend the LLM() argument, the CPU engine masks its logits with xgrammar. Requests send "
+            "guided_decoding_guide_type / guided_decoding_guide (Triton) or response_format (trtllm-serve)."
+        ),
+    )
     allow_kv_oversubscription: bool = Field(
         default=False,
         description=(

@@ -46,6 +46,7 @@ CONSUMERS: dict[str, str] = {
     "build.scheduler_config": "runtime",
     "build.enable_chunked_prefill": "runtime",
     "build.pytorch": "runtime",     # TorchLlmArgs read when the LLM loads (llm_api_config.yaml → model.yaml): no engine
+    "build.guided_decoding_backend": "runtime",  # read at model load (Triton parameters / LLM() / the CPU model)
     "build.allow_kv_oversubscription": "plan",
     "serving": "runtime",
     "bench": "bench",

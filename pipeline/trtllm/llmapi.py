@@ -52,7 +52,8 @@ def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path, *, draft_dir: str | None =
         ``max_seq_len`` (resolved, tokens), ``max_beam_width``, ``max_num_tokens``, ``kv_cache_config``
         {free_gpu_memory_fraction, enable_block_reuse, max_tokens, max_attention_window, host_cache_size,
         tokens_per_block, dtype ("fp8" for an FP8 KV cache, else "auto" = from the checkpoint)},
-        ``scheduler_config`` {capacity_scheduler_policy, context_chunking_policy}, ``enable_chunked_prefill``, and
+        ``scheduler_config`` {capacity_scheduler_policy, context_chunking_policy}, ``enable_chunked_prefill``,
+        ``guided_decoding_backend`` when the recipe turns guided decoding on, and
         on a GPU target the ``build.pytorch`` knobs under their LLM-API names (``cuda_graph_config``
         {enable_padding, batch_sizes, max_batch_size} or None, ``disable_overlap_scheduler``, ``attn_backend``,
         ``sampler_type``, ``stream_interval``, ``enable_iter_perf_stats``, ``enable_iter_req_stats``,
@@ -93,6 +94,8 @@ def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path, *, draft_dir: str | None =
         },
         "enable_chunked_prefill": b.enable_chunked_prefill,
     }
+    if b.guided_decoding_backend:  # absent = upstream default None (off); the CPU facade honours it too
+        kwargs["guided_decoding_backend"] = b.guided_decoding_backend
     if t.gpu != hardware.CPU_TARGET:
         kwargs.update(pytorch_kwargs(recipe, draft_dir=draft_dir))
     return kwargs

@@ -33,6 +33,12 @@ Text (``build.cpu.detokenize: engine``, the parameter ``tokenizer_dir``): the mo
 and multi-byte characters intact; what an incomplete UTF-8 sequence held back is flushed into the final
 response), and the ensemble maps it directly instead of calling postprocessing for every streamed step.
 
+Guided decoding: the optional inputs ``guided_decoding_guide_type`` (json, json_schema, regex, ebnf_grammar) and
+``guided_decoding_guide`` (schema / regex / EBNF text) of the upstream interface are compiled with xgrammar
+(pipeline/cpu_runtime/guided.py) and the engine masks each step's logits with the grammar. An unknown type, a guide
+that does not compile, or a guide sent to a model without guided decoding is an error response (the C++ backend
+silently ignores an unknown type, utils.cc@c2e65b88d852:835-838).
+
 Only the outputs the request asked for are built (``request.requested_output_names()``, python_backend
 src/pb_stub.cc@a2564ea:1844), and the tensors
 of a response stay referenced until ``send`` returns. The python backend prunes unrequested outputs after
@@ -46,7 +52,8 @@ Parameters (strict: every one listed here is read, and any other key fails the l
 generated config.pbtxt carries only what this model honours): gpt_model_path (engine dir),
 max_beam_width (must be 1), exclude_input_in_output, cancellation_check_period_ms, stats_check_period_ms, cpu_num_threads
 (optional), tokenizer_dir (optional; required when the config declares text_output) and
-skip_special_tokens. The KV cache, scheduler and chunked-prefill settings are the engine directory's
+skip_special_tokens, guided_decoding_backend + xgrammar_tokenizer_info_path (optional, as the C++ backend reads
+them: guided decoding is on only when both are set, model_instance_state.cc@c2e65b88d852:424-449). The KV cache, scheduler and chunked-prefill settings are the engine directory's
 ``engine_config.json`` (pipeline/engine/cpu.py), sized at load by pipeline.cpu_runtime.kv.kv_slots.
 """
 
@@ -71,6 +78,7 @@ from _common import (
     raw_parameters,
     resolve_dir,
     scalar,
+    text,
 )
 from detokenize import IncrementalDetokenizer
 
@@ -78,8 +86,11 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: Every parameter this model reads (anything else in config.pbtxt is refused).
 PARAMETERS = (
     "gpt_model_path", "max_beam_width", "exclude_input_in_output", "cancellation_check_period_ms", "cpu_num_threads",
-    "tokenizer_dir", "skip_special_tokens", "stats_check_period_ms",
+    "tokenizer_dir", "skip_special_tokens", "stats_check_period_ms", "guided_decoding_backend",
+    "xgrammar_tokenizer_info_path",
 )
+#: guided_decoding_backend values this model honours (the C++ backend's, model_instance_state.cc@c2e65b88d852:439-449)
+GUIDED_BACKENDS = ("xgrammar",)
 #: gauge → label → its value in :meth:`CpuEngine.iteration_stats` (custom_metrics_reporter.cc@0d5352f5fc5f's labels)
 GAUGES = {
     "nv_trt_llm_request_metrics": ("request_type", {
@@ -104,6 +115,8 @@ class Params:
     #: set: the model writes ``text_output`` (relative to the model directory, like every tokenizer_dir)
     tokenizer_dir: str | None
     skip_special_tokens: bool
+    #: the xgrammar tokenizer-info file when guided decoding is on (both guided parameters set), else None
+    tokenizer_info_path: str | None = None
 
     @classmethod
     def parse(cls, raw: dict[str, str]) -> "Params":
@@ -114,6 +127,10 @@ class Params:
         beam = get_param(raw, "max_beam_width", lambda n, v: parse_int(n, v, minimum=1), 1)
         if beam != 1:
             raise ParameterError(f"parameter max_beam_width={beam}: the CPU engine decodes greedily (1 beam)")
+        backend = get_param(raw, "guided_decoding_backend", lambda n, v: v, None)
+        info = get_param(raw, "xgrammar_tokenizer_info_path", lambda n, v: v, None)
+        if backend is not None and backend not in GUIDED_BACKENDS:
+            raise ParameterError(f"parameter guided_decoding_backend={backend!r}: expected one of {', '.join(GUIDED_BACKENDS)}")
         return cls(
             engine_dir=get_param(raw, "gpt_model_path", lambda n, v: v),
             exclude_input_in_output=get_param(raw, "exclude_input_in_output", parse_bool, False),
@@ -124,6 +141,7 @@ class Params:
             num_threads=get_param(raw, "cpu_num_threads", lambda n, v: parse_int(n, v, minimum=1), None),
             tokenizer_dir=get_param(raw, "tokenizer_dir", lambda n, v: v, None),
             skip_special_tokens=get_param(raw, "skip_special_tokens", parse_bool, True),
+            tokenizer_info_path=info if backend is not None else None,
         )
 
 
@@ -178,11 +196,18 @@ class TritonPythonModel:
             self.tokenizer = load_tokenizer(resolve_dir(args["model_repository"], p.tokenizer_dir))
         queue = int(((config.get("dynamic_batching") or {}).get("default_queue_policy") or {}).get("max_queue_size") or 0)
         self.engine = CpuEngine(p.engine_dir, num_threads=p.num_threads, max_queue_size=queue)
+        self.guides = None
+        if p.tokenizer_info_path is not None:
+            from pipeline.cpu_runtime.guided import Guides
+            from pipeline.trtllm.guided import read_tokenizer_info
+
+            self.guides = Guides(read_tokenizer_info(p.tokenizer_info_path), self.engine.vocab_size)
         rt = self.engine.runtime
         pb_utils.Logger.log_info(
             f"tensorrt_llm (CPU): {rt['runtime']} {rt['gemm']} GEMMs, {rt['kernels']} kernels, {rt['dtype']}, "
             f"{rt['threads']} threads, KV "
             f"{rt['kv_slots']} slots × {rt['kv_slot_len']} tokens, max_queue_size {queue or 'unbounded'}, "
+            f"guided decoding {'xgrammar' if self.guides else 'off'}, "
             f"loaded in {self.engine.load_time_s:.1f} s"
         )
         self.lock = threading.Lock()
@@ -306,6 +331,18 @@ class TritonPythonModel:
         self._finish(job, error=why)
 
     # ------------------------------------------------------------------ requests
+    def _matcher(self, request):
+        """The request's compiled guide (``None`` without ``guided_decoding_guide_type``). Raises ValueError."""
+        kind = array(request, "guided_decoding_guide_type")
+        kind = text(kind.reshape(-1)[0]) if kind is not None and kind.size else ""
+        if not kind:
+            return None
+        if self.guides is None:
+            raise ValueError("guided decoding is off in this model (guided_decoding_backend and xgrammar_tokenizer_info_path "
+                             "are unset: build.guided_decoding_backend in the recipe)")
+        guide = array(request, "guided_decoding_guide")
+        return self.guides.matcher(kind, text(guide.reshape(-1)[0]) if guide is not None and guide.size else None)
+
     def _submit(self, request) -> None:
         sender = request.get_response_sender()
         if scalar(request, "stop", False):
@@ -331,6 +368,7 @@ class TritonPythonModel:
             n = int(scalar(request, "input_lengths", ids.size))
             input_ids = ids.reshape(-1)[:n].tolist()
             end_id = scalar(request, "end_id", None)
+            matcher = self._matcher(request)
             job = Job(
                 request=request, sender=sender, triton_id=request.request_id(), input_ids=input_ids,
                 streaming=bool(scalar(request, "streaming", False)),
@@ -351,6 +389,7 @@ class TritonPythonModel:
                 stop_words=parse_word_list(array(request, "stop_words_list")),
                 on_tokens=lambda new, fin, j=job: self._on_tokens(j, new, fin),
                 on_error=lambda msg, j=job: self._finish(j, error=msg),
+                matcher=matcher,
             )
             if job.done:  # finished (client gone) before the engine's id was known here
                 self.engine.cancel(job.engine_id)
