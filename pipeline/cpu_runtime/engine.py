@@ -15,12 +15,9 @@ back while there is work. Each step (TensorRT-LLM's in-flight batching):
    word (returned), frees their slots, and hands every sequence's new tokens to the delivery thread,
    which calls ``on_tokens`` while the next step already runs.
 
-KV capacity (:func:`pipeline.cpu_runtime.kv.kv_slots`): ``kv_cache.max_tokens`` and
-``kv_cache.free_memory_fraction`` (engine_config.json, from the recipe's ``build.kv_cache_config``;
-the Triton model may override both) → tokens = min(max_tokens, fraction × host memory available
-after the weights, / K+V bytes per token in ``kv_cache.dtype``); slots = min(max_batch_size, tokens // max_seq_len).
-That is how ``free_gpu_memory_fraction`` maps on CPU: a share of the RAM free at load time. Slots
-are reserved virtually; RAM becomes resident as tokens are written.
+KV capacity (:func:`pipeline.cpu_runtime.kv.kv_slots`, which says how): ``kv_cache.max_tokens`` and
+``kv_cache.free_memory_fraction`` of engine_config.json (the Triton model may override both) → slots of
+``max_seq_len`` tokens; ``free_gpu_memory_fraction`` maps to a share of the RAM free at load time.
 
 Greedy decoding only (``do_sample=False``), in engine_config ``compute_dtype``: ``float32`` (the
 default; greedy output equals transformers ``generate()``) or ``bfloat16`` (``build.cpu.dtype``;
@@ -47,6 +44,7 @@ from pipeline.cpu_runtime.host import release_freed_heap, release_openmp_pool
 from pipeline.cpu_runtime.kv import kv_slots
 from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder, StepBatch
 from pipeline.cpu_runtime.requests import (
+    ContextLogitsCallback,
     ErrorCallback,
     SequenceState,
     TokensCallback,
@@ -114,10 +112,8 @@ class CpuEngine:
             bytes_per_token=geo.kv_bytes_per_token(self.kv_dtype.itemsize),
             available_bytes=psutil.virtual_memory().available - weights,
             max_tokens=max_tokens, free_memory_fraction=float(fraction))
-        # The decoder is built on the scheduler thread that runs it: with its weights packed on another thread,
-        # every step ran ~1.6 × slower (measured, SmolLM2 on 2 cores: 18.8 → 29.2 ms at 1 sequence, 28.8 → 47.3 ms
-        # at 16), so the thread that loads is the thread that computes. Nor may this thread keep OpenMP workers
-        # (release_openmp_pool: at 1 sequence that alone costs ~1.5 ×).
+        # The decoder is built on the scheduler thread that runs it (packed on another thread, every step ran ~1.6 ×
+        # slower: SmolLM2, 2 cores, 18.8 → 29.2 ms at 1 sequence), and this thread keeps no OpenMP workers (~1.5 ×).
         release_openmp_pool()
         self._built = threading.Event()
         self._build_error: BaseException | None = None
@@ -160,14 +156,10 @@ class CpuEngine:
     def runtime(self) -> dict[str, Any]:
         """What serves: runtime name, GEMM kernels, the other kernels (:attr:`Decoder.kernels`), dtype, KV cache
         dtype, threads, KV slots × slot length, KV tokens."""
-        return {
-            "runtime": RUNTIME, "gemm": self.model.gemm,
-            "kernels": self.model.kernels,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "kv_dtype": str(self.model.cache.dtype).removeprefix("torch."), "threads": self.threads,
-            "kv_slots": self.model.cache.slots,
-            "kv_slot_len": self.model.cache.slot_len, "kv_tokens": self.kv_tokens,
-        }
+        return {"runtime": RUNTIME, "gemm": self.model.gemm, "kernels": self.model.kernels,
+                "dtype": str(self.dtype).removeprefix("torch."),
+                "kv_dtype": str(self.model.cache.dtype).removeprefix("torch."), "threads": self.threads,
+                "kv_slots": self.model.cache.slots, "kv_slot_len": self.model.cache.slot_len, "kv_tokens": self.kv_tokens}
 
     @property
     def num_active(self) -> int:
@@ -175,17 +167,9 @@ class CpuEngine:
         with self._cv:
             return len(self._requests)
 
-    def add_request(
-        self,
-        input_ids: list[int],
-        *,
-        max_new_tokens: int,
-        min_tokens: int = 0,
-        end_id: int | None = None,
-        stop_words: list[list[int]] | None = None,
-        on_tokens: TokensCallback,
-        on_error: ErrorCallback | None = None,
-    ) -> str:
+    def add_request(self, input_ids: list[int], *, max_new_tokens: int, min_tokens: int = 0, end_id: int | None = None,
+                    stop_words: list[list[int]] | None = None, on_tokens: TokensCallback,
+                    on_error: ErrorCallback | None = None, on_context_logits: ContextLogitsCallback | None = None) -> str:
         """Queue one greedy generation; returns its request id.
 
         ``on_tokens(new_token_ids, finished)`` is called from the engine's delivery thread after
@@ -198,6 +182,8 @@ class CpuEngine:
         Callbacks must be quick: one thread delivers every request's tokens.
 
         A request beyond the free KV slots waits (FIFO) and joins the running batch when a slot frees.
+        ``on_context_logits`` (TensorRT-LLM's ``return_context_logits``): called from the delivery thread, before
+        the tokens of the same step, with float32 logits ``[n, vocab]`` of every position of each prefill chunk.
 
         Raises ``ValueError`` (message meant for the client) when: ``input_ids`` is empty or holds
         ids outside ``[0, vocab_size)``; ``len(input_ids) > max_input_len``; ``len(input_ids) +
@@ -213,7 +199,8 @@ class CpuEngine:
             if self._fatal is not None:
                 raise RuntimeError(f"the CPU engine's scheduler stopped: {self._fatal}")
             rid = f"cpu-{next(self._ids)}"
-            seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error)
+            seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error,
+                                on_context_logits)
             self._requests[rid] = seq
             self._inbox.append(seq)
             self._cv.notify()
@@ -325,7 +312,7 @@ class CpuEngine:
             self._active[hole] = moved
         self._active.pop()
 
-    def _build(self) -> tuple[StepBatch, list[SequenceState]]:
+    def _build(self) -> tuple[StepBatch, list[SequenceState], list[tuple[SequenceState, int]]]:
         budget = int(self._cfg["max_num_tokens"])
         tokens: list[int] = []
         positions: list[int] = []
@@ -341,7 +328,7 @@ class CpuEngine:
                 ctx.append(pos + 1)
                 decode.append(seq)
         budget -= len(decode)
-        chunks = []
+        chunks, ctx_rows, ctx_seqs = [], [], []  # context logits: every row of the chunks that want them
         rows = list(range(len(decode)))
         logit_seqs = list(decode)
         for seq in self._active:
@@ -358,6 +345,9 @@ class CpuEngine:
             chunks.append((off, n, seq.slot, seq.prefilled))
             seq.prefilled += n
             budget -= n
+            if seq.on_context_logits is not None:
+                ctx_rows.extend(range(off, off + n))
+                ctx_seqs.append((seq, n))
             if seq.prefilled == len(seq.prompt):
                 rows.append(off + n - 1)
                 logit_seqs.append(seq)
@@ -365,18 +355,23 @@ class CpuEngine:
         batch = StepBatch(
             tokens=torch.tensor(tokens, dtype=i64), positions=torch.tensor(positions, dtype=i64),
             slots=torch.tensor(slots, dtype=i64), n_decode=len(decode), decode_slots=[s.slot for s in decode],
-            decode_ctx=torch.tensor(ctx, dtype=i64), chunks=chunks, logit_rows=torch.tensor(rows, dtype=i64),
+            decode_ctx=torch.tensor(ctx, dtype=i64), chunks=chunks, logit_rows=torch.tensor(rows + ctx_rows, dtype=i64),
         )
-        return batch, logit_seqs
+        return batch, logit_seqs, ctx_seqs
 
     def _step(self) -> None:
         t0 = time.perf_counter()
-        batch, seqs = self._build()
+        batch, seqs, ctx_seqs = self._build()
         if batch.tokens.numel() == 0:
             return
         t1 = time.perf_counter()
         logits = self.model.forward(batch)
         t2 = time.perf_counter()
+        off = len(seqs)
+        for seq, n in ctx_seqs:  # delivered before the step's tokens (one queue, in order)
+            self._out.put(("logits", seq, logits[off:off + n].clone()))
+            off += n
+        logits = logits[:len(seqs)]
         ban = [(r, s.end_id) for r, s in enumerate(seqs) if len(s.generated) < s.min_tokens]
         if ban:
             r, e = zip(*ban)
@@ -425,6 +420,8 @@ class CpuEngine:
             if seq.done:
                 return
             try:
+                if kind == "logits":
+                    return seq.on_context_logits(item[2])
                 if kind == "error":
                     seq.done = True
                     if seq.on_error is not None:
