@@ -165,7 +165,6 @@ def test_full_precision_against_itself_passes_with_zero_kld(fp8_kld, cpu_build: 
 @pytest.mark.triton
 @pytest.mark.slow
 def test_a_damaged_build_fails_the_kld_gate(fp8_kld, cpu_build: Path, tmp_path: Path):
-    import torch
     from safetensors.torch import load_file, save_file
 
     from pipeline.core import artifacts

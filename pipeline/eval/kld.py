@@ -181,8 +181,6 @@ def judge(spec: Any, seqs: Sequence[SeqStats], rows: Sequence[dict[str, Any]], r
     on a labelled task, the ROUGE-L delta vs the reference. Returns ``(rule, summary)`` (summary: ``eval.json``'s
     ``means.kld``). Fewer than 2 scored sequences is INCONCLUSIVE.
     """
-    from pipeline.eval.logits import rank_correlation
-
     qformat = recipe.quantization.qformat if recipe is not None else None
     lim = limits(qformat, spec.kld_max, spec.same_top1_min)
     try:
@@ -199,3 +197,12 @@ def judge(spec: Any, seqs: Sequence[SeqStats], rows: Sequence[dict[str, Any]], r
         relation["spearman_kld_vs_rougeL_delta"] = rank_correlation(per, delta)
     summary.update(limits=dataclasses.asdict(lim), relation=relation)
     return rule, summary
+
+
+def rank_correlation(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman's rho (Pearson correlation of average ranks); ``None`` below 3 pairs or with a constant side."""
+    from scipy.stats import spearmanr
+
+    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
+        return None
+    return float(spearmanr(x, y).statistic)

@@ -165,11 +165,3 @@ def score(base_url: str, cand_url: str, seqs: Sequence[tuple[list[int], int]], *
             advance(1)
     return out
 
-
-def rank_correlation(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Spearman's rho (Pearson correlation of average ranks); ``None`` below 3 pairs or with a constant side."""
-    from scipy.stats import spearmanr
-
-    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
-        return None
-    return float(spearmanr(x, y).statistic)
