@@ -97,8 +97,8 @@ def position_stats(base_logits: Any, cand_logits: Any, targets: Sequence[int]) -
     """
     import torch
 
-    b = torch.as_tensor(base_logits).double()
-    c = torch.as_tensor(cand_logits).double()
+    b = torch.from_numpy(np.asarray(base_logits, dtype=np.float64))  # a converted copy: the response's buffer is read-only
+    c = torch.from_numpy(np.asarray(cand_logits, dtype=np.float64))
     if b.shape != c.shape or b.dim() != 2 or b.shape[0] != len(targets):
         raise ValueError(f"logits {tuple(b.shape)} vs {tuple(c.shape)} for {len(targets)} target tokens")
     lp, lq = torch.log_softmax(b, -1), torch.log_softmax(c, -1)
