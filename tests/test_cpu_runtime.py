@@ -370,6 +370,50 @@ def test_cancel_stops_callbacks_and_frees_the_slot(engine: CpuEngine, tok) -> No
     assert len(_submit(engine, ids, 4).wait()) == 4  # the engine keeps serving
 
 
+def test_mass_cancel_frees_every_slot_and_the_queue_limit_refuses_fast(engine: CpuEngine, tok) -> None:
+    """200 requests (8 in KV slots, the rest queued) cancelled at once: the iteration stats are back to every block
+    free, nothing active or queued, and the engine still answers. With ``max_queue_size`` 4, the 5th request beyond
+    the slots is refused at once with upstream's message (docs/robustness.md)."""
+    from pipeline.cpu_runtime.requests import QueueFullError
+
+    ids = _prompt(tok, "Count to one hundred:")
+    slots = engine.runtime["kv_slots"]
+    cols = [Collector() for _ in range(200)]
+    rids = [engine.add_request(ids, max_new_tokens=400, on_tokens=c, on_error=c.on_error) for c in cols]
+    deadline = time.monotonic() + WAIT_S
+    while engine.iteration_stats()["numActiveRequests"] < slots and time.monotonic() < deadline:
+        time.sleep(0.01)
+    st = engine.iteration_stats()
+    assert st["numActiveRequests"] == slots and st["numQueuedRequests"] == 200 - slots, st
+    assert st["kvCacheStats"]["freeNumBlocks"] == 0 and st["kvCacheStats"]["maxNumBlocks"] == slots, st
+    for rid in rids:
+        engine.cancel(rid)
+    deadline = time.monotonic() + 10
+    while engine.iteration_stats()["kvCacheStats"]["usedNumBlocks"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.iteration_stats() == {
+        "numActiveRequests": 0, "numQueuedRequests": 0, "maxNumActiveRequests": slots,
+        "kvCacheStats": {"maxNumBlocks": slots, "freeNumBlocks": slots, "usedNumBlocks": 0, "tokensPerBlock": 1024}}
+    assert not any(c.done.is_set() for c in cols)  # no callback for a cancelled request
+    engine.max_queue_size = 4
+    try:
+        rids = [engine.add_request(ids, max_new_tokens=400, on_tokens=Collector()) for _ in range(slots)]
+        deadline = time.monotonic() + WAIT_S
+        while engine.iteration_stats()["numActiveRequests"] < slots and time.monotonic() < deadline:
+            time.sleep(0.01)
+        rids += [engine.add_request(ids, max_new_tokens=400, on_tokens=Collector()) for _ in range(4)]
+        t0 = time.perf_counter()
+        with pytest.raises(QueueFullError, match=r"^Maximum queue size of 4 has been reached, please try again later"):
+            engine.add_request(ids, max_new_tokens=4, on_tokens=Collector())
+        assert time.perf_counter() - t0 < 0.1
+        for rid in rids:
+            engine.cancel(rid)
+    finally:
+        engine.max_queue_size = 0
+    assert len(_submit(engine, ids, 4).wait()) == 4  # the engine keeps serving
+    assert engine.iteration_stats()["kvCacheStats"]["usedNumBlocks"] == 0
+
+
 def test_shutdown_stops_threads_and_fails_inflight(engine_dir: Path) -> None:
     before = set(threading.enumerate())
     eng = CpuEngine(engine_dir, num_threads=1)

@@ -40,12 +40,14 @@ from typing import Any
 import torch
 
 from pipeline.core.geometry import geometry_from_dict
+from pipeline.cpu_runtime.batch import build_step
 from pipeline.cpu_runtime.host import release_freed_heap, release_openmp_pool
 from pipeline.cpu_runtime.kv import kv_slots
-from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder, StepBatch
+from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder
 from pipeline.cpu_runtime.requests import (
     ContextLogitsCallback,
     ErrorCallback,
+    QueueFullError,
     SequenceState,
     TokensCallback,
     checked_request,
@@ -67,8 +69,10 @@ class CpuEngine:
     ``num_threads`` argument, else engine_config ``num_threads``, else the cores this process may
     run on), sizes the KV cache (module docstring; ``kv_max_tokens`` / ``kv_free_memory_fraction``
     override engine_config's ``kv_cache``, ``enable_chunked_prefill`` its ``enable_chunked_prefill``),
-    releases the calling thread's OpenMP workers (:func:`release_openmp_pool`: with them alive the engine's own
-    would sleep at every barrier) and starts the scheduler and delivery threads.
+    ``max_queue_size`` (> 0) bounds the requests accepted beyond the KV slots (TensorRT-LLM's executor
+    ``max_queue_size``; ``None``/0: unbounded, as upstream), releases the calling thread's OpenMP workers
+    (:func:`release_openmp_pool`: with them alive the engine's own would sleep at every barrier) and starts the
+    scheduler and delivery threads.
 
     Raises ``FileNotFoundError`` when ``engine_config.json`` is missing, ``ValueError`` when its
     ``kind`` is not ``cpu``, the runtime is another one, its ``compute_dtype`` is unknown, or the KV
@@ -77,7 +81,8 @@ class CpuEngine:
     """
 
     def __init__(self, engine_dir: Path, *, num_threads: int | None = None, kv_max_tokens: int | None = None,
-                 kv_free_memory_fraction: float | None = None, enable_chunked_prefill: bool | None = None):
+                 kv_free_memory_fraction: float | None = None, enable_chunked_prefill: bool | None = None,
+                 max_queue_size: int | None = None):
         t0 = time.perf_counter()
         self.engine_dir = Path(engine_dir)
         path = self.engine_dir / ENGINE_CONFIG
@@ -124,6 +129,8 @@ class CpuEngine:
         self._inbox: collections.deque[SequenceState] = collections.deque()
         self._cancels: list[SequenceState] = []
         self._requests: dict[str, SequenceState] = {}  # accepted, not finished/cancelled (under _cv)
+        self.max_queue_size = int(max_queue_size or 0)
+        self._in_slots = 0  # len(_active), published by the scheduler thread for iteration_stats
         self._ids = itertools.count()
         self._closed = False
         self._fatal: str | None = None
@@ -185,7 +192,8 @@ class CpuEngine:
         ``on_context_logits`` (TensorRT-LLM's ``return_context_logits``): called from the delivery thread, before
         the tokens of the same step, with float32 logits ``[n, vocab]`` of every position of each prefill chunk.
 
-        Raises ``ValueError`` (message meant for the client) when: ``input_ids`` is empty or holds
+        Raises :class:`~pipeline.cpu_runtime.requests.QueueFullError` when ``max_queue_size`` requests already wait
+        beyond the KV slots (refused at once, nothing queued), and ``ValueError`` (message meant for the client) when: ``input_ids`` is empty or holds
         ids outside ``[0, vocab_size)``; ``len(input_ids) > max_input_len``; ``len(input_ids) +
         max_new_tokens > max_seq_len``; ``max_new_tokens < 1``; ``min_tokens < 0``; chunked prefill is
         off and the prompt exceeds ``max_num_tokens``. ``RuntimeError`` after :meth:`shutdown` or when
@@ -198,6 +206,11 @@ class CpuEngine:
                 raise RuntimeError("the CPU engine is shut down")
             if self._fatal is not None:
                 raise RuntimeError(f"the CPU engine's scheduler stopped: {self._fatal}")
+            queued = len(self._requests) - self.model.cache.slots  # beyond the slots, whether admitted yet or not
+            if self.max_queue_size and queued >= self.max_queue_size:
+                raise QueueFullError(
+                    f"Maximum queue size of {self.max_queue_size} has been reached, please try again later: "
+                    f"{queued} requests wait for one of the {self.model.cache.slots} KV-cache slots (max_queue_size)")
             rid = f"cpu-{next(self._ids)}"
             seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error,
                                 on_context_logits)
@@ -241,6 +254,20 @@ class CpuEngine:
         steps}), ``active`` requests, ``load_time_s``."""
         return {**self._counters, "batch_sizes": dict(self._batch_hist), "active": self.num_active,
                 "load_time_s": self.load_time_s}
+
+    def iteration_stats(self) -> dict[str, Any]:
+        """The latest state, named as TensorRT-LLM's iteration stats (``LLM.get_stats()``, executor ``IterationStats``):
+        ``numActiveRequests`` (in a KV slot), ``numQueuedRequests`` (waiting for one), ``maxNumActiveRequests`` and
+        ``kvCacheStats`` ``{maxNumBlocks, freeNumBlocks, usedNumBlocks, tokensPerBlock}``: a block here is one slot of
+        ``max_seq_len`` tokens (each admitted request owns one, module docstring)."""
+        with self._cv:
+            accepted, used = len(self._requests), self._in_slots
+        slots = self.model.cache.slots
+        return {
+            "numActiveRequests": used, "numQueuedRequests": max(accepted - used, 0), "maxNumActiveRequests": slots,
+            "kvCacheStats": {"maxNumBlocks": slots, "freeNumBlocks": slots - used, "usedNumBlocks": used,
+                             "tokensPerBlock": self.model.cache.slot_len},
+        }
 
     def __enter__(self) -> "CpuEngine":
         return self
@@ -294,6 +321,7 @@ class CpuEngine:
                 continue
             seq.slot = len(self._active)
             self._active.append(seq)
+        self._in_slots = len(self._active)
 
     def _release(self, seq: SequenceState) -> None:
         """Free ``seq``'s slot (moving the last slot's sequence into it) or drop it from the queue."""
@@ -311,57 +339,11 @@ class CpuEngine:
             moved.slot = hole
             self._active[hole] = moved
         self._active.pop()
-
-    def _build(self) -> tuple[StepBatch, list[SequenceState], list[tuple[SequenceState, int]]]:
-        budget = int(self._cfg["max_num_tokens"])
-        tokens: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        decode: list[SequenceState] = []
-        ctx: list[int] = []
-        for seq in self._active:  # slot order
-            if seq.prefilled == len(seq.prompt) and seq.generated:
-                pos = len(seq.prompt) + len(seq.generated) - 1
-                tokens.append(seq.generated[-1])
-                positions.append(pos)
-                slots.append(seq.slot)
-                ctx.append(pos + 1)
-                decode.append(seq)
-        budget -= len(decode)
-        chunks, ctx_rows, ctx_seqs = [], [], []  # context logits: every row of the chunks that want them
-        rows = list(range(len(decode)))
-        logit_seqs = list(decode)
-        for seq in self._active:
-            left = len(seq.prompt) - seq.prefilled
-            if left == 0 or budget <= 0:
-                continue
-            n = min(left, budget)
-            if n < left and not self.chunked:
-                continue
-            off = len(tokens)
-            tokens.extend(seq.prompt[seq.prefilled:seq.prefilled + n])
-            positions.extend(range(seq.prefilled, seq.prefilled + n))
-            slots.extend([seq.slot] * n)
-            chunks.append((off, n, seq.slot, seq.prefilled))
-            seq.prefilled += n
-            budget -= n
-            if seq.on_context_logits is not None:
-                ctx_rows.extend(range(off, off + n))
-                ctx_seqs.append((seq, n))
-            if seq.prefilled == len(seq.prompt):
-                rows.append(off + n - 1)
-                logit_seqs.append(seq)
-        i64 = torch.int64
-        batch = StepBatch(
-            tokens=torch.tensor(tokens, dtype=i64), positions=torch.tensor(positions, dtype=i64),
-            slots=torch.tensor(slots, dtype=i64), n_decode=len(decode), decode_slots=[s.slot for s in decode],
-            decode_ctx=torch.tensor(ctx, dtype=i64), chunks=chunks, logit_rows=torch.tensor(rows + ctx_rows, dtype=i64),
-        )
-        return batch, logit_seqs, ctx_seqs
+        self._in_slots = len(self._active)
 
     def _step(self) -> None:
         t0 = time.perf_counter()
-        batch, seqs, ctx_seqs = self._build()
+        batch, seqs, ctx_seqs = build_step(self._active, int(self._cfg["max_num_tokens"]), self.chunked)
         if batch.tokens.numel() == 0:
             return
         t1 = time.perf_counter()

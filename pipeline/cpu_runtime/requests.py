@@ -12,6 +12,11 @@ ErrorCallback = Callable[[str], None]
 ContextLogitsCallback = Callable[[Any], None]
 
 
+class QueueFullError(RuntimeError):
+    """A request refused because ``max_queue_size`` requests already wait for a KV slot (TensorRT-LLM's executor
+    throws the same on its own queue limit); the message, meant for the client, starts as upstream's does."""
+
+
 class SequenceState:
     """One request's state (owned by the scheduler thread except ``done``/``lock``)."""
 

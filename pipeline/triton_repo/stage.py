@@ -99,6 +99,7 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
             "max_beam_width": str(b.max_beam_width),
             "exclude_input_in_output": _bool(s.exclude_input_in_output),
             "cancellation_check_period_ms": str(s.cancellation_check_period_ms),
+            "stats_check_period_ms": str(s.stats_check_period_ms),
         }
         if b.cpu.num_threads is not None:
             params["cpu_num_threads"] = str(b.cpu.num_threads)

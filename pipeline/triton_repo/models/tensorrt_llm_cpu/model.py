@@ -16,8 +16,19 @@ step when streaming (the last one carries TRITONSERVER_RESPONSE_COMPLETE_FINAL),
 every token otherwise. end_id absent or -1 never stops on EOS; stop words end the request with the
 word included. A request with ``stop=true`` cancels the running request with the same request id. A
 watcher thread cancels requests whose client went away (``request.is_cancelled()``) every
-``cancellation_check_period_ms``. Every error becomes a ``TritonError`` response with the final
-flag: a client is never left waiting.
+``cancellation_check_period_ms``: the engine frees its KV slot (or drops it from the queue) at its next step.
+Every error becomes a ``TritonError`` response with the final flag: a client is never left waiting.
+
+Queue limit, as the C++ backend: ``dynamic_batching.default_queue_policy.max_queue_size`` of this model's config
+(model_instance_state.cc@c2e65b88d852:659-680 hands it to the executor) bounds the requests waiting for a KV slot;
+one more gets at once an UNAVAILABLE error ``Maximum queue size of N has been reached, please try again later: …``
+(TensorRT-LLM executorImpl.cpp ``enqueueRequests``' text). 0 (the default): unbounded, as upstream.
+
+Statistics, as the C++ backend's custom metrics reporter (custom_metrics_reporter.cc@0d5352f5fc5f): every
+``stats_check_period_ms`` the engine's :meth:`~pipeline.cpu_runtime.engine.CpuEngine.iteration_stats` become the
+gauges ``nv_trt_llm_request_metrics{request_type=active|max|waiting}`` and
+``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max|free|used|tokens_per|fraction}`` on Triton's metrics
+endpoint (a block is one KV slot of max_seq_len tokens).
 
 Text (``build.cpu.detokenize: engine``, the parameter ``tokenizer_dir``): the model also outputs
 ``text_output`` (BYTES [1, 1]), decoded per request by an incremental detokenizer (detokenize.py: spaces
@@ -35,7 +46,7 @@ requested outputs, it served 4 × 32 requests under the same setting.
 
 Parameters (strict: every one listed here is read, and any other key fails the load, so the
 generated config.pbtxt carries only what this model honours): gpt_model_path (engine dir),
-max_beam_width (must be 1), exclude_input_in_output, cancellation_check_period_ms, cpu_num_threads
+max_beam_width (must be 1), exclude_input_in_output, cancellation_check_period_ms, stats_check_period_ms, cpu_num_threads
 (optional), tokenizer_dir (optional; required when the config declares text_output) and
 skip_special_tokens. The KV cache, scheduler and chunked-prefill settings are the engine directory's
 ``engine_config.json`` (pipeline/engine/cpu.py), sized at load by pipeline.cpu_runtime.kv.kv_slots.
@@ -69,8 +80,18 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: Every parameter this model reads (anything else in config.pbtxt is refused).
 PARAMETERS = (
     "gpt_model_path", "max_beam_width", "exclude_input_in_output", "cancellation_check_period_ms", "cpu_num_threads",
-    "tokenizer_dir", "skip_special_tokens",
+    "tokenizer_dir", "skip_special_tokens", "stats_check_period_ms",
 )
+#: gauge → label → its value in :meth:`CpuEngine.iteration_stats` (custom_metrics_reporter.cc@0d5352f5fc5f's labels)
+GAUGES = {
+    "nv_trt_llm_request_metrics": ("request_type", {
+        "active": lambda st: st["numActiveRequests"], "max": lambda st: st["maxNumActiveRequests"],
+        "waiting": lambda st: st["numQueuedRequests"]}),
+    "nv_trt_llm_kv_cache_block_metrics": ("kv_cache_block_type", {
+        "max": lambda st: st["kvCacheStats"]["maxNumBlocks"], "free": lambda st: st["kvCacheStats"]["freeNumBlocks"],
+        "used": lambda st: st["kvCacheStats"]["usedNumBlocks"], "tokens_per": lambda st: st["kvCacheStats"]["tokensPerBlock"],
+        "fraction": lambda st: st["kvCacheStats"]["usedNumBlocks"] / max(st["kvCacheStats"]["maxNumBlocks"], 1)}),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +101,7 @@ class Params:
     engine_dir: str
     exclude_input_in_output: bool
     cancellation_check_period_ms: int
+    stats_check_period_ms: int
     num_threads: int | None
     #: set: the model writes ``text_output`` (relative to the model directory, like every tokenizer_dir)
     tokenizer_dir: str | None
@@ -100,6 +122,7 @@ class Params:
             cancellation_check_period_ms=get_param(
                 raw, "cancellation_check_period_ms", lambda n, v: parse_int(n, v, minimum=1), 100
             ),
+            stats_check_period_ms=get_param(raw, "stats_check_period_ms", lambda n, v: parse_int(n, v, minimum=1), 100),
             num_threads=get_param(raw, "cpu_num_threads", lambda n, v: parse_int(n, v, minimum=1), None),
             tokenizer_dir=get_param(raw, "tokenizer_dir", lambda n, v: v, None),
             skip_special_tokens=get_param(raw, "skip_special_tokens", parse_bool, True),
@@ -149,40 +172,80 @@ class TritonPythonModel:
             raise ParameterError("output text_output needs the parameter tokenizer_dir (the tokenizer that decodes it)")
         apply_pythonpath()
         from pipeline.cpu_runtime.engine import CpuEngine
+        from pipeline.cpu_runtime.requests import QueueFullError
+
+        self.queue_full = QueueFullError
 
         p = self.params
         self.tokenizer = None
         if p.tokenizer_dir is not None:
             self.tokenizer = load_tokenizer(resolve_dir(args["model_repository"], p.tokenizer_dir))
-        self.engine = CpuEngine(p.engine_dir, num_threads=p.num_threads)
+        queue = int(((config.get("dynamic_batching") or {}).get("default_queue_policy") or {}).get("max_queue_size") or 0)
+        self.engine = CpuEngine(p.engine_dir, num_threads=p.num_threads, max_queue_size=queue)
         rt = self.engine.runtime
         pb_utils.Logger.log_info(
             f"tensorrt_llm (CPU): {rt['runtime']} {rt['gemm']} GEMMs, {rt['kernels']} kernels, {rt['dtype']}, "
             f"{rt['threads']} threads, KV "
-            f"{rt['kv_slots']} slots × {rt['kv_slot_len']} tokens, loaded in {self.engine.load_time_s:.1f} s"
+            f"{rt['kv_slots']} slots × {rt['kv_slot_len']} tokens, max_queue_size {queue or 'unbounded'}, "
+            f"loaded in {self.engine.load_time_s:.1f} s"
         )
         self.lock = threading.Lock()
         self.jobs: dict[int, Job] = {}  # keyed by id(job)
         self.closing = threading.Event()
         self.watcher = threading.Thread(target=self._watch_cancellations, name="cancel-watch", daemon=True)
         self.watcher.start()
+        self.families, self.gauges = self._create_gauges({"model": args["model_name"], "version": args["model_version"]})
+        self.reporter = threading.Thread(target=self._report_stats, name="stats", daemon=True)
+        self.reporter.start()
+
+    @staticmethod
+    def _create_gauges(labels: dict[str, str]):
+        """``(families, {(gauge, label value): Metric})`` of :data:`GAUGES`; none when Triton's metrics are off."""
+        families, gauges = [], {}
+        try:
+            for name, (key, values) in GAUGES.items():
+                fam = pb_utils.MetricFamily(name=name, description=f"{name} (trtpipe CPU engine)",
+                                            kind=pb_utils.MetricFamily.GAUGE)
+                families.append(fam)
+                for value in values:
+                    gauges[(name, value)] = fam.Metric(labels={**labels, key: value})
+        except Exception as e:  # metrics disabled (--allow-metrics=false): serve without them
+            pb_utils.Logger.log_warn(f"tensorrt_llm (CPU): no statistics metrics: {e}")
+            return [], {}
+        return families, gauges
+
+    def _report_stats(self) -> None:
+        """Every ``stats_check_period_ms``: the gauges whose value changed (each set is a message to Triton)."""
+        period = self.params.stats_check_period_ms / 1000.0
+        last: dict = {}
+        while self.gauges and not self.closing.wait(period):
+            st = self.engine.iteration_stats()
+            try:
+                for (name, value), metric in self.gauges.items():
+                    v = float(GAUGES[name][1][value](st))
+                    if last.get((name, value)) != v:
+                        metric.set(v)
+                        last[(name, value)] = v
+            except Exception as e:
+                pb_utils.Logger.log_warn(f"tensorrt_llm (CPU): statistics not reported: {e}")
 
     # ------------------------------------------------------------------ responses
-    def _finish(self, job: Job, tensors=None, error: str | None = None) -> None:
-        """Send the last response (or just the final flag) exactly once."""
+    def _finish(self, job: Job, tensors=None, error: str | None = None, code=None) -> None:
+        """Send the last response (or just the final flag) exactly once (``code``: the error's TritonError code)."""
         with job.final_lock:
             with self.lock:
                 if job.done:
                     return
                 job.done = True
                 self.jobs.pop(id(job), None)
-            self._send_final(job, tensors, error)
+            self._send_final(job, tensors, error, code)
 
     @staticmethod
-    def _send_final(job: Job, tensors, error: str | None) -> None:
+    def _send_final(job: Job, tensors, error: str | None, code=None) -> None:
         try:
             if error is not None:
-                job.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error)), flags=FINAL)
+                err = pb_utils.TritonError(error) if code is None else pb_utils.TritonError(error, code)
+                job.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=err), flags=FINAL)
             elif tensors is not None:
                 job.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL)
             else:
@@ -306,8 +369,8 @@ class TritonPythonModel:
             if job.done:  # finished (client gone) before the engine's id was known here
                 self.engine.cancel(job.engine_id)
         except Exception as e:
-            if job is not None:
-                self._finish(job, error=str(e))
+            if job is not None:  # queue full: the client may retry, UNAVAILABLE as Triton's own queue limit answers
+                self._finish(job, error=str(e), code=pb_utils.TritonError.UNAVAILABLE if isinstance(e, self.queue_full) else None)
             else:
                 sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(e))), flags=FINAL)
 
@@ -343,3 +406,6 @@ class TritonPythonModel:
         self.closing.set()
         self.engine.shutdown()  # in-flight jobs get on_error → final error response
         self.watcher.join(timeout=5)
+        self.reporter.join(timeout=5)
+        self.gauges.clear()  # a MetricFamily must outlive its Metric objects
+        self.families.clear()
