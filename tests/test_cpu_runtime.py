@@ -226,6 +226,40 @@ def test_bfloat16_engine_runs_bf16_gemms_and_kv_cache_around_float32_attention(e
         assert "Paris" in tok.decode(_submit(eng, _prompt(tok, "The capital of France is"), 8).wait())
 
 
+def test_context_logits_are_the_models_logits_at_every_prompt_position(engine: CpuEngine, engine_dir: Path, tok) -> None:
+    """``on_context_logits`` (TensorRT-LLM's return_context_logits): one float32 row per prompt position, equal to
+    transformers' logits of the same weights (float32), delivered before the request's tokens; a concurrent
+    request without it gets none and the same greedy tokens as alone."""
+    from transformers import AutoModelForCausalLM
+
+    ids = _prompt(tok, "The quick brown fox jumps over the lazy dog because")
+    got: list[torch.Tensor] = []
+    order: list[str] = []
+    c = Collector()
+
+    def on_tokens(toks: list[int], fin: bool) -> None:
+        order.append("tokens")
+        c(toks, fin)
+
+    def on_logits(t: torch.Tensor) -> None:
+        order.append("logits")
+        got.append(t)
+
+    plain = _submit(engine, _prompt(tok, "def fibonacci(n):"), 4)
+    engine.add_request(ids, max_new_tokens=2, on_tokens=on_tokens, on_error=c.on_error, on_context_logits=on_logits)
+    toks = c.wait()
+    logits = torch.cat(got)
+    assert logits.dtype == torch.float32 and logits.shape == (len(ids), engine.vocab_size)
+    assert order[0] == "logits" and "logits" not in order[order.index("tokens"):]
+    model = AutoModelForCausalLM.from_pretrained(engine_dir, local_files_only=True, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0]
+    assert torch.allclose(logits, ref, atol=2e-3, rtol=1e-3), (logits - ref).abs().max()
+    assert int(logits[-1].argmax()) == toks[0]
+    alone = _submit(engine, _prompt(tok, "def fibonacci(n):"), 4).wait()
+    assert plain.wait() == alone
+
+
 def test_concurrent_requests_share_forward_passes(engine: CpuEngine, tok) -> None:
     ids = _prompt(tok, "Once upon a time")
     solo = _submit(engine, ids, 16).wait()

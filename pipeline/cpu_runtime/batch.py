@@ -8,11 +8,13 @@ from pipeline.cpu_runtime.model import StepBatch
 from pipeline.cpu_runtime.requests import SequenceState
 
 
-def build_step(active: list[SequenceState], max_num_tokens: int, chunked: bool) -> tuple[StepBatch, list[SequenceState]]:
+def build_step(active: list[SequenceState], max_num_tokens: int, chunked: bool
+               ) -> tuple[StepBatch, list[SequenceState], list[tuple[SequenceState, int]]]:
     """The next step of the sequences in KV slots (``active``, slot order): one token for every decoding sequence,
     then prefill chunks of the admitted prompts, at most ``max_num_tokens`` tokens in all (a prompt longer than what is
     left is split across steps when ``chunked``, else waits for a step it fits whole). Advances each chunk's
-    ``prefilled``. Returns the batch and the sequences whose next-token logits it yields, in logit-row order."""
+    ``prefilled``. Returns the batch, the sequences whose next-token logits it yields (in logit-row order, first), and
+    ``(sequence, n)`` per prefill chunk of a request that wants context logits: its ``n`` rows follow, in that order."""
     budget = int(max_num_tokens)
     tokens: list[int] = []
     positions: list[int] = []
@@ -28,7 +30,7 @@ def build_step(active: list[SequenceState], max_num_tokens: int, chunked: bool) 
             ctx.append(pos + 1)
             decode.append(seq)
     budget -= len(decode)
-    chunks = []
+    chunks, ctx_rows, ctx_seqs = [], [], []  # context logits: every row of the chunks that want them
     rows = list(range(len(decode)))
     logit_seqs = list(decode)
     for seq in active:
@@ -45,6 +47,9 @@ def build_step(active: list[SequenceState], max_num_tokens: int, chunked: bool) 
         chunks.append((off, n, seq.slot, seq.prefilled))
         seq.prefilled += n
         budget -= n
+        if seq.on_context_logits is not None:
+            ctx_rows.extend(range(off, off + n))
+            ctx_seqs.append((seq, n))
         if seq.prefilled == len(seq.prompt):
             rows.append(off + n - 1)
             logit_seqs.append(seq)
@@ -52,6 +57,6 @@ def build_step(active: list[SequenceState], max_num_tokens: int, chunked: bool) 
     batch = StepBatch(
         tokens=torch.tensor(tokens, dtype=i64), positions=torch.tensor(positions, dtype=i64),
         slots=torch.tensor(slots, dtype=i64), n_decode=len(decode), decode_slots=[s.slot for s in decode],
-        decode_ctx=torch.tensor(ctx, dtype=i64), chunks=chunks, logit_rows=torch.tensor(rows, dtype=i64),
+        decode_ctx=torch.tensor(ctx, dtype=i64), chunks=chunks, logit_rows=torch.tensor(rows + ctx_rows, dtype=i64),
     )
-    return batch, logit_seqs
+    return batch, logit_seqs, ctx_seqs

@@ -16,12 +16,9 @@ back while there is work. Each step (TensorRT-LLM's in-flight batching):
    word (returned), frees their slots, and hands every sequence's new tokens to the delivery thread,
    which calls ``on_tokens`` while the next step already runs.
 
-KV capacity (:func:`pipeline.cpu_runtime.kv.kv_slots`): ``kv_cache.max_tokens`` and
-``kv_cache.free_memory_fraction`` (engine_config.json, from the recipe's ``build.kv_cache_config``;
-the Triton model may override both) → tokens = min(max_tokens, fraction × host memory available
-after the weights, / K+V bytes per token in ``kv_cache.dtype``); slots = min(max_batch_size, tokens // max_seq_len).
-That is how ``free_gpu_memory_fraction`` maps on CPU: a share of the RAM free at load time. Slots
-are reserved virtually; RAM becomes resident as tokens are written.
+KV capacity (:func:`pipeline.cpu_runtime.kv.kv_slots`, which says how): ``kv_cache.max_tokens`` and
+``kv_cache.free_memory_fraction`` of engine_config.json (the Triton model may override both) → slots of
+``max_seq_len`` tokens; ``free_gpu_memory_fraction`` maps to a share of the RAM free at load time.
 
 Greedy decoding only (``do_sample=False``), in engine_config ``compute_dtype``: ``float32`` (the
 default; greedy output equals transformers ``generate()``) or ``bfloat16`` (``build.cpu.dtype``;
@@ -50,6 +47,7 @@ from pipeline.cpu_runtime.host import release_freed_heap, release_openmp_pool
 from pipeline.cpu_runtime.kv import kv_slots
 from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder
 from pipeline.cpu_runtime.requests import (
+    ContextLogitsCallback,
     ErrorCallback,
     QueueFullError,
     SequenceState,
@@ -121,10 +119,8 @@ class CpuEngine:
             bytes_per_token=geo.kv_bytes_per_token(self.kv_dtype.itemsize),
             available_bytes=psutil.virtual_memory().available - weights,
             max_tokens=max_tokens, free_memory_fraction=float(fraction))
-        # The decoder is built on the scheduler thread that runs it: with its weights packed on another thread,
-        # every step ran ~1.6 × slower (measured, SmolLM2 on 2 cores: 18.8 → 29.2 ms at 1 sequence, 28.8 → 47.3 ms
-        # at 16), so the thread that loads is the thread that computes. Nor may this thread keep OpenMP workers
-        # (release_openmp_pool: at 1 sequence that alone costs ~1.5 ×).
+        # The decoder is built on the scheduler thread that runs it (packed on another thread, every step ran ~1.6 ×
+        # slower: SmolLM2, 2 cores, 18.8 → 29.2 ms at 1 sequence), and this thread keeps no OpenMP workers (~1.5 ×).
         release_openmp_pool()
         self._built = threading.Event()
         self._build_error: BaseException | None = None
@@ -169,14 +165,10 @@ class CpuEngine:
     def runtime(self) -> dict[str, Any]:
         """What serves: runtime name, GEMM kernels, the other kernels (:attr:`Decoder.kernels`), dtype, KV cache
         dtype, threads, KV slots × slot length, KV tokens."""
-        return {
-            "runtime": RUNTIME, "gemm": self.model.gemm,
-            "kernels": self.model.kernels,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "kv_dtype": str(self.model.cache.dtype).removeprefix("torch."), "threads": self.threads,
-            "kv_slots": self.model.cache.slots,
-            "kv_slot_len": self.model.cache.slot_len, "kv_tokens": self.kv_tokens,
-        }
+        return {"runtime": RUNTIME, "gemm": self.model.gemm, "kernels": self.model.kernels,
+                "dtype": str(self.dtype).removeprefix("torch."),
+                "kv_dtype": str(self.model.cache.dtype).removeprefix("torch."), "threads": self.threads,
+                "kv_slots": self.model.cache.slots, "kv_slot_len": self.model.cache.slot_len, "kv_tokens": self.kv_tokens}
 
     @property
     def num_active(self) -> int:
@@ -184,18 +176,10 @@ class CpuEngine:
         with self._cv:
             return len(self._requests)
 
-    def add_request(
-        self,
-        input_ids: list[int],
-        *,
-        max_new_tokens: int,
-        min_tokens: int = 0,
-        end_id: int | None = None,
-        stop_words: list[list[int]] | None = None,
-        on_tokens: TokensCallback,
-        on_error: ErrorCallback | None = None,
-        matcher: Any = None,
-    ) -> str:
+    def add_request(self, input_ids: list[int], *, max_new_tokens: int, min_tokens: int = 0, end_id: int | None = None,
+                    stop_words: list[list[int]] | None = None, on_tokens: TokensCallback,
+                    on_error: ErrorCallback | None = None, matcher: Any = None,
+                    on_context_logits: ContextLogitsCallback | None = None) -> str:
         """Queue one greedy generation; returns its request id.
 
         ``on_tokens(new_token_ids, finished)`` is called from the engine's delivery thread after
@@ -208,6 +192,8 @@ class CpuEngine:
         Callbacks must be quick: one thread delivers every request's tokens. ``matcher``: its guide (Guides.matcher).
 
         A request beyond the free KV slots waits (FIFO) and joins the running batch when a slot frees.
+        ``on_context_logits`` (TensorRT-LLM's ``return_context_logits``): called from the delivery thread, before
+        the tokens of the same step, with float32 logits ``[n, vocab]`` of every position of each prefill chunk.
 
         Raises :class:`~pipeline.cpu_runtime.requests.QueueFullError` when ``max_queue_size`` requests already wait
         beyond the KV slots (refused at once, nothing queued), and ``ValueError`` (message meant for the client) when: ``input_ids`` is empty or holds
@@ -229,7 +215,8 @@ class CpuEngine:
                     f"Maximum queue size of {self.max_queue_size} has been reached, please try again later: "
                     f"{queued} requests wait for one of the {self.model.cache.slots} KV-cache slots (max_queue_size)")
             rid = f"cpu-{next(self._ids)}"
-            seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error, matcher)
+            seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error, matcher,
+                                on_context_logits)
             self._requests[rid] = seq
             self._inbox.append(seq)
             self._cv.notify()
@@ -359,12 +346,17 @@ class CpuEngine:
 
     def _step(self) -> None:
         t0 = time.perf_counter()
-        batch, seqs = build_step(self._active, int(self._cfg["max_num_tokens"]), self.chunked)
+        batch, seqs, ctx_seqs = build_step(self._active, int(self._cfg["max_num_tokens"]), self.chunked)
         if batch.tokens.numel() == 0:
             return
         t1 = time.perf_counter()
         logits = self.model.forward(batch)
         t2 = time.perf_counter()
+        off = len(seqs)
+        for seq, n in ctx_seqs:  # delivered before the step's tokens (one queue, in order)
+            self._out.put(("logits", seq, logits[off:off + n].clone()))
+            off += n
+        logits = logits[:len(seqs)]
         ban = [(r, s.end_id) for r, s in enumerate(seqs) if len(s.generated) < s.min_tokens]
         if ban:
             r, e = zip(*ban)
@@ -414,6 +406,8 @@ class CpuEngine:
             if seq.done:
                 return
             try:
+                if kind == "logits":
+                    return seq.on_context_logits(item[2])
                 if kind == "error":
                     seq.done = True
                     if seq.on_error is not None:

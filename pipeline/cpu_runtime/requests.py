@@ -9,6 +9,7 @@ from typing import Any
 
 TokensCallback = Callable[[list[int], bool], None]
 ErrorCallback = Callable[[str], None]
+ContextLogitsCallback = Callable[[Any], None]
 
 
 class QueueFullError(RuntimeError):
@@ -20,12 +21,15 @@ class SequenceState:
     """One request's state (owned by the scheduler thread except ``done``/``lock``)."""
 
     __slots__ = ("rid", "prompt", "max_new", "min_tokens", "end_id", "stop_words", "on_tokens", "on_error",
-                 "slot", "prefilled", "generated", "done", "lock", "arrival", "matcher")
+                 "slot", "prefilled", "generated", "done", "lock", "arrival", "matcher", "on_context_logits")
 
-    def __init__(self, rid, prompt, max_new, min_tokens, end_id, stop_words, on_tokens, on_error, matcher=None):
+    def __init__(self, rid, prompt, max_new, min_tokens, end_id, stop_words, on_tokens, on_error, matcher=None,
+                 on_context_logits=None):
         self.rid, self.prompt, self.max_new = rid, prompt, max_new
         self.min_tokens, self.end_id, self.stop_words = min_tokens, end_id, stop_words
         self.on_tokens, self.on_error = on_tokens, on_error
+        #: ``on_context_logits(float32 [n, vocab])`` per prefill chunk (every prompt position), or ``None``
+        self.on_context_logits: ContextLogitsCallback | None = on_context_logits
         self.slot: int | None = None
         self.prefilled = 0  # prompt tokens whose K/V are in the cache
         self.generated: list[int] = []

@@ -5,7 +5,9 @@ input_ids, input_lengths, request_output_len, end_id, pad_id, streaming, min_tok
 stop_words_list, exclude_input_in_output, return_num_input_tokens / return_num_output_tokens /
 return_perf_metrics, … → output_ids [beam=1, n], sequence_length [1], num_input_tokens,
 num_output_tokens (tokens generated in THIS response), arrival/first_scheduled/first_token/
-last_token_time_ns. Decoding is greedy (sampling inputs are accepted and ignored); beam_width and
+last_token_time_ns, and with ``return_context_logits`` the ``context_logits`` output (FP32 [1, input_len,
+vocab]: the shape the C++ backend writes, model_instance_state.cc@c2e65b88d852:1105-1117, in the first response
+after the prompt is prefilled). Decoding is greedy (sampling inputs are accepted and ignored); beam_width and
 num_return_sequences must be 1; bad_words_list and embedding_bias are rejected.
 
 Decoupled: ``execute`` only submits requests to :class:`pipeline.cpu_runtime.engine.CpuEngine`; the
@@ -169,6 +171,8 @@ class Job:
     #: response is out, Triton releases the request's response factory, and asking it then crashed the
     #: server (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled, Triton 2.51, seen in a 32-stream soak)
     final_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    #: return_context_logits: the engine's per-chunk float32 logits [n, vocab] until they are sent
+    ctx_logits: list | None = None
     first_token_ns: int = 0
     sent_any: bool = False
     done: bool = False
@@ -291,6 +295,11 @@ class TritonPythonModel:
                 job.detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=self.params.skip_special_tokens)
             text = job.detok.add(ids) + (job.detok.flush() if final else "")
             out.append(pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=object)))
+        if job.ctx_logits and sum(len(c) for c in job.ctx_logits) == len(job.input_ids):
+            import torch
+
+            out.append(pb_utils.Tensor("context_logits", torch.cat(job.ctx_logits).unsqueeze(0).numpy()))
+            job.ctx_logits = None
         if job.want_out and "num_output_tokens" in want:
             out.append(pb_utils.Tensor("num_output_tokens", np.array([[len(new)]], dtype=np.int32)))
         if job.want_in and "num_input_tokens" in want:
@@ -379,6 +388,10 @@ class TritonPythonModel:
                 arrival_ns=time.time_ns(),
                 wanted=frozenset(request.requested_output_names()),
             )
+            ctx = bool(scalar(request, "return_context_logits", False)) and "context_logits" in job.wanted
+            if bool(scalar(request, "return_generation_logits", False)):
+                raise ValueError("return_generation_logits is not supported by the CPU engine (context logits are)")
+            job.ctx_logits = [] if ctx else None
             with self.lock:
                 self.jobs[id(job)] = job
             job.engine_id = self.engine.add_request(
@@ -390,6 +403,7 @@ class TritonPythonModel:
                 on_tokens=lambda new, fin, j=job: self._on_tokens(j, new, fin),
                 on_error=lambda msg, j=job: self._finish(j, error=msg),
                 matcher=matcher,
+                on_context_logits=(lambda t, j=job: j.ctx_logits.append(t)) if ctx else None,
             )
             if job.done:  # finished (client gone) before the engine's id was known here
                 self.engine.cancel(job.engine_id)
