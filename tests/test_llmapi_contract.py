@@ -176,7 +176,7 @@ def _quantized(tmp_path: Path) -> QuantizeResult:
 def test_engine_stage_refuses_a_contract_violation_and_writes_nothing(tmp_path, monkeypatch):
     recipe = load_recipe(PT_RECIPE)
     real = pt.llm_api_kwargs
-    monkeypatch.setattr(pt, "llm_api_kwargs", lambda r, d: {**real(r, d), "cuda_graph_batch_sizes": [1, 2]})
+    monkeypatch.setattr(pt, "llm_api_kwargs", lambda r, d, **kw: {**real(r, d, **kw), "cuda_graph_batch_sizes": [1, 2]})
     with pytest.raises(StageError, match="breaks the TensorRT-LLM 1.2.1 LLM-API contract: cuda_graph_batch_sizes"):
         pt.run(recipe, BuildLayout(tmp_path), quantized=_quantized(tmp_path), dry_run=True)
     assert not (tmp_path / "engine").exists()
