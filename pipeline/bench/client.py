@@ -413,8 +413,11 @@ class StreamClient:
             return -1
         if self._tokens and "output_ids" in names:
             shape = ir.outputs[names.index("output_ids")].shape
-            if "sequence_length" in names:  # the server's own count (cumulative): kept for osl_check
-                rec.server_tokens = int.from_bytes(ir.raw_output_contents[names.index("sequence_length")][:4], "little", signed=True)
+            if "sequence_length" in names:  # the server's own count of this response's tokens, summed: osl_check
+                # per response, not cumulative: the backend writes each beam's outputTokenIds size of this result
+                # (tensorrtllm_backend model_instance_state.cc@c2e65b88d852:1059-1099 fillTritonResponse)
+                n = int.from_bytes(ir.raw_output_contents[names.index("sequence_length")][:4], "little", signed=True)
+                rec.server_tokens = (rec.server_tokens or 0) + n
             return int(shape[-1]) if shape else 0
         if self._keep_text and "text_output" in names and "num_output_tokens" in names:
             if rec.response_text is None:

@@ -334,8 +334,8 @@ class SSEClient:
         if self._tokens:
             ids = obj.get("output_ids")
             n = 0 if ids is None else (len(_flat(ids)) if isinstance(ids, list) else 1)
-            if obj.get("sequence_length") is not None:
-                rec.server_tokens = int(_flat([obj["sequence_length"]])[0])
+            if obj.get("sequence_length") is not None:  # this event's tokens (see client.StreamClient._count): summed
+                rec.server_tokens = (rec.server_tokens or 0) + int(_flat([obj["sequence_length"]])[0])
         else:
             text = obj.get("text_output")
             if text is not None:

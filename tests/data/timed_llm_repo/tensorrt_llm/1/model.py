@@ -12,8 +12,8 @@ at ``arrival + first_token_ms + i * itl_ms``. Each request runs in its own threa
 its absolute deadline (``time.sleep`` of the remainder, measured on ``time.monotonic_ns``), so
 late wake-ups never accumulate and concurrent requests never serialize. ``first_token_ms = 0``
 and ``itl_ms = 0`` stream as fast as the backend can (the client-ceiling model).
-``lean = 1`` (default) sends ``sequence_length`` only with the final response, to keep the
-per-response cost of the server low at high concurrency. ``max_output_tokens > 0`` caps the output (a model that comes back short); ``tokens_per_response``
+``sequence_length`` is the token count of each response, as tensorrtllm_backend writes it
+(``model_instance_state.cc@c2e65b88d852:1059-1099``: each beam's ``outputTokenIds`` size of that result). ``max_output_tokens > 0`` caps the output (a model that comes back short); ``tokens_per_response``
 groups tokens into one response. A cancelled request (client gone) stops within 10 tokens, so
 the server can shut down without waiting for it. Generated token ids cycle through ``token_ids`` (never ``end_id``).
 """
@@ -48,8 +48,6 @@ class TritonPythonModel:
         self.tokens_per_response = max(1, _param(cfg, "tokens_per_response", 1))
         self.token_ids = np.array([int(t) for t in _param(cfg, "token_ids", "1000,2000,3000").split(",")], np.int32)
         self.text_interface = _param(cfg, "text_interface", 0) == 1
-        # lean: sequence_length only on the final response (less per-response work at high load)
-        self.lean = _param(cfg, "lean", 1) == 1
 
     def execute(self, requests):
         arrival_ns = time.monotonic_ns()
@@ -78,7 +76,6 @@ class TritonPythonModel:
                     sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # client gone: stop
                     return
                 k = min(step, n - sent)
-                final_next = sent + k >= n
                 last_index = sent + k - 1
                 deadline = arrival_ns + self.first_ns + last_index * self.itl_ns
                 delay = deadline - time.monotonic_ns()
@@ -93,8 +90,8 @@ class TritonPythonModel:
                     outs.append(pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)))
                 else:
                     outs.append(pb_utils.Tensor("output_ids", ids.reshape(1, k)))
-                    if final_next or not self.lean:
-                        outs.append(pb_utils.Tensor("sequence_length", np.array([sent + k], np.int32)))
+                    # this response's tokens, as the backend's beamLength (not a running total)
+                    outs.append(pb_utils.Tensor("sequence_length", np.array([k], np.int32)))
                 if want_count:
                     outs.append(pb_utils.Tensor("num_output_tokens", np.array([k], np.int32)))
                 sent += k
