@@ -45,6 +45,7 @@ import torch
 from pipeline.core.geometry import geometry_from_dict
 from pipeline.cpu_runtime.host import release_freed_heap, release_openmp_pool
 from pipeline.cpu_runtime.kv import kv_slots
+from pipeline.cpu_runtime.lora import LoraSet, selected, step_for
 from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder, StepBatch
 from pipeline.cpu_runtime.requests import (
     ErrorCallback,
@@ -185,6 +186,7 @@ class CpuEngine:
         stop_words: list[list[int]] | None = None,
         on_tokens: TokensCallback,
         on_error: ErrorCallback | None = None,
+        lora_task_id: int | None = None,
     ) -> str:
         """Queue one greedy generation; returns its request id.
 
@@ -198,15 +200,17 @@ class CpuEngine:
         Callbacks must be quick: one thread delivers every request's tokens.
 
         A request beyond the free KV slots waits (FIFO) and joins the running batch when a slot frees.
+        ``lora_task_id`` selects one of :attr:`lora`'s adapters (``None``: the base model).
 
         Raises ``ValueError`` (message meant for the client) when: ``input_ids`` is empty or holds
         ids outside ``[0, vocab_size)``; ``len(input_ids) > max_input_len``; ``len(input_ids) +
         max_new_tokens > max_seq_len``; ``max_new_tokens < 1``; ``min_tokens < 0``; chunked prefill is
-        off and the prompt exceeds ``max_num_tokens``. ``RuntimeError`` after :meth:`shutdown` or when
+        off and the prompt exceeds ``max_num_tokens``; ``lora_task_id`` names no adapter of this engine. ``RuntimeError`` after :meth:`shutdown` or when
         the scheduler thread has died.
         """
         ids, min_tokens, eid, words = checked_request(self._cfg, self.chunked, self.vocab_size, input_ids,
                                                       max_new_tokens, min_tokens, end_id, stop_words)
+        adapter = selected(self.lora, lora_task_id)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the CPU engine is shut down")
@@ -214,6 +218,7 @@ class CpuEngine:
                 raise RuntimeError(f"the CPU engine's scheduler stopped: {self._fatal}")
             rid = f"cpu-{next(self._ids)}"
             seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error)
+            seq.lora = adapter
             self._requests[rid] = seq
             self._inbox.append(seq)
             self._cv.notify()
@@ -266,6 +271,7 @@ class CpuEngine:
         try:
             torch.set_num_threads(self.threads)  # OpenMP's thread count is per thread
             self.model = Decoder(self.engine_dir, slots=slots, slot_len=slot_len, dtype=self.dtype, kv_dtype=self.kv_dtype)
+            self.lora = LoraSet.from_engine_config(self.engine_dir, self._cfg, self.model.geo)  # adapters by task id
         except BaseException as e:  # reported by __init__ in the caller's thread
             self._build_error = e
             return
@@ -374,6 +380,8 @@ class CpuEngine:
         batch, seqs = self._build()
         if batch.tokens.numel() == 0:
             return
+        if self.lora is not None:
+            batch.lora = step_for(batch.slots, [s.lora for s in self._active])
         t1 = time.perf_counter()
         logits = self.model.forward(batch)
         t2 = time.perf_counter()

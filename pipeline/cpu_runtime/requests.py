@@ -15,7 +15,7 @@ class SequenceState:
     """One request's state (owned by the scheduler thread except ``done``/``lock``)."""
 
     __slots__ = ("rid", "prompt", "max_new", "min_tokens", "end_id", "stop_words", "on_tokens", "on_error",
-                 "slot", "prefilled", "generated", "done", "lock", "arrival")
+                 "slot", "prefilled", "generated", "done", "lock", "arrival", "lora")
 
     def __init__(self, rid, prompt, max_new, min_tokens, end_id, stop_words, on_tokens, on_error):
         self.rid, self.prompt, self.max_new = rid, prompt, max_new
@@ -27,6 +27,7 @@ class SequenceState:
         self.done = False  # no callback may run once set (under ``lock``)
         self.lock = threading.Lock()
         self.arrival = time.perf_counter()
+        self.lora = None  # the LoRA adapter this sequence uses (pipeline.cpu_runtime.lora.Adapter), if any
 
 
 def checked_request(c: dict[str, Any], chunked: bool, vocab_size: int, input_ids: list[int], max_new_tokens: int,

@@ -2,7 +2,8 @@
 
 Same inputs/outputs as the C++ ``tensorrtllm`` backend (config generated from the same template):
 input_ids, input_lengths, request_output_len, end_id, pad_id, streaming, min_tokens, stop,
-stop_words_list, exclude_input_in_output, return_num_input_tokens / return_num_output_tokens /
+stop_words_list, exclude_input_in_output, lora_task_id (one of the build's adapters, engine_config.json ``lora``;
+lora_weights / lora_config, which send an adapter, are refused), return_num_input_tokens / return_num_output_tokens /
 return_perf_metrics, … → output_ids [beam=1, n], sequence_length [1], num_input_tokens,
 num_output_tokens (tokens generated in THIS response), arrival/first_scheduled/first_token/
 last_token_time_ns. Decoding is greedy (sampling inputs are accepted and ignored); beam_width and
@@ -262,6 +263,10 @@ class TritonPythonModel:
                 raise ValueError("bad_words_list is not supported by the CPU engine")
             if array(request, "embedding_bias") is not None and np.any(array(request, "embedding_bias")):
                 raise ValueError("embedding_bias is not supported by the CPU engine")
+            if array(request, "lora_weights") is not None or array(request, "lora_config") is not None:
+                raise ValueError("lora_weights / lora_config are not taken by the CPU engine: it serves its build's "
+                                 "adapters (build.lora), selected by lora_task_id")
+            lora_task_id = scalar(request, "lora_task_id", None)
             ids = array(request, "input_ids")
             if ids is None:
                 raise ValueError("input_ids is required")
@@ -288,6 +293,7 @@ class TritonPythonModel:
                 stop_words=parse_word_list(array(request, "stop_words_list")),
                 on_tokens=lambda new, fin, j=job: self._on_tokens(j, new, fin),
                 on_error=lambda msg, j=job: self._finish(j, error=msg),
+                lora_task_id=None if lora_task_id is None else int(lora_task_id),
             )
             if job.done:  # finished (client gone) before the engine's id was known here
                 self.engine.cancel(job.engine_id)

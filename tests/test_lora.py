@@ -1,0 +1,189 @@
+"""LoRA, for real on CPU: a small random adapter made with ``peft`` for SmolLM2-135M, built into a CPU engine
+directory by the engine stage, applied per request by the CPU engine and served by a real Triton; greedy tokens equal
+``peft``'s merged model's ``generate()`` token for token, and differ from the base model's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from support import quantized_stage, smollm2_hf_dir
+
+from pipeline.core.layout import BuildLayout
+from pipeline.cpu_runtime.engine import CpuEngine
+from pipeline.engine import cpu as cpu_stage
+from pipeline.recipe import load_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"
+CACHE = Path(os.environ.get("TRTPIPE_CACHE_DIR", REPO / ".trtpipe-cache"))
+END_ID = 2  # SmolLM2 <|im_end|>
+N_TOKENS = 16
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n    "]
+
+
+def make_adapter(out: Path, *, r: int, seed: int, modules: list[str]) -> Path:
+    """A random peft LoRA for SmolLM2-135M (``init_lora_weights=False``: B is not zero, so the adapter changes the
+    output), saved as peft saves it."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(smollm2_hf_dir(), dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=2 * r, target_modules=modules, init_lora_weights=False))
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lora")
+    return {
+        "attn": make_adapter(root / "attn", r=8, seed=1, modules=["q_proj", "v_proj"]),
+        "all": make_adapter(root / "all", r=4, seed=2, modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                                 "up_proj", "down_proj"]),
+    }
+
+
+def lora_overrides(adapters: dict[str, Path], max_rank: int = 16) -> list[str]:
+    spec = {"max_lora_rank": max_rank, "adapters": [{"name": "attn", "path": str(adapters["attn"]), "task_id": 7},
+                                                    {"name": "all", "path": str(adapters["all"])}]}
+    return [f"build.lora={json.dumps(spec)}", "build.max_batch_size=8", "build.cpu.num_threads=1"]
+
+
+@pytest.fixture(scope="module")
+def lora_build(adapters, tmp_path_factory):
+    """The CPU engine stage (and its quantize fixture) for the shipped CPU recipe plus the two adapters."""
+    recipe = load_recipe(RECIPE, lora_overrides(adapters))
+    q = quantized_stage(CACHE / "cpu-engine-fixtures", "fp8", kv_cache_dtype="fp8")
+    layout = BuildLayout(tmp_path_factory.mktemp("lora-build"))
+    return recipe, q, cpu_stage.run(recipe, layout, quantized=q)
+
+
+def _generate(engine: CpuEngine, ids: list[int], **kw) -> tuple[threading.Event, list[int], list[str]]:
+    done, toks, err = threading.Event(), [], []
+    engine.add_request(ids, max_new_tokens=N_TOKENS, min_tokens=N_TOKENS, on_tokens=lambda t, f: (toks.extend(t), f and done.set()),
+                       on_error=lambda m: (err.append(m), done.set()), **kw)
+    return done, toks, err
+
+
+def _reference(engine_dir: Path, adapter: Path | None, tok) -> list[list[int]]:
+    """Greedy tokens of the engine directory's own weights (plain HF) with ``adapter`` merged by peft."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(engine_dir, dtype=torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    out = []
+    for p in PROMPTS:
+        enc = tok(p, return_tensors="pt")
+        with torch.no_grad():
+            ref = model.eval().generate(**enc, max_new_tokens=N_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=END_ID)
+        out.append(ref[0, enc.input_ids.shape[1]:].tolist())
+    return out
+
+
+def test_engine_directory_holds_the_adapters_and_their_hashes(lora_build, adapters):
+    recipe, _, res = lora_build
+    cfg = json.loads((res.path / "engine_config.json").read_text())
+    lora = cfg["lora"]
+    assert [(a["name"], a["task_id"], a["rank"]) for a in lora["adapters"]] == [("attn", 7, 8), ("all", 2, 4)]
+    assert lora["max_lora_rank"] == 16 and lora["target_modules"][:3] == ["q_proj", "k_proj", "v_proj"]
+    for name in ("attn", "all"):
+        for f in ("adapter_config.json", "adapter_model.safetensors"):
+            copied = res.path / "lora" / name / f
+            assert copied.read_bytes() == (adapters[name] / f).read_bytes()
+            assert res.manifest["files"][f"lora/{name}/{f}"]  # hashed like every engine file: serve checks them
+
+
+def test_lora_requests_match_peft_merged_model_token_for_token(lora_build, adapters):
+    """One engine, one batch: the base model, adapter 7 and adapter 2 requests run side by side (per-sequence deltas
+    in the same steps); each equals its own reference."""
+    from transformers import AutoTokenizer
+
+    _, _, res = lora_build
+    tok = AutoTokenizer.from_pretrained(res.path)
+    refs = {None: _reference(res.path, None, tok), 7: _reference(res.path, adapters["attn"], tok),
+            2: _reference(res.path, adapters["all"], tok)}
+    with CpuEngine(res.path, num_threads=1) as eng:
+        runs = {(task, i): _generate(eng, tok(p).input_ids, lora_task_id=task) for task in refs for i, p in enumerate(PROMPTS)}
+        for (task, i), (done, toks, err) in runs.items():
+            assert done.wait(300) and not err, err
+            assert toks == refs[task][i], (task, PROMPTS[i], tok.decode(toks), tok.decode(refs[task][i]))
+        with pytest.raises(ValueError, match="LoRA task 99 not found"):
+            eng.add_request([1, 2, 3], max_new_tokens=2, on_tokens=lambda t, f: None, lora_task_id=99)
+    for i in range(len(PROMPTS)):  # the adapters change the output
+        assert refs[7][i] != refs[None][i] and refs[2][i] != refs[None][i], i
+
+
+def test_rank_above_max_lora_rank_is_one_line_exit_2_and_writes_nothing(adapters, tmp_path):
+    from tests.conftest import TRTPIPE
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE.read_text())
+    before = sorted(tmp_path.rglob("*"))
+    res = subprocess.run([TRTPIPE, "build", str(recipe), *sum((["--set", o] for o in lora_overrides(adapters, max_rank=4)), [])],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "build.lora.adapters.0" in lines[0] and "max_lora_rank 4" in lines[0], res.stderr
+    assert "r=8" in lines[0]
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.triton
+@pytest.mark.timeout(900)
+def test_real_triton_serves_the_adapter_by_lora_task_id(lora_build, tmp_path):
+    """The CPU tensorrt_llm model on a real Triton: ``lora_task_id`` selects the build's adapter, through the model
+    and through the ensemble; tokens equal the engine's (which equal peft's, above); an unknown id is an error."""
+    from test_triton_repo import _in, _stream
+    from transformers import AutoTokenizer
+
+    from pipeline.triton.server import TritonServer
+    from pipeline.triton_repo import stage as triton_repo
+
+    recipe, q, res = lora_build
+    repo = triton_repo.run(recipe, BuildLayout(tmp_path), quantized=q, engine=res).path
+    tok = AutoTokenizer.from_pretrained(res.path)
+    ids = tok(PROMPTS[0]).input_ids
+    with CpuEngine(res.path, num_threads=1) as eng:
+        expect = {}
+        for task in (None, 7):
+            done, toks, err = _generate(eng, ids, lora_task_id=task)
+            assert done.wait(300) and not err
+            expect[task] = toks
+
+    def infer(url: str, model: str, task: int | None) -> list[int]:
+        if model == "ensemble":
+            inputs = [_in("text_input", np.array([[PROMPTS[0].encode()]], dtype=object), "BYTES"),
+                      _in("max_tokens", np.array([[N_TOKENS]], dtype=np.int32), "INT32")]
+        else:
+            arr = np.array([ids], dtype=np.int32)
+            inputs = [_in("input_ids", arr, "INT32"), _in("input_lengths", np.array([[arr.shape[1]]], dtype=np.int32), "INT32"),
+                      _in("request_output_len", np.array([[N_TOKENS]], dtype=np.int32), "INT32")]
+        inputs += [_in("min_tokens", np.array([[N_TOKENS]], dtype=np.int32), "INT32"), _in("stream", np.array([[True]]), "BOOL")]
+        if model != "ensemble":
+            inputs[-1] = _in("streaming", np.array([[True]]), "BOOL")
+        if task is not None:
+            inputs.append(_in("lora_task_id", np.array([[task]], dtype=np.uint64), "UINT64"))
+        out = "text_output" if model == "ensemble" else "output_ids"
+        got = _stream(url, model, inputs, [out], f"{model}-{task}")
+        if model == "ensemble":
+            return "".join(g[out].reshape(-1)[0].decode() for g in got)
+        return [int(t) for g in got for t in g[out].reshape(-1)]
+
+    with TritonServer(repo, log_file=tmp_path / "triton.log", ready_timeout_s=300, http_port=None, grpc_port=None,
+                      metrics_port=None) as srv:
+        for task in (None, 7):
+            assert infer(srv.grpc_url, "tensorrt_llm", task)[-N_TOKENS:] == expect[task], task
+            assert infer(srv.grpc_url, "ensemble", task) == tok.decode(expect[task], skip_special_tokens=True), task
+        with pytest.raises(AssertionError, match="LoRA task 5 not found"):
+            infer(srv.grpc_url, "tensorrt_llm", 5)
