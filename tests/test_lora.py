@@ -104,15 +104,22 @@ def test_engine_directory_holds_the_adapters_and_their_hashes(lora_build, adapte
             assert res.manifest["files"][f"lora/{name}/{f}"]  # hashed like every engine file: serve checks them
 
 
-def test_lora_requests_match_peft_merged_model_token_for_token(lora_build, adapters):
-    """One engine, one batch: the base model, adapter 7 and adapter 2 requests run side by side (per-sequence deltas
-    in the same steps); each equals its own reference."""
+@pytest.fixture(scope="module")
+def refs(lora_build, adapters):
+    """peft's greedy tokens per task id (None: the base model) for each prompt, and the tokenizer."""
     from transformers import AutoTokenizer
 
     _, _, res = lora_build
     tok = AutoTokenizer.from_pretrained(res.path)
-    refs = {None: _reference(res.path, None, tok), 7: _reference(res.path, adapters["attn"], tok),
-            2: _reference(res.path, adapters["all"], tok)}
+    return {None: _reference(res.path, None, tok), 7: _reference(res.path, adapters["attn"], tok),
+            2: _reference(res.path, adapters["all"], tok)}, tok
+
+
+def test_lora_requests_match_peft_merged_model_token_for_token(lora_build, refs):
+    """One engine, one batch: the base model, adapter 7 and adapter 2 requests run side by side (per-sequence deltas
+    in the same steps); each equals its own reference."""
+    _, _, res = lora_build
+    refs, tok = refs
     with CpuEngine(res.path, num_threads=1) as eng:
         runs = {(task, i): _generate(eng, tok(p).input_ids, lora_task_id=task) for task in refs for i, p in enumerate(PROMPTS)}
         for (task, i), (done, toks, err) in runs.items():
@@ -122,6 +129,35 @@ def test_lora_requests_match_peft_merged_model_token_for_token(lora_build, adapt
             eng.add_request([1, 2, 3], max_new_tokens=2, on_tokens=lambda t, f: None, lora_task_id=99)
     for i in range(len(PROMPTS)):  # the adapters change the output
         assert refs[7][i] != refs[None][i] and refs[2][i] != refs[None][i], i
+
+
+def test_llm_api_facade_takes_a_lora_request(lora_build, refs, adapters):
+    """The LLM-API way on CPU: ``LLM(lora_config=…)`` and ``generate_async(…, lora_request=LoRARequest(name, id, path))``,
+    the adapter loaded from its path on first use; a rank above ``max_lora_rank`` is refused."""
+    import asyncio
+
+    from pipeline.cpu_runtime.llm import LLM, LoRARequest, SamplingParams
+
+    _, _, res = lora_build
+    refs, tok = refs
+    params = SamplingParams(max_tokens=N_TOKENS, ignore_eos=True)
+
+    async def run(llm, req):
+        out = llm.generate_async(PROMPTS[0], params, lora_request=req)
+        async for _ in out:
+            pass
+        return out.outputs[0].token_ids
+
+    with LLM(str(res.path), lora_config={"lora_dir": [], "max_lora_rank": 4}) as llm:
+        loop = asyncio.new_event_loop()
+        try:
+            assert loop.run_until_complete(run(llm, LoRARequest("all", 2, str(adapters["all"])))) == refs[2][0]
+            with pytest.raises(ValueError, match="rank r=8 exceeds max_lora_rank 4"):
+                loop.run_until_complete(run(llm, LoRARequest("attn", 7, str(adapters["attn"]))))
+        finally:
+            loop.close()
+    with pytest.raises(ValueError, match="does not exist"):
+        LoRARequest("x", 1, str(res.path / "nowhere"))
 
 
 def test_rank_above_max_lora_rank_is_one_line_exit_2_and_writes_nothing(adapters, tmp_path):
@@ -139,6 +175,7 @@ def test_rank_above_max_lora_rank_is_one_line_exit_2_and_writes_nothing(adapters
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.slow
 @pytest.mark.triton
 @pytest.mark.timeout(900)
 def test_real_triton_serves_the_adapter_by_lora_task_id(lora_build, tmp_path):
@@ -185,5 +222,76 @@ def test_real_triton_serves_the_adapter_by_lora_task_id(lora_build, tmp_path):
         for task in (None, 7):
             assert infer(srv.grpc_url, "tensorrt_llm", task)[-N_TOKENS:] == expect[task], task
             assert infer(srv.grpc_url, "ensemble", task) == tok.decode(expect[task], skip_special_tokens=True), task
-        with pytest.raises(AssertionError, match="LoRA task 5 not found"):
-            infer(srv.grpc_url, "tensorrt_llm", 5)
+        assert "LoRA task 5 not found" in _stream_error(srv.grpc_url, [
+            _in("input_ids", np.array([ids], dtype=np.int32), "INT32"),
+            _in("input_lengths", np.array([[len(ids)]], dtype=np.int32), "INT32"),
+            _in("request_output_len", np.array([[2]], dtype=np.int32), "INT32"),
+            _in("lora_task_id", np.array([[5]], dtype=np.uint64), "UINT64")])
+
+
+def _stream_error(url: str, inputs) -> str:
+    """The error message of the first response to a streamed ``tensorrt_llm`` request ('' when none)."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    q: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: q.put(error))
+    try:
+        client.async_stream_infer("tensorrt_llm", inputs, request_id="bad-lora")
+        error = q.get(timeout=120)
+        return error.message() if error is not None else ""
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+@pytest.mark.timeout(900)
+def test_real_triton_llmapi_model_takes_lora_id_name_path(adapters, refs, tmp_path):
+    """The LLM-API Triton model (``build.engine: pytorch`` on the cpu target): ``llm_api_config.yaml`` carries
+    ``lora_config`` (the engine directory's adapter copies), and a request's ``lora_id`` / ``lora_name`` /
+    ``lora_path`` inputs apply the adapter: the text equals peft's merged model's greedy tokens, decoded."""
+    import tritonclient.grpc as grpcclient
+    import yaml
+    from test_llmapi_cpu import _stream, _text
+
+    from pipeline.engine import stage as engine_stage
+    from pipeline.triton.server import TritonServer
+    from pipeline.triton_repo import stage as triton_repo
+
+    refs, tok = refs
+    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_llmapi.yaml", lora_overrides(adapters))
+    q = quantized_stage(CACHE / "cpu-engine-fixtures", "fp8", kv_cache_dtype="fp8")
+    e = engine_stage.run(recipe, BuildLayout(tmp_path / "build"), quantized=q)
+    lora = yaml.safe_load((e.path / "llm_api_config.yaml").read_text())["lora_config"]
+    assert lora["lora_dir"] == [str(e.path.resolve() / "lora" / n) for n in ("attn", "all")]
+    assert lora["max_lora_rank"] == 16 and lora["lora_target_modules"][:3] == ["attn_q", "attn_k", "attn_v"]
+    repo = triton_repo.run(recipe, BuildLayout(tmp_path / "repo"), quantized=q, engine=e).path
+
+    def inputs(**lora_inputs):
+        values = [("text_input", np.array([PROMPTS[0].encode()], dtype=object), "BYTES"),
+                  ("streaming", np.array([True]), "BOOL"),
+                  ("sampling_param_max_tokens", np.array([N_TOKENS], dtype=np.int32), "INT32"),
+                  ("sampling_param_ignore_eos", np.array([True]), "BOOL")]
+        for name, value in lora_inputs.items():
+            values.append((name, np.array([value], dtype=np.uint64), "UINT64") if name == "lora_id"
+                          else (name, np.array([value.encode()], dtype=object), "BYTES"))
+        out = []
+        for name, arr, dt in values:
+            t = grpcclient.InferInput(name, list(arr.shape), dt)
+            t.set_data_from_numpy(arr)
+            out.append(t)
+        return out
+
+    with TritonServer(repo, log_file=tmp_path / "triton.log", ready_timeout_s=300, http_port=None, grpc_port=None,
+                      metrics_port=None) as srv:
+        for task, name in ((None, None), (7, "attn")):
+            extra = {} if task is None else {"lora_id": task, "lora_name": name, "lora_path": str(e.path / "lora" / name)}
+            got, final, err = _stream(srv, inputs(**extra))
+            assert err is None, err
+            assert _text(got[-1]) == tok.decode(refs[task][0], skip_special_tokens=True), task
+        _, _, err = _stream(srv, inputs(lora_id=7, lora_name="attn"))
+        assert "must all be provided together" in str(err)

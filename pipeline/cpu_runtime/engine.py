@@ -188,7 +188,7 @@ class CpuEngine:
         on_error: ErrorCallback | None = None,
         lora_task_id: int | None = None,
     ) -> str:
-        """Queue one greedy generation; returns its request id.
+        """Queue one greedy generation (LoRA adapter ``lora_task_id`` of :attr:`lora`, if given); returns its request id.
 
         ``on_tokens(new_token_ids, finished)`` is called from the engine's delivery thread after
         every step that produced tokens for this request, ``finished=True`` exactly once, on the
@@ -197,20 +197,17 @@ class CpuEngine:
         With ``min_tokens >= max_new_tokens`` exactly ``max_new_tokens`` tokens are returned.
         ``end_id`` ``None``/negative never stops. If the engine fails or shuts down,
         ``on_error(message)`` is called instead (or, without ``on_error``, ``on_tokens([], True)``).
-        Callbacks must be quick: one thread delivers every request's tokens.
-
-        A request beyond the free KV slots waits (FIFO) and joins the running batch when a slot frees.
-        ``lora_task_id`` selects one of :attr:`lora`'s adapters (``None``: the base model).
+        Callbacks must be quick: one thread delivers every request's tokens. A request beyond the free KV
+        slots waits (FIFO) and joins the running batch when a slot frees.
 
         Raises ``ValueError`` (message meant for the client) when: ``input_ids`` is empty or holds
         ids outside ``[0, vocab_size)``; ``len(input_ids) > max_input_len``; ``len(input_ids) +
         max_new_tokens > max_seq_len``; ``max_new_tokens < 1``; ``min_tokens < 0``; chunked prefill is
-        off and the prompt exceeds ``max_num_tokens``; ``lora_task_id`` names no adapter of this engine. ``RuntimeError`` after :meth:`shutdown` or when
-        the scheduler thread has died.
+        off and the prompt exceeds ``max_num_tokens``; ``lora_task_id`` names no adapter of this engine.
+        ``RuntimeError`` after :meth:`shutdown` or when the scheduler thread has died.
         """
         ids, min_tokens, eid, words = checked_request(self._cfg, self.chunked, self.vocab_size, input_ids,
                                                       max_new_tokens, min_tokens, end_id, stop_words)
-        adapter = selected(self.lora, lora_task_id)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the CPU engine is shut down")
@@ -218,7 +215,7 @@ class CpuEngine:
                 raise RuntimeError(f"the CPU engine's scheduler stopped: {self._fatal}")
             rid = f"cpu-{next(self._ids)}"
             seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error)
-            seq.lora = adapter
+            seq.lora = selected(self.lora, lora_task_id)  # ValueError for an id no adapter has
             self._requests[rid] = seq
             self._inbox.append(seq)
             self._cv.notify()
@@ -380,8 +377,7 @@ class CpuEngine:
         batch, seqs = self._build()
         if batch.tokens.numel() == 0:
             return
-        if self.lora is not None:
-            batch.lora = step_for(batch.slots, [s.lora for s in self._active])
+        batch.lora = step_for(batch.slots, [s.lora for s in self._active]) if self.lora is not None else None
         t1 = time.perf_counter()
         logits = self.model.forward(batch)
         t2 = time.perf_counter()

@@ -18,7 +18,9 @@ docs/upstream.md):
   ``max_tokens`` (default 32), ``min_tokens`` (None → no lower bound), ``ignore_eos`` (default False: keep
   generating after the end token), ``end_id`` (default: the tokenizer's EOS), ``stop`` (strings; the returned text
   and tokens end before the stop string unless ``include_stop_str_in_output``), ``exclude_input_from_output``,
-  ``return_perf_metrics``, ``detokenize``, ``skip_special_tokens``, ``add_special_tokens``, and the sampling knobs.
+  ``return_perf_metrics``, ``detokenize``, ``skip_special_tokens``, ``add_special_tokens``, and the sampling knobs;
+* LoRA: ``LLM(lora_config=…)`` and ``generate_async(…, lora_request=LoRARequest(lora_name, lora_int_id, lora_path))``
+  (:class:`LoRARequest`; the adapter is loaded from its path the first time its id is seen, docs/lora.md).
 
 Decoding is greedy, as in the CPU engine: ``temperature``/``top_k``/``top_p``/``seed``/penalties are accepted and
 have no effect; ``n``/``best_of`` above 1 and beam search are refused (ValueError). The ``LLM()`` keyword arguments
@@ -43,7 +45,21 @@ from typing import Any, Self
 _LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
 #: ``LLM()`` arguments the facade reads itself
 _READ = {"model", "tokenizer", "kv_cache_config", "enable_chunked_prefill", "backend", "tensor_parallel_size",
-         "pipeline_parallel_size", "max_beam_width", *_LIMITS}
+         "pipeline_parallel_size", "max_beam_width", "lora_config", *_LIMITS}
+
+
+@dataclasses.dataclass(slots=True)
+class LoRARequest:
+    """A request's adapter, as ``tensorrt_llm.executor.request.LoRARequest`` (request.py@08c3313049a8:20-37): a peft
+    LoRA directory ``lora_path`` held under ``lora_int_id``; raises ValueError when the path does not exist."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+
+    def __post_init__(self) -> None:
+        if self.lora_path is not None and not Path(self.lora_path).exists():
+            raise ValueError(f"lora_path ({self.lora_path}) does not exist.")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -351,6 +367,12 @@ class LLM:
             enable_chunked_prefill=kwargs.get("enable_chunked_prefill"))
         self._ids = iter(range(1, 1 << 62))
         self._stop_cache: dict[tuple[str, ...], list[list[int]]] = {}
+        lora = kwargs.get("lora_config")
+        if lora is not None:  # adapters come per request (LoRARequest), held by lora_int_id; rank ≤ max_lora_rank
+            from pipeline.cpu_runtime.lora import LoraSet
+
+            self._engine.lora = LoraSet(self._engine.model.geo, int(lora.get("max_lora_rank", 64)))
+        self._lora_on = lora is not None
 
     @staticmethod
     def _check(kwargs: dict[str, Any], cfg: dict[str, Any]) -> None:
@@ -377,13 +399,27 @@ class LLM:
             self._stop_cache[words] = [self.tokenizer.encode(w, add_special_tokens=False) if self.tokenizer else [] for w in words]
         return self._stop_cache[words]
 
+    def _adapter(self, req: LoRARequest | None) -> int | None:
+        """The engine's task id of ``req``'s adapter, loaded from ``lora_path`` the first time its ``lora_int_id`` is seen
+        (ValueError without ``lora_config``, or for an adapter the engine cannot serve, e.g. a rank above max_lora_rank)."""
+        if req is None:
+            return None
+        if not self._lora_on:
+            raise ValueError("a LoRA request, but the LLM was built without lora_config")
+        if self._engine.lora.get(req.lora_int_id) is None:
+            self._engine.lora.add(Path(req.lora_path), name=req.lora_name, task_id=req.lora_int_id)
+        return req.lora_int_id
+
     def generate_async(self, inputs: str | list[int], sampling_params: SamplingParams | None = None, *_: Any,
-                       streaming: bool = False, **__: Any) -> RequestOutput:
+                       streaming: bool = False, lora_request: LoRARequest | None = None, **__: Any) -> RequestOutput:
         """Queue one request; returns its :class:`RequestOutput` at once (call it inside the event loop that iterates
         it). ``inputs``: a prompt string (encoded with ``add_special_tokens``) or token ids.
 
+        ``lora_request``: the adapter to apply (:meth:`_adapter`).
+
         Raises ValueError for a request the engine refuses (empty or too long prompt, prompt + max_tokens beyond
-        max_seq_len, …; see :meth:`CpuEngine.add_request`) or a string prompt without a tokenizer."""
+        max_seq_len, …; see :meth:`CpuEngine.add_request`), a string prompt without a tokenizer, or an adapter that
+        cannot be served."""
         p = sampling_params or SamplingParams()
         if isinstance(inputs, str):
             if self.tokenizer is None:
@@ -397,7 +433,7 @@ class LLM:
         out._engine_id = self._engine.add_request(
             ids, max_new_tokens=int(p.max_tokens), min_tokens=max(0, int(p.min_tokens or 0)),
             end_id=None if p.ignore_eos or end_id is None else int(end_id), stop_words=words,
-            on_tokens=out._on_tokens, on_error=out._on_error)
+            on_tokens=out._on_tokens, on_error=out._on_error, lora_task_id=self._adapter(lora_request))
         return out
 
     def shutdown(self) -> None:

@@ -22,7 +22,12 @@ from pathlib import Path
 import torch
 
 from pipeline.core.geometry import ModelGeometry
-from pipeline.core.lora import WEIGHTS_FILE, AdapterConfig, AdapterError, read_adapter_config
+from pipeline.core.lora import (
+    WEIGHTS_FILE,
+    AdapterConfig,
+    AdapterError,
+    read_adapter_config,
+)
 
 #: peft's tensor names: ``base_model.model.model.layers.{i}.{self_attn|mlp}.{module}.lora_{A|B}.weight``
 _PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",

@@ -258,6 +258,8 @@ def _write_llm_api_config(tmp: Path, recipe: Recipe, out_dir: Path) -> dict[str,
 
     final = str(out_dir.resolve())
     kwargs = {**llm_api_kwargs(recipe, tmp), "model": final, "tokenizer": final}
+    if recipe.build.lora is not None:  # the adapters' copies in this directory (hashed in its manifest)
+        kwargs["lora_config"]["lora_dir"] = [str(out_dir.resolve() / "lora" / a.name) for a in recipe.build.lora.adapters]
     problems = kwargs_problems(kwargs)
     if problems:  # a programming error: the contract table and llm_api_kwargs disagree
         raise StageError("LLM-API config: " + "; ".join(problems))
