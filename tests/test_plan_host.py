@@ -71,6 +71,22 @@ def test_a_broken_user_host_file_is_a_user_error(tmp_path, monkeypatch):
     assert res.exit_code == 2 and "not a host measurement" in res.stderr
 
 
+def test_a_host_file_without_the_served_measurement_says_so(tmp_path, monkeypatch):
+    """A file written before measure-host served its probe (or with --no-served): the bare engine's prediction, named
+    in the plan's notes with the way out."""
+    path = tmp_path / "cpu_host.yaml"
+    hardware.write_host(_fake_host().model_copy(update={"serving_cpu_per_token_us": None}), path)
+    monkeypatch.setenv("TRTPIPE_HOST_FILE", str(path))
+    plan = plan_recipe(load_recipe(CPU), scenarios=[(100, 200)])
+    assert any("without the served deployment's CPU per token" in n and "rerun `trtpipe plan measure-host`" in n
+               for n in plan.notes), plan.notes
+    hardware.write_host(_fake_host().model_copy(update={"serving_cpu_per_token_us": 5000.0}), path)
+    assert not any("without the served" in n for n in plan_recipe(load_recipe(CPU), scenarios=[(100, 200)]).notes)
+    path.write_text("- a list\n")
+    with pytest.raises(UserError, match="not a host measurement"):
+        hardware.cpu_host()
+
+
 def test_host_file_defaults_to_the_trtpipe_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("TRTPIPE_HOST_FILE")
     monkeypatch.setenv("TRTPIPE_CACHE_DIR", str(tmp_path))

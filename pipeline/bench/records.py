@@ -20,6 +20,32 @@ import numpy as np
 #: the error of a stream that stopped answering (``StreamClient(stall_s=…)``); ``trtpipe bench`` then stops the run
 STALLED = "stalled"
 
+#: Triton's python backend fails every request of a model whose stub process died (a crash, the OOM killer) with
+#: ``Stub process '<model>_0_0' is not healthy.`` while the model stays READY (seen with the Triton 2.51 server of
+#: ``nvidia-pytriton``, ``tests/test_engine_crash.py``); the watcher of ``trtpipe serve`` restarts such a server
+DEAD_STUB = "Stub process"
+
+
+def server_lost(error: str | None) -> str | None:
+    """Why a request's error means the deployment is gone, or ``None`` for an error of this request alone.
+
+    Args:
+        error: :attr:`RequestRecord.error` (``None`` for a request that succeeded).
+
+    Returns:
+        ``"became unreachable"`` (gRPC/HTTP ``UNAVAILABLE``), ``"stopped answering"`` (no response within the
+        stall timeout, :data:`STALLED`) or ``"lost its model process"`` (:data:`DEAD_STUB`); ``None`` otherwise.
+    """
+    if not error:
+        return None
+    if error.startswith("UNAVAILABLE"):
+        return "became unreachable"
+    if error.startswith(STALLED):
+        return "stopped answering"
+    if DEAD_STUB in error and "is not healthy" in error:
+        return "lost its model process"
+    return None
+
 
 @dataclasses.dataclass(slots=True)
 class RequestRecord:

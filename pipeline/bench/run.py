@@ -6,8 +6,9 @@
 :func:`finish` (count text tokens, summarize, write the run directory). Faults during the run:
 
 * a request that fails or times out is recorded (``error``) and counted; the run goes on;
-* the server going away (gRPC ``UNAVAILABLE``) or a stream that stops answering (no response for
-  ``stall_timeout_s``, ``--stall-timeout``: a model whose engine process died) stops the run, cancelling the
+* the server going away (gRPC ``UNAVAILABLE``), a stream that stops answering (no response for
+  ``stall_timeout_s``, ``--stall-timeout``: a model whose engine process died) or a model whose python-backend
+  process died (:func:`~pipeline.bench.records.server_lost`) stops the run, cancelling the
   streams in flight; partial results are written and
   :func:`~pipeline.bench.results.check_outcome` raises :class:`~pipeline.core.errors.StageError` (exit 1);
 * Ctrl-C cancels the streams in flight, writes what was measured, then ``check_outcome`` raises
@@ -40,7 +41,7 @@ from pipeline.bench.loadgen import (
     run_request_rate,
 )
 from pipeline.bench.prompts import Prompt, load_tokenizer, make_prompts
-from pipeline.bench.records import STALLED, RequestRecord, count_text_tokens
+from pipeline.bench.records import RequestRecord, count_text_tokens, server_lost
 from pipeline.bench.results import BenchResult, LoadPoint
 from pipeline.recipe.bench import BenchSpec
 
@@ -115,8 +116,7 @@ async def _load_point(run: BenchResult, client: Any, stop: asyncio.Event, point:
             rec = RequestRecord(scenario, label, i, warmup, prompts[k].num_tokens, point.osl)
             run.records.append(rec)
             await client.stream(run.api.with_id(requests[k], f"{scenario}-{label}-{i}"), rec)
-            if rec.error and rec.error.startswith(("UNAVAILABLE", STALLED)) and not stop.is_set():
-                lost = "stopped answering" if rec.error.startswith(STALLED) else "became unreachable"
+            if (lost := server_lost(rec.error)) and not stop.is_set():
                 run.aborted = f"server {lost} during {scenario} {label}: {rec.error}"
                 stop.set()
                 client.stop()  # the other streams in flight end now (cancelled), not one by one

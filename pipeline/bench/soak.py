@@ -156,7 +156,7 @@ class SoakReport:
 async def _streams(pre: Any, requests: list[Any], prompts: list[Any], streams: int, seconds: float, osl: int,
                    count: Callable[[Any], None], timeout_s: float) -> SoakCounts:
     """``streams`` workers sending back to back until ``seconds`` are up (each at least one request)."""
-    from pipeline.bench.records import RequestRecord
+    from pipeline.bench.records import RequestRecord, server_lost
 
     api, info, scenario = pre.api, pre.info, f"{pre.spec.scenarios[0].isl}:{osl}"
     client = api.client(info, timeout_s=timeout_s, max_streams=streams)
@@ -172,8 +172,8 @@ async def _streams(pre: Any, requests: list[Any], prompts: list[Any], streams: i
             if rec.error:
                 counts.failed += 1
                 counts.errors[rec.error[:120]] = counts.errors.get(rec.error[:120], 0) + 1
-                if rec.error.startswith("UNAVAILABLE") and counts.aborted is None:  # the server went away: stop
-                    counts.aborted = f"server unreachable after {time.monotonic() - t0:.0f} s: {rec.error[:200]}"
+                if (lost := server_lost(rec.error)) and counts.aborted is None:  # the deployment went away: stop
+                    counts.aborted = f"server {lost} after {time.monotonic() - t0:.0f} s: {rec.error[:200]}"
             else:
                 count(rec)
                 got = rec.output_tokens

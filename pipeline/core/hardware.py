@@ -200,8 +200,13 @@ def _user_host(path: str, mtime_ns: int, size: int) -> HostSpec:
     """This host's file, parsed once per (path, modification time, size)."""
     try:
         raw = yaml.safe_load(Path(path).read_text())
-        return HostSpec(**raw, origin=f"this host's measured rates ({path}, from `trtpipe plan measure-host`)")
-    except (OSError, yaml.YAMLError, TypeError, ValidationError) as e:
+        origin = f"this host's measured rates ({path}, from `trtpipe plan measure-host`)"
+        if raw.get("serving_cpu_per_token_us") is None:  # a file from before the served probe (or --no-served)
+            origin += (" without the served deployment's CPU per token: the prediction is the bare engine's and "
+                       "over-predicts a served deployment's tok/s (+65 % at 16 streams on the reference host); rerun "
+                       "`trtpipe plan measure-host`")
+        return HostSpec(**raw, origin=origin)
+    except (OSError, yaml.YAMLError, TypeError, AttributeError, ValidationError) as e:
         first = str(e).splitlines()[0]
         raise UserError(f"{path}: not a host measurement ({first}): rerun `trtpipe plan measure-host` or delete it") from None
 

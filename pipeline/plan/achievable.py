@@ -312,14 +312,19 @@ def knee_batch(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl: in
 #: latency SLO keys (ms) the planner answers, as ``trtpipe bench --goodput`` names them, and the predicted figure each is
 #: checked against: TTFT against the p99 (the last group of clients to be prefilled), ITL and TPOT against the ITL
 #: (equal in this model), E2E against the p99 request latency
-SLO_FIELDS = {"ttft": "ttft_p99_ms", "itl": "itl_ms", "tpot": "itl_ms", "e2e": "e2e_p99_ms"}
+#: SLO keys of ``--slo`` → what each is checked against: TTFT p99, ITL (= TPOT) mean, request latency with TTFT at p99
+SLO_FIELDS = {"ttft": "TTFT p99", "itl": "ITL", "tpot": "ITL (= TPOT)", "e2e": "E2E with TTFT at p99"}
 
 
 def slo_value(p: Prediction, key: str) -> float:
-    """The predicted figure (ms) the SLO ``key`` (:data:`SLO_FIELDS`) is checked against."""
+    """The predicted figure (ms) the SLO ``key`` (:data:`SLO_FIELDS`) is checked against; TTFT p99 is the mean where
+    the prediction has none (maximum load)."""
+    ttft_p99 = p.ttft_ms if p.ttft_p99_ms is None else p.ttft_p99_ms
+    if key == "ttft":
+        return ttft_p99
     if key == "e2e":
-        return p.e2e_ms + ((p.ttft_p99_ms or p.ttft_ms) - p.ttft_ms)
-    return getattr(p, SLO_FIELDS[key]) or p.ttft_ms
+        return p.e2e_ms + ttft_p99 - p.ttft_ms
+    return p.itl_ms
 
 
 class SloAnswer(BaseModel):

@@ -287,7 +287,7 @@ def serving_cpu_per_token(engine_cpu_per_token_s: float, log: Callable[[str], No
             spec = BenchSpec(model="ensemble", scenarios=[{"isl": ISL, "osl": OSL}], concurrency=[SERVED_CONCURRENCY],
                              requests_per_load=SERVED_REQUESTS // SERVED_CONCURRENCY, min_requests=SERVED_REQUESTS,
                              warmup_requests=2)
-            target = BenchTarget(url=handle.grpc_url, layout=BuildLayout(work / "build"), out=work / "bench")
+            target = BenchTarget(url=handle.grpc_url, layout=layout, out=work / "bench")
             server0, client0 = tree_cpu_s(), time.process_time()
             run = execute(spec, target)
             server_s, client_s = tree_cpu_s() - server0, time.process_time() - client0
