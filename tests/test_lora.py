@@ -295,3 +295,49 @@ def test_real_triton_llmapi_model_takes_lora_id_name_path(adapters, refs, tmp_pa
             assert _text(got[-1]) == tok.decode(refs[task][0], skip_special_tokens=True), task
         _, _, err = _stream(srv, inputs(lora_id=7, lora_name="attn"))
         assert "must all be provided together" in str(err)
+
+
+def test_gpu_paths_get_upstreams_lora_knobs_by_contract(adapters, tmp_path, monkeypatch):
+    """No GPU here: the TensorRT recipe's trtllm-build command takes the LoRA flags the fake trtllm-build (whose parser
+    is the 1.2.1 flag table) accepts, its tensorrt_llm model the lora_cache_* parameters the C++ backend reads and
+    the lora_* request tensors upstream declares; the PyTorch recipe's LLM() kwargs a lora_config the LLM-API contract
+    accepts, in TensorRT-LLM's module names."""
+    import sys
+
+    from test_engine_tensorrt import FAKES, _path_with, quantized
+
+    from pipeline.engine import tensorrt as trt
+    from pipeline.triton_repo import stage as triton_repo
+    from pipeline.trtllm import contract, llmapi, triton_contract
+
+    cache = '{"cache_gpu_memory_fraction": 0.1, "cache_host_memory_bytes": 2000000000}'
+    spec = json.loads(lora_overrides(adapters)[0].split("=", 1)[1]) | json.loads(cache)
+    recipe = load_recipe(REPO / "recipes" / "llama31_8b_h200_fp8.yaml", [f"build.lora={json.dumps(spec)}"])
+    plan = trt.plan(recipe, quantized(tmp_path, recipe, with_checkpoint=True))
+    argv = plan["argv"]
+    assert set(a for a in argv if a.startswith("--")) <= contract.build_flag_names()
+    at = argv.index("--lora_dir")
+    assert argv[at + 1:at + 3] == [str(adapters["attn"]), str(adapters["all"])]
+    assert argv[argv.index("--max_lora_rank") + 1] == "16" and argv[argv.index("--lora_plugin") + 1] == "auto"
+    mods = argv[argv.index("--lora_target_modules") + 1:argv.index("--lora_target_modules") + 8]
+    assert mods == ["attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h", "mlp_gate", "mlp_4h_to_h"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "trtllm-build").symlink_to(FAKES / "fake_trtllm_build")
+    monkeypatch.setenv("PATH", _path_with(bin_dir))
+    res = subprocess.run([sys.executable, str(FAKES / "fake_trtllm_build"), *argv[1:]], cwd=tmp_path / "quantize",
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    cfgs = triton_repo.model_configs(recipe, tmp_path / "engine")
+    params = {k: v.string_value for k, v in cfgs["tensorrt_llm"].parameters.items()}
+    assert params["lora_cache_gpu_memory_fraction"] == "0.1" and params["lora_cache_host_memory_bytes"] == "2000000000"
+    assert "lora_cache_optimal_adapter_size" not in params  # unset: the backend's default
+    assert triton_contract.repository_problems(cfgs, "cpp") == []  # lora_* tensors and parameters as upstream's
+    assert {"lora_task_id", "lora_weights", "lora_config"} <= {i.name for i in cfgs["ensemble"].input}
+
+    pt = load_recipe(REPO / "recipes" / "llama31_8b_h200_fp8_pytorch.yaml", [f"build.lora={json.dumps(spec)}"])
+    kwargs = llmapi.llm_api_kwargs(pt, tmp_path)
+    assert kwargs["lora_config"] == {"lora_dir": [str(adapters["attn"]), str(adapters["all"])], "lora_ckpt_source": "hf",
+                                     "max_lora_rank": 16, "lora_target_modules": mods, "max_loras": None, "max_cpu_loras": None}
+    assert llmapi.check_kwargs(kwargs) == []
+    assert llmapi.check_kwargs({**kwargs, "lora_config": {**kwargs["lora_config"], "lora_rank": 8}})  # not a LoraConfig field
