@@ -156,6 +156,20 @@ def test_llm_api_facade_takes_a_lora_request(lora_build, refs, adapters):
                 loop.run_until_complete(run(llm, LoRARequest("attn", 7, str(adapters["attn"]))))
         finally:
             loop.close()
+        # trtllm-serve's way (its CPU stand-in): the request body's lora_request object
+        from fastapi.testclient import TestClient
+
+        from pipeline.serve.openai_cpu import create_app
+
+        body = {"model": "m", "prompt": PROMPTS[0], "max_tokens": N_TOKENS, "ignore_eos": True,
+                "lora_request": {"lora_name": "all", "lora_int_id": 2, "lora_path": str(adapters["all"])}}
+        with TestClient(create_app(llm, "m", str(res.path))) as client:
+            r = client.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["text"] == tok.decode(refs[2][0], skip_special_tokens=True)
+            bad = client.post("/v1/completions", json={**body, "lora_request": {"lora_name": "x", "lora_int_id": 3,
+                                                                                 "lora_path": str(res.path / "nowhere")}})
+            assert bad.status_code == 400 and "does not exist" in bad.text
     with pytest.raises(ValueError, match="does not exist"):
         LoRARequest("x", 1, str(res.path / "nowhere"))
 
