@@ -252,17 +252,21 @@ class TritonPythonModel:
         """The request's ``LoRARequest`` from ``lora_id`` / ``lora_name`` / ``lora_path`` (all three or none;
         ``lora_ckpt_source`` hf, the default, only), as upstream's ``get_lora_request_from_request``
         (helpers.py@0df60f9ad779) builds it; ``None`` without them."""
-        lora_id, name, path = (_scalar(request, k) for k in ("lora_id", "lora_name", "lora_path"))
+        def string(key: str) -> str | None:  # a STRING scalar (bytes in an object array: no .item())
+            t = pb_utils.get_input_tensor_by_name(request, key)
+            return None if t is None else _text(t.as_numpy().reshape(-1)[0])
+
+        lora_id, name, path = _scalar(request, "lora_id"), string("lora_name"), string("lora_path")
         if lora_id is None and name is None and path is None:
             return None
         if lora_id is None or name is None or path is None:
             raise pb_utils.TritonModelException("lora_id, lora_name, and lora_path must all be provided together")
-        source = _scalar(request, "lora_ckpt_source")
-        if source is not None and _text(source) != "hf":
-            raise pb_utils.TritonModelException(f"lora_ckpt_source {_text(source)!r}: trtpipe serves hf (peft) adapters only")
-        if not os.path.exists(_text(path)):
-            raise pb_utils.TritonModelException(f"lora_path does not exist on the Triton server's filesystem: {_text(path)}")
-        return self.LoRARequest(lora_name=_text(name), lora_int_id=int(lora_id), lora_path=_text(path))
+        source = string("lora_ckpt_source")
+        if source is not None and source != "hf":
+            raise pb_utils.TritonModelException(f"lora_ckpt_source {source!r}: trtpipe serves hf (peft) adapters only")
+        if not os.path.exists(path):
+            raise pb_utils.TritonModelException(f"lora_path does not exist on the Triton server's filesystem: {path}")
+        return self.LoRARequest(lora_name=name, lora_int_id=int(lora_id), lora_path=path)
 
     async def _serve(self, request) -> None:
         sender = request.get_response_sender()
