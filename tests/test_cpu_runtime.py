@@ -226,6 +226,40 @@ def test_bfloat16_engine_runs_bf16_gemms_and_kv_cache_around_float32_attention(e
         assert "Paris" in tok.decode(_submit(eng, _prompt(tok, "The capital of France is"), 8).wait())
 
 
+def test_context_logits_are_the_models_logits_at_every_prompt_position(engine: CpuEngine, engine_dir: Path, tok) -> None:
+    """``on_context_logits`` (TensorRT-LLM's return_context_logits): one float32 row per prompt position, equal to
+    transformers' logits of the same weights (float32), delivered before the request's tokens; a concurrent
+    request without it gets none and the same greedy tokens as alone."""
+    from transformers import AutoModelForCausalLM
+
+    ids = _prompt(tok, "The quick brown fox jumps over the lazy dog because")
+    got: list[torch.Tensor] = []
+    order: list[str] = []
+    c = Collector()
+
+    def on_tokens(toks: list[int], fin: bool) -> None:
+        order.append("tokens")
+        c(toks, fin)
+
+    def on_logits(t: torch.Tensor) -> None:
+        order.append("logits")
+        got.append(t)
+
+    plain = _submit(engine, _prompt(tok, "def fibonacci(n):"), 4)
+    engine.add_request(ids, max_new_tokens=2, on_tokens=on_tokens, on_error=c.on_error, on_context_logits=on_logits)
+    toks = c.wait()
+    logits = torch.cat(got)
+    assert logits.dtype == torch.float32 and logits.shape == (len(ids), engine.vocab_size)
+    assert order[0] == "logits" and "logits" not in order[order.index("tokens"):]
+    model = AutoModelForCausalLM.from_pretrained(engine_dir, local_files_only=True, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0]
+    assert torch.allclose(logits, ref, atol=2e-3, rtol=1e-3), (logits - ref).abs().max()
+    assert int(logits[-1].argmax()) == toks[0]
+    alone = _submit(engine, _prompt(tok, "def fibonacci(n):"), 4).wait()
+    assert plain.wait() == alone
+
+
 def test_concurrent_requests_share_forward_passes(engine: CpuEngine, tok) -> None:
     ids = _prompt(tok, "Once upon a time")
     solo = _submit(engine, ids, 16).wait()
@@ -334,6 +368,50 @@ def test_cancel_stops_callbacks_and_frees_the_slot(engine: CpuEngine, tok) -> No
     assert c.calls == calls and not c.done.is_set() and engine.num_active == 0
     engine.cancel(rid)  # unknown/finished ids are ignored
     assert len(_submit(engine, ids, 4).wait()) == 4  # the engine keeps serving
+
+
+def test_mass_cancel_frees_every_slot_and_the_queue_limit_refuses_fast(engine: CpuEngine, tok) -> None:
+    """200 requests (8 in KV slots, the rest queued) cancelled at once: the iteration stats are back to every block
+    free, nothing active or queued, and the engine still answers. With ``max_queue_size`` 4, the 5th request beyond
+    the slots is refused at once with upstream's message (docs/robustness.md)."""
+    from pipeline.cpu_runtime.requests import QueueFullError
+
+    ids = _prompt(tok, "Count to one hundred:")
+    slots = engine.runtime["kv_slots"]
+    cols = [Collector() for _ in range(200)]
+    rids = [engine.add_request(ids, max_new_tokens=400, on_tokens=c, on_error=c.on_error) for c in cols]
+    deadline = time.monotonic() + WAIT_S
+    while engine.iteration_stats()["numActiveRequests"] < slots and time.monotonic() < deadline:
+        time.sleep(0.01)
+    st = engine.iteration_stats()
+    assert st["numActiveRequests"] == slots and st["numQueuedRequests"] == 200 - slots, st
+    assert st["kvCacheStats"]["freeNumBlocks"] == 0 and st["kvCacheStats"]["maxNumBlocks"] == slots, st
+    for rid in rids:
+        engine.cancel(rid)
+    deadline = time.monotonic() + 10
+    while engine.iteration_stats()["kvCacheStats"]["usedNumBlocks"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.iteration_stats() == {
+        "numActiveRequests": 0, "numQueuedRequests": 0, "maxNumActiveRequests": slots,
+        "kvCacheStats": {"maxNumBlocks": slots, "freeNumBlocks": slots, "usedNumBlocks": 0, "tokensPerBlock": 1024}}
+    assert not any(c.done.is_set() for c in cols)  # no callback for a cancelled request
+    engine.max_queue_size = 4
+    try:
+        rids = [engine.add_request(ids, max_new_tokens=400, on_tokens=Collector()) for _ in range(slots)]
+        deadline = time.monotonic() + WAIT_S
+        while engine.iteration_stats()["numActiveRequests"] < slots and time.monotonic() < deadline:
+            time.sleep(0.01)
+        rids += [engine.add_request(ids, max_new_tokens=400, on_tokens=Collector()) for _ in range(4)]
+        t0 = time.perf_counter()
+        with pytest.raises(QueueFullError, match=r"^Maximum queue size of 4 has been reached, please try again later"):
+            engine.add_request(ids, max_new_tokens=4, on_tokens=Collector())
+        assert time.perf_counter() - t0 < 0.1
+        for rid in rids:
+            engine.cancel(rid)
+    finally:
+        engine.max_queue_size = 0
+    assert len(_submit(engine, ids, 4).wait()) == 4  # the engine keeps serving
+    assert engine.iteration_stats()["kvCacheStats"]["usedNumBlocks"] == 0
 
 
 def test_shutdown_stops_threads_and_fails_inflight(engine_dir: Path) -> None:

@@ -25,7 +25,7 @@ from pipeline.trtllm import llmapi, trtllm_serve
 REPO = Path(__file__).resolve().parents[1]
 PT_RECIPE = REPO / "recipes" / "llama31_8b_h200_fp8_pytorch.yaml"
 TRT_RECIPE = REPO / "recipes" / "llama31_8b_h200_fp8.yaml"
-TYPES = {"bool", "int", "float", "str", "list_int", "list_str", "enum", "config", "any", "flag"}
+TYPES = {"bool", "int", "float", "str", "list_int", "list_str", "enum", "config", "speculative", "any", "flag"}
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -44,7 +44,7 @@ def test_every_contract_entry_has_a_type_and_a_source():
             assert spec["type"] in TYPES and spec["src"], name
             assert spec["type"] != "enum" or spec["values"], name
             assert spec["type"] != "config" or spec["config"] in c["configs"], name
-    assert set(c["sources"]) == {"L12", "MAIN", "SERVE", "PROTO", "SAMP", "OSRV", "LORA", "REQ"}
+    assert set(c["sources"]) == {"L12", "MAIN", "SERVE", "PROTO", "SAMP", "OSRV", "MAP", "LORA", "REQ"}
 
 
 SRC = re.compile(r"^(?P<key>[A-Z0-9]+):(?P<line>[1-9][0-9]*)(?: .*)?$")
@@ -176,7 +176,7 @@ def _quantized(tmp_path: Path) -> QuantizeResult:
 def test_engine_stage_refuses_a_contract_violation_and_writes_nothing(tmp_path, monkeypatch):
     recipe = load_recipe(PT_RECIPE)
     real = pt.llm_api_kwargs
-    monkeypatch.setattr(pt, "llm_api_kwargs", lambda r, d: {**real(r, d), "cuda_graph_batch_sizes": [1, 2]})
+    monkeypatch.setattr(pt, "llm_api_kwargs", lambda r, d, **kw: {**real(r, d, **kw), "cuda_graph_batch_sizes": [1, 2]})
     with pytest.raises(StageError, match="breaks the TensorRT-LLM 1.2.1 LLM-API contract: cuda_graph_batch_sizes"):
         pt.run(recipe, BuildLayout(tmp_path), quantized=_quantized(tmp_path), dry_run=True)
     assert not (tmp_path / "engine").exists()

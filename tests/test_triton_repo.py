@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,11 @@ def fake_stages(tmp: Path, kind: str):
     hf.mkdir(parents=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         (hf / name).write_text("{}")
+    if kind == "cpu":  # the CPU default turns guided decoding on: its tokenizer-info file needs a real tokenizer
+        from pipeline.quantize.sources import embedded_smollm2_dir
+
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy2(embedded_smollm2_dir() / name, hf / name)
     eng = tmp / "engine"
     eng.mkdir()
     (eng / "config.json").write_text("{}")

@@ -244,18 +244,22 @@ def test_real_sweep_skips_reuses_resumes_and_tracks(tmp_path):
 @pytest.mark.slow
 @pytest.mark.triton
 def test_real_sweep_gates_a_quantized_point(tmp_path):
-    """FP8 on a full-precision base changes numerics: the point is built, benched and gated by `trtpipe eval`."""
+    """FP8 on a full-precision base changes numerics: the point is built, benched and gated by `trtpipe eval` with the
+    kld rule (the point's running server and the baseline answer context logits at once)."""
     f = _small_tune(tmp_path, [{"field": "quantization.qformat", "values": [
         {"value": "fp8", "also": {"quantization.kv_cache_dtype": "fp8", "quantization.calibration.size": 8,
                                   "quantization.calibration.max_seq_length": 64, "quantization.calibration.eval_samples": 2}}]}],
-        {"mode": "isolation", "gate": {"n": 4, "max_output_tokens": 8}, "repeats": 1})
+        {"mode": "isolation", "gate": {"n": 4, "max_output_tokens": 8, "rule": "kld"}, "repeats": 1})
     out = tmp_path / "run"
     res = cli("tune", str(f), "--out", str(out), "--no-mlflow", cwd=tmp_path, timeout=1200)
     assert res.returncode == 0, res.stderr[-3000:]
     points = {d["label"]: d for d in (json.loads(p.read_text()) for p in out.glob("points/*/point.json"))}
     fp8 = next(d for k, d in points.items() if k.startswith("quantization.qformat=fp8"))
     assert fp8["numerics_changed"] and fp8["gate"]["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE")
-    assert json.loads((out / "points" / fp8["id"] / "eval" / "eval.json").read_text())["verdict"] == fp8["gate"]["verdict"]
+    doc = json.loads((out / "points" / fp8["id"] / "eval" / "eval.json").read_text())
+    assert doc["verdict"] == fp8["gate"]["verdict"] and doc["rule"]["rule"] == "kld"
+    assert fp8["gate"]["means"]["kld"]["mean_kld"]["value"] > 0
+    assert "mean KLD" in (out / "report.md").read_text()
     assert (out / "baseline" / "triton_repo").is_dir()
     results = json.loads((out / "results.json").read_text())
     if fp8["gate"]["verdict"] != "PASS":  # never the best unless it passed

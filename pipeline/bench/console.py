@@ -39,16 +39,19 @@ _GOODPUT = ("goodput req/s", "request_goodput", None, 2)
 def scenario_tables(load_points: list[LoadPoint], goodput: bool = False) -> list[Table]:
     """One table per scenario (ISL:OSL), rows = load points; latencies ms, throughputs per s."""
     columns = COLUMNS + ((_GOODPUT,) if goodput else ())
+    spec = any(p.summary is not None and p.summary.speculative for p in load_points)  # speculative decoding reported
     tables = []
     for scenario in dict.fromkeys(p.scenario for p in load_points):
         t = Table(title=f"ISL:OSL {scenario}", title_justify="left")
-        for col in ("load", "ok/short/fail", *(c[0] for c in columns)):
+        for col in ("load", "ok/short/fail", *(c[0] for c in columns), *(("accept", "tok/step") if spec else ())):
             t.add_column(col, justify="right")
         for p in (p for p in load_points if p.scenario == scenario and p.summary is not None):
             s, c = p.summary, p.summary.counts
             values = [s.metrics[tag] if stat is None else s.stat(tag, stat) for _, tag, stat, _ in columns]
+            sd = s.speculative or {}
+            extra = (_f(sd.get("acceptance_rate"), 2), _f(sd.get("accepted_tokens_per_step"), 2)) if spec else ()
             t.add_row(p.load, f"{c.completed}/{c.short}/{c.failed}",
-                      *(_f(v, digits) for v, (_, _, _, digits) in zip(values, columns)))
+                      *(_f(v, digits) for v, (_, _, _, digits) in zip(values, columns)), *extra)
         t.caption = "latencies in ms; ok/short/fail = completed / fewer than OSL tokens / failed requests"
         tables.append(t)
     return tables

@@ -260,7 +260,28 @@ def summarize(records: Sequence[RequestRecord], slos: dict[str, float] | None = 
         mismatch_pct=100.0 * len(mismatched) / len(finished) if finished else None,
         examples=[{"index": r.index, "requested": r.requested_tokens} | r.osl_counts for r in mismatched[:5]],
     )
-    return Summary(counts, totals.duration_s, metrics, osl_check)
+    return Summary(counts, totals.duration_s, metrics, osl_check, speculative(done))
+
+
+def speculative(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    """Speculative decoding over the completed requests whose final response carried the counters (the serving
+    model declares ``total_accepted_draft_tokens`` / ``total_draft_tokens`` and perf metrics were asked for);
+    ``None`` when none did.
+
+    ``acceptance_rate`` = Σ accepted draft tokens / Σ draft tokens; ``accepted_tokens_per_step`` = output tokens per
+    generation step, Σ (OSL − 1) / Σ (OSL − 1 − accepted): the first token comes from the context phase, and each
+    generation step emits one target token plus the drafts it accepted; ``requests``: how many carried the counters.
+    """
+    spec = [r for r in records if r.server and all(k in r.server for k in ("total_accepted_draft_tokens", "total_draft_tokens"))]
+    if not spec:
+        return None
+    accepted = sum(r.server["total_accepted_draft_tokens"] for r in spec)  # type: ignore[index]
+    drafted = sum(r.server["total_draft_tokens"] for r in spec)  # type: ignore[index]
+    gen = sum(max(0, r.output_tokens - 1) for r in spec)
+    steps = gen - accepted
+    return {"requests": len(spec), "accepted_draft_tokens": accepted, "draft_tokens": drafted,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "accepted_tokens_per_step": gen / steps if steps > 0 else None}
 
 
 def definitions() -> dict[str, dict[str, Any]]:

@@ -260,11 +260,25 @@ def cumulative_counts(
     return np.diff(cum, prepend=0).tolist()
 
 
+#: speculative-decoding counters a serving model returns with its perf metrics (C++ backend and LLM-API model:
+#: pipeline/data/triton_backend_contract.yaml ``total_accepted_draft_tokens``/``total_draft_tokens``, TYPE_INT32 [1])
+SPEC_COUNTERS = ("total_accepted_draft_tokens", "total_draft_tokens")
+
+
 def _perf_times(ir: Any) -> dict[str, int]:
     """``*_time_ns`` outputs of the final response: INT64, or a number as text (the LLM-API model
-    builds these tensors with ``text_output``'s STRING dtype)."""
+    builds these tensors with ``text_output``'s STRING dtype); and, when the model returns them, the
+    speculative-decoding counters :data:`SPEC_COUNTERS` (INT32, or a number as text)."""
     out = {}
     for i, o in enumerate(ir.outputs):
+        if o.name in SPEC_COUNTERS and i < len(ir.raw_output_contents):
+            raw = ir.raw_output_contents[i]
+            try:
+                out[o.name] = (int(float(raw[4:4 + int.from_bytes(raw[:4], "little")])) if o.datatype == "BYTES"
+                               else int.from_bytes(raw[:4], "little", signed=True))
+            except ValueError:
+                pass
+            continue
         if o.name.endswith("_time_ns") and i < len(ir.raw_output_contents):
             raw = ir.raw_output_contents[i]
             if o.datatype == "BYTES":

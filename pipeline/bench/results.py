@@ -55,6 +55,7 @@ class Summary:
     duration_s: float
     metrics: dict[str, Any]
     osl_check: OslCheck
+    speculative: dict[str, Any] | None = None  # only when the model returned speculative-decoding counters
 
     def stat(self, tag: str, stat: str = "avg") -> float | None:
         """One statistic of a distribution metric (e.g. ``stat("time_to_first_token", "p99")``, in its unit)."""
@@ -62,8 +63,9 @@ class Summary:
 
     def to_json(self) -> dict[str, Any]:
         """The ``summary`` block of a load point in ``bench.json``."""
-        return {"counts": dataclasses.asdict(self.counts), "duration_s": self.duration_s, "metrics": self.metrics,
-                "osl_check": dataclasses.asdict(self.osl_check)}
+        out = {"counts": dataclasses.asdict(self.counts), "duration_s": self.duration_s, "metrics": self.metrics,
+               "osl_check": dataclasses.asdict(self.osl_check)}
+        return out | ({"speculative": self.speculative} if self.speculative is not None else {})
 
 
 @dataclasses.dataclass

@@ -34,7 +34,7 @@ def eval_cmd(
     url: Annotated[str | None, typer.Option("--url", help="gRPC host:port of a running deployment of the candidate (not served here).")] = None,
     task: Annotated[str | None, typer.Option("--task", help="embedded | agreement | cnn_dailymail | path/to.jsonl (article, highlights).")] = None,
     n: Annotated[int | None, typer.Option("--n", help="Samples (capped by the task's size).")] = None,
-    rule: Annotated[str | None, typer.Option("--rule", help="paired | mlperf | mlperf_high | trtllm.")] = None,
+    rule: Annotated[str | None, typer.Option("--rule", help="paired | mlperf | mlperf_high | trtllm | kld (token-level KL divergence on the served context logits).")] = None,
     reference: Annotated[str | None, typer.Option("--reference", help="Published reference for mlperf/trtllm instead of the baseline's scores: llama3.1-8b.")] = None,
     max_output_tokens: Annotated[int | None, typer.Option("--max-output-tokens", help="max_tokens per request.")] = None,
     concurrency: Annotated[int | None, typer.Option("--concurrency", help="Requests in flight.")] = None,

@@ -46,6 +46,8 @@ class ModelGeometry(BaseModel):
     num_experts_per_tok: int = 0
     num_shared_experts: int = 0
     moe_intermediate_size: int | None = None
+    #: multi-token-prediction layers shipped with the model (HF ``num_nextn_predict_layers``, DeepSeek-V3 style; 0 = none)
+    num_nextn_predict_layers: int = 0
     source: str = ""
 
     def kv_bytes_per_token(self, kv_dtype_bytes: int, *, tp_size: int = 1, pp_size: int = 1) -> int:
@@ -69,6 +71,7 @@ class ModelGeometry(BaseModel):
     def hf_config(self) -> dict:
         """The geometry as a HF ``config.json`` dict (transformers 4.57 spelling), for checks that take one."""
         moe = set() if self.is_moe else {"num_experts", "num_experts_per_tok", "num_shared_experts", "moe_intermediate_size"}
+        moe |= set() if self.num_nextn_predict_layers else {"num_nextn_predict_layers"}
         cfg = {"architectures": [self.architecture], **self.model_dump(exclude={"architecture", "source"} | moe)}
         return {k: v for k, v in cfg.items() if v is not None}
 
@@ -202,6 +205,7 @@ def geometry_from_dict(cfg: dict, source: str = "") -> ModelGeometry:
         num_experts_per_tok=cfg.get("num_experts_per_tok") or 0,
         num_shared_experts=cfg.get("n_shared_experts") or 0,
         moe_intermediate_size=cfg.get("moe_intermediate_size"),
+        num_nextn_predict_layers=cfg.get("num_nextn_predict_layers") or 0,
         source=source,
     )
 

@@ -10,17 +10,15 @@ back while there is work. Each step (TensorRT-LLM's in-flight batching):
    batch of at most ``max_num_tokens`` tokens (a prompt longer than what is left is split across
    steps when chunked prefill is on; with it off the whole prompt must fit one step);
 4. runs one forward pass and picks each sequence's next token greedily, with ``end_id`` masked out
-   while fewer than ``min_tokens`` tokens were generated;
+   while fewer than ``min_tokens`` tokens were generated and, for a guided request, every token its grammar
+   forbids masked out (:mod:`pipeline.cpu_runtime.guided`, xgrammar; a completed grammar ends the sequence);
 5. finishes sequences on ``end_id`` (not returned, as in TensorRT-LLM), ``max_new_tokens`` or a stop
    word (returned), frees their slots, and hands every sequence's new tokens to the delivery thread,
    which calls ``on_tokens`` while the next step already runs.
 
-KV capacity (:func:`pipeline.cpu_runtime.kv.kv_slots`): ``kv_cache.max_tokens`` and
-``kv_cache.free_memory_fraction`` (engine_config.json, from the recipe's ``build.kv_cache_config``;
-the Triton model may override both) → tokens = min(max_tokens, fraction × host memory available
-after the weights, / K+V bytes per token in ``kv_cache.dtype``); slots = min(max_batch_size, tokens // max_seq_len).
-That is how ``free_gpu_memory_fraction`` maps on CPU: a share of the RAM free at load time. Slots
-are reserved virtually; RAM becomes resident as tokens are written.
+KV capacity (:func:`pipeline.cpu_runtime.kv.kv_slots`, which says how): ``kv_cache.max_tokens`` and
+``kv_cache.free_memory_fraction`` of engine_config.json (the Triton model may override both) → slots of
+``max_seq_len`` tokens; ``free_gpu_memory_fraction`` maps to a share of the RAM free at load time.
 
 Greedy decoding only (``do_sample=False``), in engine_config ``compute_dtype``: ``float32`` (the
 default; greedy output equals transformers ``generate()``) or ``bfloat16`` (``build.cpu.dtype``;
@@ -43,12 +41,16 @@ from typing import Any
 import torch
 
 from pipeline.core.geometry import geometry_from_dict
+from pipeline.cpu_runtime.batch import build_step
+from pipeline.cpu_runtime.guided import advance, mask
 from pipeline.cpu_runtime.host import release_freed_heap, release_openmp_pool
 from pipeline.cpu_runtime.kv import kv_slots
 from pipeline.cpu_runtime.lora import LoraSet, selected, step_for
-from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder, StepBatch
+from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder
 from pipeline.cpu_runtime.requests import (
+    ContextLogitsCallback,
     ErrorCallback,
+    QueueFullError,
     SequenceState,
     TokensCallback,
     checked_request,
@@ -70,8 +72,10 @@ class CpuEngine:
     ``num_threads`` argument, else engine_config ``num_threads``, else the cores this process may
     run on), sizes the KV cache (module docstring; ``kv_max_tokens`` / ``kv_free_memory_fraction``
     override engine_config's ``kv_cache``, ``enable_chunked_prefill`` its ``enable_chunked_prefill``),
-    releases the calling thread's OpenMP workers (:func:`release_openmp_pool`: with them alive the engine's own
-    would sleep at every barrier) and starts the scheduler and delivery threads.
+    ``max_queue_size`` (> 0) bounds the requests accepted beyond the KV slots (TensorRT-LLM's executor
+    ``max_queue_size``; ``None``/0: unbounded, as upstream), releases the calling thread's OpenMP workers
+    (:func:`release_openmp_pool`: with them alive the engine's own would sleep at every barrier) and starts the
+    scheduler and delivery threads.
 
     Raises ``FileNotFoundError`` when ``engine_config.json`` is missing, ``ValueError`` when its
     ``kind`` is not ``cpu``, the runtime is another one, its ``compute_dtype`` is unknown, or the KV
@@ -80,7 +84,8 @@ class CpuEngine:
     """
 
     def __init__(self, engine_dir: Path, *, num_threads: int | None = None, kv_max_tokens: int | None = None,
-                 kv_free_memory_fraction: float | None = None, enable_chunked_prefill: bool | None = None):
+                 kv_free_memory_fraction: float | None = None, enable_chunked_prefill: bool | None = None,
+                 max_queue_size: int | None = None):
         t0 = time.perf_counter()
         self.engine_dir = Path(engine_dir)
         path = self.engine_dir / ENGINE_CONFIG
@@ -115,10 +120,8 @@ class CpuEngine:
             bytes_per_token=geo.kv_bytes_per_token(self.kv_dtype.itemsize),
             available_bytes=psutil.virtual_memory().available - weights,
             max_tokens=max_tokens, free_memory_fraction=float(fraction))
-        # The decoder is built on the scheduler thread that runs it: with its weights packed on another thread,
-        # every step ran ~1.6 × slower (measured, SmolLM2 on 2 cores: 18.8 → 29.2 ms at 1 sequence, 28.8 → 47.3 ms
-        # at 16), so the thread that loads is the thread that computes. Nor may this thread keep OpenMP workers
-        # (release_openmp_pool: at 1 sequence that alone costs ~1.5 ×).
+        # The decoder is built on the scheduler thread that runs it (packed on another thread, every step ran ~1.6 ×
+        # slower: SmolLM2, 2 cores, 18.8 → 29.2 ms at 1 sequence), and this thread keeps no OpenMP workers (~1.5 ×).
         release_openmp_pool()
         self._built = threading.Event()
         self._build_error: BaseException | None = None
@@ -129,6 +132,8 @@ class CpuEngine:
         self._inbox: collections.deque[SequenceState] = collections.deque()
         self._cancels: list[SequenceState] = []
         self._requests: dict[str, SequenceState] = {}  # accepted, not finished/cancelled (under _cv)
+        self.max_queue_size = int(max_queue_size or 0)
+        self._in_slots = 0  # len(_active), published by the scheduler thread for iteration_stats
         self._ids = itertools.count()
         self._closed = False
         self._fatal: str | None = None
@@ -161,14 +166,10 @@ class CpuEngine:
     def runtime(self) -> dict[str, Any]:
         """What serves: runtime name, GEMM kernels, the other kernels (:attr:`Decoder.kernels`), dtype, KV cache
         dtype, threads, KV slots × slot length, KV tokens."""
-        return {
-            "runtime": RUNTIME, "gemm": self.model.gemm,
-            "kernels": self.model.kernels,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "kv_dtype": str(self.model.cache.dtype).removeprefix("torch."), "threads": self.threads,
-            "kv_slots": self.model.cache.slots,
-            "kv_slot_len": self.model.cache.slot_len, "kv_tokens": self.kv_tokens,
-        }
+        return {"runtime": RUNTIME, "gemm": self.model.gemm, "kernels": self.model.kernels,
+                "dtype": str(self.dtype).removeprefix("torch."),
+                "kv_dtype": str(self.model.cache.dtype).removeprefix("torch."), "threads": self.threads,
+                "kv_slots": self.model.cache.slots, "kv_slot_len": self.model.cache.slot_len, "kv_tokens": self.kv_tokens}
 
     @property
     def num_active(self) -> int:
@@ -176,18 +177,10 @@ class CpuEngine:
         with self._cv:
             return len(self._requests)
 
-    def add_request(
-        self,
-        input_ids: list[int],
-        *,
-        max_new_tokens: int,
-        min_tokens: int = 0,
-        end_id: int | None = None,
-        stop_words: list[list[int]] | None = None,
-        on_tokens: TokensCallback,
-        on_error: ErrorCallback | None = None,
-        lora_task_id: int | None = None,
-    ) -> str:
+    def add_request(self, input_ids: list[int], *, max_new_tokens: int, min_tokens: int = 0, end_id: int | None = None,
+                    stop_words: list[list[int]] | None = None, on_tokens: TokensCallback,
+                    on_error: ErrorCallback | None = None, matcher: Any = None,
+                    on_context_logits: ContextLogitsCallback | None = None, lora_task_id: int | None = None) -> str:
         """Queue one greedy generation (LoRA adapter ``lora_task_id`` of :attr:`lora`, if given); returns its request id.
 
         ``on_tokens(new_token_ids, finished)`` is called from the engine's delivery thread after
@@ -197,10 +190,14 @@ class CpuEngine:
         With ``min_tokens >= max_new_tokens`` exactly ``max_new_tokens`` tokens are returned.
         ``end_id`` ``None``/negative never stops. If the engine fails or shuts down,
         ``on_error(message)`` is called instead (or, without ``on_error``, ``on_tokens([], True)``).
-        Callbacks must be quick: one thread delivers every request's tokens. A request beyond the free KV
-        slots waits (FIFO) and joins the running batch when a slot frees.
+        Callbacks must be quick: one thread delivers every request's tokens. ``matcher``: its guide (Guides.matcher).
 
-        Raises ``ValueError`` (message meant for the client) when: ``input_ids`` is empty or holds
+        A request beyond the free KV slots waits (FIFO) and joins the running batch when a slot frees.
+        ``on_context_logits`` (TensorRT-LLM's ``return_context_logits``): called from the delivery thread, before
+        the tokens of the same step, with float32 logits ``[n, vocab]`` of every position of each prefill chunk.
+
+        Raises :class:`~pipeline.cpu_runtime.requests.QueueFullError` when ``max_queue_size`` requests already wait
+        beyond the KV slots (refused at once, nothing queued), and ``ValueError`` (message meant for the client) when: ``input_ids`` is empty or holds
         ids outside ``[0, vocab_size)``; ``len(input_ids) > max_input_len``; ``len(input_ids) +
         max_new_tokens > max_seq_len``; ``max_new_tokens < 1``; ``min_tokens < 0``; chunked prefill is
         off and the prompt exceeds ``max_num_tokens``; ``lora_task_id`` names no adapter of this engine.
@@ -213,8 +210,14 @@ class CpuEngine:
                 raise RuntimeError("the CPU engine is shut down")
             if self._fatal is not None:
                 raise RuntimeError(f"the CPU engine's scheduler stopped: {self._fatal}")
+            queued = len(self._requests) - self.model.cache.slots  # beyond the slots, whether admitted yet or not
+            if self.max_queue_size and queued >= self.max_queue_size:
+                raise QueueFullError(
+                    f"Maximum queue size of {self.max_queue_size} has been reached, please try again later: "
+                    f"{queued} requests wait for one of the {self.model.cache.slots} KV-cache slots (max_queue_size)")
             rid = f"cpu-{next(self._ids)}"
-            seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error)
+            seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error, matcher,
+                                on_context_logits)
             seq.lora = selected(self.lora, lora_task_id)  # ValueError for an id no adapter has
             self._requests[rid] = seq
             self._inbox.append(seq)
@@ -256,6 +259,20 @@ class CpuEngine:
         steps}), ``active`` requests, ``load_time_s``."""
         return {**self._counters, "batch_sizes": dict(self._batch_hist), "active": self.num_active,
                 "load_time_s": self.load_time_s}
+
+    def iteration_stats(self) -> dict[str, Any]:
+        """The latest state, named as TensorRT-LLM's iteration stats (``LLM.get_stats()``, executor ``IterationStats``):
+        ``numActiveRequests`` (in a KV slot), ``numQueuedRequests`` (waiting for one), ``maxNumActiveRequests`` and
+        ``kvCacheStats`` ``{maxNumBlocks, freeNumBlocks, usedNumBlocks, tokensPerBlock}``: a block here is one slot of
+        ``max_seq_len`` tokens (each admitted request owns one, module docstring)."""
+        with self._cv:
+            accepted, used = len(self._requests), self._in_slots
+        slots = self.model.cache.slots
+        return {
+            "numActiveRequests": used, "numQueuedRequests": max(accepted - used, 0), "maxNumActiveRequests": slots,
+            "kvCacheStats": {"maxNumBlocks": slots, "freeNumBlocks": slots - used, "usedNumBlocks": used,
+                             "tokensPerBlock": self.model.cache.slot_len},
+        }
 
     def __enter__(self) -> "CpuEngine":
         return self
@@ -310,6 +327,7 @@ class CpuEngine:
                 continue
             seq.slot = len(self._active)
             self._active.append(seq)
+        self._in_slots = len(self._active)
 
     def _release(self, seq: SequenceState) -> None:
         """Free ``seq``'s slot (moving the last slot's sequence into it) or drop it from the queue."""
@@ -327,70 +345,33 @@ class CpuEngine:
             moved.slot = hole
             self._active[hole] = moved
         self._active.pop()
-
-    def _build(self) -> tuple[StepBatch, list[SequenceState]]:
-        budget = int(self._cfg["max_num_tokens"])
-        tokens: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        decode: list[SequenceState] = []
-        ctx: list[int] = []
-        for seq in self._active:  # slot order
-            if seq.prefilled == len(seq.prompt) and seq.generated:
-                pos = len(seq.prompt) + len(seq.generated) - 1
-                tokens.append(seq.generated[-1])
-                positions.append(pos)
-                slots.append(seq.slot)
-                ctx.append(pos + 1)
-                decode.append(seq)
-        budget -= len(decode)
-        chunks = []
-        rows = list(range(len(decode)))
-        logit_seqs = list(decode)
-        for seq in self._active:
-            left = len(seq.prompt) - seq.prefilled
-            if left == 0 or budget <= 0:
-                continue
-            n = min(left, budget)
-            if n < left and not self.chunked:
-                continue
-            off = len(tokens)
-            tokens.extend(seq.prompt[seq.prefilled:seq.prefilled + n])
-            positions.extend(range(seq.prefilled, seq.prefilled + n))
-            slots.extend([seq.slot] * n)
-            chunks.append((off, n, seq.slot, seq.prefilled))
-            seq.prefilled += n
-            budget -= n
-            if seq.prefilled == len(seq.prompt):
-                rows.append(off + n - 1)
-                logit_seqs.append(seq)
-        i64 = torch.int64
-        batch = StepBatch(
-            tokens=torch.tensor(tokens, dtype=i64), positions=torch.tensor(positions, dtype=i64),
-            slots=torch.tensor(slots, dtype=i64), n_decode=len(decode), decode_slots=[s.slot for s in decode],
-            decode_ctx=torch.tensor(ctx, dtype=i64), chunks=chunks, logit_rows=torch.tensor(rows, dtype=i64),
-        )
-        return batch, logit_seqs
+        self._in_slots = len(self._active)
 
     def _step(self) -> None:
         t0 = time.perf_counter()
-        batch, seqs = self._build()
+        batch, seqs, ctx_seqs = build_step(self._active, int(self._cfg["max_num_tokens"]), self.chunked)
         if batch.tokens.numel() == 0:
             return
         batch.lora = step_for(batch.slots, [s.lora for s in self._active]) if self.lora is not None else None
         t1 = time.perf_counter()
         logits = self.model.forward(batch)
         t2 = time.perf_counter()
+        off = len(seqs)
+        for seq, n in ctx_seqs:  # delivered before the step's tokens (one queue, in order)
+            self._out.put(("logits", seq, logits[off:off + n].clone()))
+            off += n
+        logits = logits[:len(seqs)]
         ban = [(r, s.end_id) for r, s in enumerate(seqs) if len(s.generated) < s.min_tokens]
         if ban:
             r, e = zip(*ban)
             logits[list(r), list(e)] = float("-inf")
+        mask(logits, [s.matcher for s in seqs])
         next_ids = logits.argmax(-1).tolist() if seqs else []
         out = []
         finished = []
         for seq, tok in zip(seqs, next_ids):
             seq.generated.append(tok)
-            if tok == seq.end_id:
+            if tok == seq.end_id or advance(seq.matcher, tok):
                 out.append(("tokens", seq, [], True))
                 finished.append(seq)
                 continue
@@ -429,6 +410,8 @@ class CpuEngine:
             if seq.done:
                 return
             try:
+                if kind == "logits":
+                    return seq.on_context_logits(item[2])
                 if kind == "error":
                     seq.done = True
                     if seq.on_error is not None:

@@ -18,7 +18,9 @@ docs/upstream.md):
   ``max_tokens`` (default 32), ``min_tokens`` (None → no lower bound), ``ignore_eos`` (default False: keep
   generating after the end token), ``end_id`` (default: the tokenizer's EOS), ``stop`` (strings; the returned text
   and tokens end before the stop string unless ``include_stop_str_in_output``), ``exclude_input_from_output``,
-  ``return_perf_metrics``, ``detokenize``, ``skip_special_tokens``, ``add_special_tokens``, and the sampling knobs;
+  ``return_perf_metrics``, ``detokenize``, ``skip_special_tokens``, ``add_special_tokens``, ``guided_decoding``
+  (:class:`~pipeline.cpu_runtime.guided.GuidedDecodingParams`, honoured with ``LLM(guided_decoding_backend="xgrammar")``,
+  llm_args.py@c292b9f997d6:1931), and the sampling knobs;
 * LoRA: ``LLM(lora_config=…)`` and ``generate_async(…, lora_request=LoRARequest(lora_name, lora_int_id, lora_path))``
   (:class:`LoRARequest`; the adapter is loaded from its path the first time its id is seen, docs/lora.md).
 
@@ -41,25 +43,15 @@ import time
 from pathlib import Path
 from typing import Any, Self
 
+from pipeline.cpu_runtime.guided import GuidedDecodingParams, request_matcher
+from pipeline.cpu_runtime.lora import LoRARequest, llm_lora, request_task_id
+
 #: ``LLM()`` limits that must equal the CPU engine's engine_config.json (fixed when the engine directory was built)
 _LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
 #: ``LLM()`` arguments the facade reads itself
 _READ = {"model", "tokenizer", "kv_cache_config", "enable_chunked_prefill", "backend", "tensor_parallel_size",
-         "pipeline_parallel_size", "max_beam_width", "lora_config", *_LIMITS}
+         "pipeline_parallel_size", "max_beam_width", "guided_decoding_backend", "lora_config", *_LIMITS}
 
-
-@dataclasses.dataclass(slots=True)
-class LoRARequest:
-    """A request's adapter, as ``tensorrt_llm.executor.request.LoRARequest`` (request.py@08c3313049a8:20-37): a peft
-    LoRA directory ``lora_path`` held under ``lora_int_id``; raises ValueError when the path does not exist."""
-
-    lora_name: str
-    lora_int_id: int
-    lora_path: str = ""
-
-    def __post_init__(self) -> None:
-        if self.lora_path is not None and not Path(self.lora_path).exists():
-            raise ValueError(f"lora_path ({self.lora_path}) does not exist.")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -89,6 +81,7 @@ class SamplingParams:
     detokenize: bool = True
     skip_special_tokens: bool = True
     add_special_tokens: bool = True
+    guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         self.best_of = self.best_of or self.n
@@ -345,7 +338,8 @@ class LLM:
 
     Raises:
         ValueError: an engine limit differs from engine_config.json, tensor/pipeline parallelism or beam width
-            above 1, a backend other than ``pytorch``, ``kv_cache_config.enable_block_reuse`` true.
+            above 1, a backend other than ``pytorch``, ``kv_cache_config.enable_block_reuse`` true, a
+            ``guided_decoding_backend`` other than ``xgrammar``.
         FileNotFoundError: ``model`` is not a CPU engine directory.
     """
 
@@ -365,14 +359,15 @@ class LLM:
         self._engine = CpuEngine(
             self.model_dir, kv_max_tokens=kv.get("max_tokens"), kv_free_memory_fraction=kv.get("free_gpu_memory_fraction"),
             enable_chunked_prefill=kwargs.get("enable_chunked_prefill"))
+        self.guides = None
+        if kwargs.get("guided_decoding_backend") is not None:  # the tokenizer's info, as upstream's LLM builds it
+            from pipeline.cpu_runtime.guided import Guides
+            from pipeline.trtllm.guided import tokenizer_info
+
+            self.guides = Guides(tokenizer_info(Path(tokenizer) if tokenizer else self.model_dir), self._engine.vocab_size)
         self._ids = iter(range(1, 1 << 62))
         self._stop_cache: dict[tuple[str, ...], list[list[int]]] = {}
-        lora = kwargs.get("lora_config")
-        if lora is not None:  # adapters come per request (LoRARequest), held by lora_int_id; rank ≤ max_lora_rank
-            from pipeline.cpu_runtime.lora import LoraSet
-
-            self._engine.lora = LoraSet(self._engine.model.geo, int(lora.get("max_lora_rank", 64)))
-        self._lora_on = lora is not None
+        self._lora_on = llm_lora(self._engine, kwargs.get("lora_config"))  # adapters come per request (LoRARequest)
 
     @staticmethod
     def _check(kwargs: dict[str, Any], cfg: dict[str, Any]) -> None:
@@ -384,6 +379,8 @@ class LLM:
                 raise ValueError(f"{name}={kwargs[name]}: the CPU engine runs one rank and decodes greedily (1)")
         if kwargs.get("backend") not in (None, "pytorch"):
             raise ValueError(f"backend={kwargs['backend']!r}: the CPU facade stands in for the pytorch backend only")
+        if kwargs.get("guided_decoding_backend") not in (None, "xgrammar"):
+            raise ValueError(f"guided_decoding_backend={kwargs['guided_decoding_backend']!r}: the CPU engine guides with xgrammar")
         if (kwargs.get("kv_cache_config") or {}).get("enable_block_reuse"):
             raise ValueError("kv_cache_config.enable_block_reuse=true: the CPU engine keeps no KV blocks for reuse")
 
@@ -399,23 +396,12 @@ class LLM:
             self._stop_cache[words] = [self.tokenizer.encode(w, add_special_tokens=False) if self.tokenizer else [] for w in words]
         return self._stop_cache[words]
 
-    def _adapter(self, req: LoRARequest | None) -> int | None:
-        """The engine's task id of ``req``'s adapter, loaded from ``lora_path`` the first time its ``lora_int_id`` is seen
-        (ValueError without ``lora_config``, or for an adapter the engine cannot serve, e.g. a rank above max_lora_rank)."""
-        if req is None:
-            return None
-        if not self._lora_on:
-            raise ValueError("a LoRA request, but the LLM was built without lora_config")
-        if self._engine.lora.get(req.lora_int_id) is None:
-            self._engine.lora.add(Path(req.lora_path), name=req.lora_name, task_id=req.lora_int_id)
-        return req.lora_int_id
-
     def generate_async(self, inputs: str | list[int], sampling_params: SamplingParams | None = None, *_: Any,
                        streaming: bool = False, lora_request: LoRARequest | None = None, **__: Any) -> RequestOutput:
         """Queue one request; returns its :class:`RequestOutput` at once (call it inside the event loop that iterates
         it). ``inputs``: a prompt string (encoded with ``add_special_tokens``) or token ids.
 
-        ``lora_request``: the adapter to apply (:meth:`_adapter`).
+        ``lora_request``: the adapter to apply (:func:`pipeline.cpu_runtime.lora.request_task_id`).
 
         Raises ValueError for a request the engine refuses (empty or too long prompt, prompt + max_tokens beyond
         max_seq_len, …; see :meth:`CpuEngine.add_request`), a string prompt without a tokenizer, or an adapter that
@@ -428,12 +414,14 @@ class LLM:
         else:
             prompt, ids = None, [int(t) for t in inputs]
         end_id = p.end_id if p.end_id is not None else (self.tokenizer.eos_token_id if self.tokenizer else None)
+        matcher = request_matcher(self.guides, p.guided_decoding)
         out = RequestOutput(self, next(self._ids), prompt, ids, p, streaming)
         words = [w for w in self.stop_word_ids(p) if w] + [[t] for t in (p.stop_token_ids or [])]
         out._engine_id = self._engine.add_request(
             ids, max_new_tokens=int(p.max_tokens), min_tokens=max(0, int(p.min_tokens or 0)),
             end_id=None if p.ignore_eos or end_id is None else int(end_id), stop_words=words,
-            on_tokens=out._on_tokens, on_error=out._on_error, lora_task_id=self._adapter(lora_request))
+            on_tokens=out._on_tokens, on_error=out._on_error, matcher=matcher,
+            lora_task_id=request_task_id(self._engine, lora_request, self._lora_on))
         return out
 
     def shutdown(self) -> None:

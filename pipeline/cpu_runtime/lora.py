@@ -185,3 +185,39 @@ def selected(lora: LoraSet | None, task_id: int | None) -> Adapter | None:
     if adapter is None:
         raise ValueError(f"LoRA task {task_id} not found: this engine serves {lora.describe() if lora else 'no LoRA adapters'}")
     return adapter
+
+
+@dataclass(slots=True)
+class LoRARequest:
+    """A request's adapter, as ``tensorrt_llm.executor.request.LoRARequest`` (request.py@08c3313049a8:20-37): a peft
+    LoRA directory ``lora_path`` held under ``lora_int_id``; raises ValueError when the path does not exist."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+
+    def __post_init__(self) -> None:
+        if self.lora_path is not None and not Path(self.lora_path).exists():
+            raise ValueError(f"lora_path ({self.lora_path}) does not exist.")
+
+
+def llm_lora(engine, lora_config: dict | None) -> bool:
+    """The LLM-API facade's ``lora_config``: adapters then come per request (:func:`request_task_id`), held under their
+    ``lora_int_id`` with ranks up to ``max_lora_rank`` (LoraConfig's default 64); returns whether LoRA is on."""
+    if lora_config is None:
+        return False
+    engine.lora = LoraSet(engine.model.geo, int(lora_config.get("max_lora_rank", 64)))
+    return True
+
+
+def request_task_id(engine, req: LoRARequest | None, enabled: bool) -> int | None:
+    """The engine task id of ``req``'s adapter, loaded from ``lora_path`` the first time its ``lora_int_id`` is seen.
+    Raises ValueError without ``lora_config`` (``enabled`` false), or for an adapter the engine cannot serve
+    (:class:`AdapterError`, e.g. a rank above max_lora_rank)."""
+    if req is None:
+        return None
+    if not enabled:
+        raise ValueError("a LoRA request, but the LLM was built without lora_config")
+    if engine.lora.get(req.lora_int_id) is None:
+        engine.lora.add(Path(req.lora_path), name=req.lora_name, task_id=req.lora_int_id)
+    return req.lora_int_id

@@ -9,24 +9,34 @@ from typing import Any
 
 TokensCallback = Callable[[list[int], bool], None]
 ErrorCallback = Callable[[str], None]
+ContextLogitsCallback = Callable[[Any], None]
+
+
+class QueueFullError(RuntimeError):
+    """A request refused because ``max_queue_size`` requests already wait for a KV slot (TensorRT-LLM's executor
+    throws the same on its own queue limit); the message, meant for the client, starts as upstream's does."""
 
 
 class SequenceState:
     """One request's state (owned by the scheduler thread except ``done``/``lock``)."""
 
     __slots__ = ("rid", "prompt", "max_new", "min_tokens", "end_id", "stop_words", "on_tokens", "on_error",
-                 "slot", "prefilled", "generated", "done", "lock", "arrival", "lora")
+                 "slot", "prefilled", "generated", "done", "lock", "arrival", "matcher", "on_context_logits", "lora")
 
-    def __init__(self, rid, prompt, max_new, min_tokens, end_id, stop_words, on_tokens, on_error):
+    def __init__(self, rid, prompt, max_new, min_tokens, end_id, stop_words, on_tokens, on_error, matcher=None,
+                 on_context_logits=None):
         self.rid, self.prompt, self.max_new = rid, prompt, max_new
         self.min_tokens, self.end_id, self.stop_words = min_tokens, end_id, stop_words
         self.on_tokens, self.on_error = on_tokens, on_error
+        #: ``on_context_logits(float32 [n, vocab])`` per prefill chunk (every prompt position), or ``None``
+        self.on_context_logits: ContextLogitsCallback | None = on_context_logits
         self.slot: int | None = None
         self.prefilled = 0  # prompt tokens whose K/V are in the cache
         self.generated: list[int] = []
         self.done = False  # no callback may run once set (under ``lock``)
         self.lock = threading.Lock()
         self.arrival = time.perf_counter()
+        self.matcher = matcher  # xgrammar GrammarMatcher of a guided request (pipeline/cpu_runtime/guided.py), or None
         self.lora = None  # the LoRA adapter this sequence uses (pipeline.cpu_runtime.lora.Adapter), if any
 
 

@@ -63,7 +63,7 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
     present = (hf_ckpt / "config.json").is_file()
     if not present and not dry_run:
         raise StageError(f"{hf_ckpt}: no unified HF checkpoint (config.json) from the quantize stage")
-    kwargs = llm_api_kwargs(recipe, hf_ckpt)
+    kwargs = llm_api_kwargs(recipe, hf_ckpt, draft_dir=None if dry_run else _draft_dir(recipe))
     problems = check_kwargs(kwargs, "pytorch")
     frontend = recipe.serving.frontend
     serve_cmd = trtllm_serve.argv(kwargs, str((out_dir / SERVE_OPTIONS).resolve())) if frontend == "trtllm-serve" else None
@@ -96,3 +96,26 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
         manifest["peak_rss_bytes"] = peak_rss_bytes()
         write_manifest(tmp, manifest)
     return EngineResult.from_manifest(out_dir, manifest)
+
+
+def _draft_dir(recipe: Recipe) -> str | None:
+    """The local directory of the recipe's draft model (EAGLE-3 head or DraftTarget draft), fetched like
+    ``model.source`` (a local directory as is, a HF id from the local HF cache or one download); ``None`` without one.
+
+    Raises:
+        UserError: the draft cannot be found (one line naming ``build.pytorch.speculative_config.speculative_model_dir``).
+    """
+    from pathlib import Path
+
+    from pipeline.core.errors import UserError
+    from pipeline.quantize.sources import resolve_source
+    from pipeline.recipe import ModelSpec
+    from pipeline.recipe.speculative import FIELD, draft_source
+
+    draft = draft_source(recipe.build.pytorch.speculative_config)
+    if not draft:
+        return None
+    try:
+        return str(resolve_source(ModelSpec(source=draft), Path.cwd()).hf_dir)
+    except UserError as e:
+        raise UserError(f"{FIELD}.speculative_model_dir: {str(e).removeprefix('model.source ')}") from None

@@ -46,6 +46,7 @@ from pipeline.engine.result import EngineResult
 from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.consumers import consumed
+from pipeline.recipe.eval import needs_context_logits
 from pipeline.trtllm import contract
 from pipeline.trtllm.runtime import (
     BUILD_CONFIG,
@@ -117,6 +118,8 @@ def build_command(recipe: Recipe, *, source: Path, from_model_config: bool, plug
     for name, value in plugins.items():
         argv += [f"--{name}", contract.plugin_cli_value(name, value)]
     argv += lora_flags(recipe)
+    if needs_context_logits(recipe.eval):  # the kld gate reads context_logits (trtllm_1.2.1_contract.yaml: build flags)
+        argv.append("--gather_context_logits")
     argv += ["--profiling_verbosity", "layer_names_only", "--output_timing_cache", TIMING_CACHE,
              "--workers", str(b.workers), "--log_level", "info"]
     return argv
@@ -150,7 +153,8 @@ def build_config_dict(recipe: Recipe, *, plugins: dict[str, Any], max_seq_len: i
     cfg = dict(c["fields"])
     cfg.update(max_input_len=b.max_input_len, max_seq_len=max_seq_len, max_batch_size=b.max_batch_size,
                max_beam_width=b.max_beam_width, max_num_tokens=b.max_num_tokens, opt_num_tokens=b.opt_num_tokens,
-               kv_cache_type=c["kv_cache_type_names"][b.kv_cache_type], output_timing_cache=TIMING_CACHE)
+               kv_cache_type=c["kv_cache_type_names"][b.kv_cache_type], output_timing_cache=TIMING_CACHE,
+               gather_context_logits=needs_context_logits(recipe.eval))
     plugin_config = contract.plugin_defaults()
     plugin_config.update({k: contract.plugin_config_value(k, contract.plugin_cli_value(k, v)) for k, v in plugins.items()})
     plugin_config.update(tokens_per_block=b.tokens_per_block, dtype=dtype, paged_kv_cache=b.kv_cache_type == "paged")

@@ -25,6 +25,7 @@ The run directory (default ``artifacts/eval/<YYYYmmdd-HHMMSS>``) is written atom
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -78,6 +79,15 @@ class EvalTarget:
             return None
         res = RepoResult.load(self.layout.triton_repo)
         return res.cache_key if res is not None else None
+
+    def weights_key(self) -> str | None:
+        """Hash of the weights this build serves: the sha256 of every file its engine manifest records (serve
+        refuses files that differ from it) and the quantize stage's key; ``None`` for a URL or an unbuilt engine."""
+        if self.layout is None or self.url is not None:
+            return None
+        eng = artifacts.read_manifest(self.layout.engine) or {}
+        quant = artifacts.read_manifest(self.layout.quantize) or {}
+        return artifacts.stable_hash({"engine": eng.get("files"), "quantize": quant.get("cache_key")}) if eng else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,26 +363,52 @@ def run(
     max_prompt = recipe.build.max_input_len if recipe is not None else None
     prompts = [tasks.prompt_text(s.article, tok, spec.max_input_tokens, max_prompt) for s in task.samples]
     prompts_hash = artifacts.stable_hash(prompts)
-    outputs, cached, keys = {}, {}, {}
-    for side, target in (("candidate", candidate), ("baseline", baseline)):
-        t1 = time.monotonic()
-        repo_key = target.repo_key()
-        keys[side] = None if repo_key is None else artifacts.stable_hash(
-            {"repo": repo_key, "prompts": prompts_hash, "params": gen_params(spec, target.model)})
-        outputs[side], cached[side] = generate(target, prompts, spec, key=keys[side], on_progress=on_progress,
-                                               on_status=on_status)
-        timings[f"generate_{side}"] = round(time.monotonic() - t1, 3)
+    outputs, cached, keys, seq_stats = {}, {}, {}, None
+    with contextlib.ExitStack() as servers:
+        served = {"candidate": candidate, "baseline": baseline}
+        if spec.rule == "kld":  # both deployments answer at once: each sequence is scored by both, then dropped
+            t1 = time.monotonic()
+            from pipeline.eval.logits import served as _served
+
+            served = {side: _served(t, servers, on_status) for side, t in served.items()}
+            timings["serve"] = round(time.monotonic() - t1, 3)
+        for side, target in (("candidate", candidate), ("baseline", baseline)):
+            t1 = time.monotonic()
+            repo_key = target.repo_key()
+            keys[side] = None if repo_key is None else artifacts.stable_hash(
+                {"repo": repo_key, "weights": target.weights_key(), "prompts": prompts_hash,
+                 "params": gen_params(spec, target.model)})
+            outputs[side], cached[side] = generate(served[side], prompts, spec, key=keys[side], on_progress=on_progress,
+                                                   on_status=on_status)
+            timings[f"generate_{side}"] = round(time.monotonic() - t1, 3)
+        if spec.rule == "kld":
+            from pipeline.eval import logits
+
+            t1 = time.monotonic()
+            seqs = logits.teacher_sequences(prompts, outputs["baseline"], tok, max_prompt)
+            advance = on_progress("score: context logits of both", len(seqs)) if on_progress else (lambda n: None)
+            seq_stats = logits.score(served["baseline"].url, served["candidate"].url, seqs, advance=advance)
+            timings["score"] = round(time.monotonic() - t1, 3)
     rows = []
     for i, s in enumerate(task.samples):
         scores = sc.sample_scores(outputs["candidate"][i], outputs["baseline"][i], s.reference, tok)
         rows.append({"id": s.id, "reference": s.reference, "candidate": outputs["candidate"][i],
                      "baseline": outputs["baseline"][i], "scores": scores})
-    rule = decide(spec, rows, task.labelled, ref_numbers)
+        if seq_stats is not None:
+            rows[-1]["kld"] = seq_stats[i].to_json()
     means = summarize(rows)
+    if seq_stats is not None:
+        from pipeline.eval import kld
+
+        rule, means["kld"] = kld.judge(spec, seq_stats, rows, recipe)
+    else:
+        rule = decide(spec, rows, task.labelled, ref_numbers)
     hashes = {
         "data": task.data_hash, "prompts": prompts_hash, "tokenizer": str(tok_dir),
-        "candidate": {"target": candidate.label, "triton_repo_key": candidate.repo_key(), "outputs_key": keys["candidate"]},
-        "baseline": {"target": baseline.label, "triton_repo_key": baseline.repo_key(), "outputs_key": keys["baseline"]},
+        "candidate": {"target": candidate.label, "triton_repo_key": candidate.repo_key(),
+                      "weights_key": candidate.weights_key(), "outputs_key": keys["candidate"]},
+        "baseline": {"target": baseline.label, "triton_repo_key": baseline.repo_key(),
+                     "weights_key": baseline.weights_key(), "outputs_key": keys["baseline"]},
         "reference": reference,
     }
     timings["total"] = round(time.monotonic() - t0, 3)

@@ -63,21 +63,34 @@ class Roofline(BaseModel):
     avg_context: float
     prefill_flops: float
     pp_size: int = 1
+    #: MoE: the routed experts' bytes per GPU (part of ``weight_bytes``), experts per layer and per token; a decode
+    #: step reads only the share its tokens select (:func:`pipeline.plan.step.expert_read_share`)
+    expert_bytes: float = 0.0
+    num_experts: int = 0
+    experts_per_token: int = 0
+
+    def weight_bytes_read(self, batch: int) -> float:
+        """Weight bytes one decode step of ``batch`` tokens reads: ``weight_bytes``, less the routed experts no token
+        of the step selected (MoE; = ``weight_bytes`` for a dense model)."""
+        from pipeline.plan.step import expert_read_share
+
+        unread = 1.0 - expert_read_share(self.num_experts, self.experts_per_token, batch) if self.num_experts else 0.0
+        return self.weight_bytes - self.expert_bytes * unread
 
     def step_time_s(self, batch: int) -> float:
         """Seconds for one decode step of ``batch`` sequences (one token each), pipeline stages in series.
 
-        t_mem = (weight_bytes + batch × avg_context × kv_token_bytes) / bandwidth
+        t_mem = (weight_bytes_read(batch) + batch × avg_context × kv_token_bytes) / bandwidth
         t_cmp = batch × flops_per_token / flops
         step  = pp × max(t_mem, t_cmp)   (per-GPU bytes and FLOPs; no overlap of PP stages assumed)
         """
-        t_mem = (self.weight_bytes + batch * self.avg_context * self.kv_token_bytes) / self.bandwidth
+        t_mem = (self.weight_bytes_read(batch) + batch * self.avg_context * self.kv_token_bytes) / self.bandwidth
         t_cmp = batch * self.flops_per_token / self.flops
         return self.pp_size * max(t_mem, t_cmp)
 
     def bound(self, batch: int) -> str:
         """``"memory"`` or ``"compute"``: which side of the roofline a decode step at ``batch`` is on."""
-        t_mem = (self.weight_bytes + batch * self.avg_context * self.kv_token_bytes) / self.bandwidth
+        t_mem = (self.weight_bytes_read(batch) + batch * self.avg_context * self.kv_token_bytes) / self.bandwidth
         return "compute" if batch * self.flops_per_token / self.flops > t_mem else "memory"
 
     def decode_tokens_per_s(self, batch: int) -> float:

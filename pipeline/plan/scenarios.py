@@ -112,6 +112,8 @@ def _roofline(t: Target, sp: ScenarioPlan, limits: dict[str, int], warnings: lis
         bandwidth=t.spec.bandwidth_bytes_per_s, flops=t.peak_flops,
         flops_per_token=decode_flops_per_token(geo, avg_ctx) / (t.tp * t.pp), avg_context=avg_ctx,
         prefill_flops=prefill_flops(geo, isl) / (t.tp * t.pp), pp_size=t.pp,
+        expert_bytes=t.memory.weights.expert_bytes / (t.tp * t.pp), num_experts=geo.num_experts,
+        experts_per_token=geo.num_experts_per_tok,
     )
     cross = roof.crossover_batch()
     cands = {"compute": math.ceil(cross) if cross else None, **limits}

@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,21 +157,29 @@ def _quantize(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_dir: Path
     quantizers = ptq.quantizer_summary(model)
     trt_dir, hf_dir = tmp / TRTLLM_CKPT, tmp / HF_CKPT
     t = time.perf_counter()
-    with _export_errors("TensorRT-LLM checkpoint"):
-        from modelopt.torch.export import export_tensorrt_llm_checkpoint
-        from modelopt.torch.export.model_utils import get_model_type
+    decoder, trt_skipped = None, None
+    try:
+        with _export_errors("TensorRT-LLM checkpoint"):
+            from modelopt.torch.export import export_tensorrt_llm_checkpoint
+            from modelopt.torch.export.model_utils import get_model_type
 
-        decoder = get_model_type(model)
-        if decoder is None:
-            raise StageError(f"ModelOpt has no TensorRT-LLM decoder type for {type(model).__name__}")
-        export_tensorrt_llm_checkpoint(model, decoder, dtype=export_dtype, export_dir=trt_dir,
-                                       inference_tensor_parallel=recipe.target.tp_size,
-                                       inference_pipeline_parallel=recipe.target.pp_size)
+            decoder = get_model_type(model)
+            if decoder is None:
+                raise StageError(f"ModelOpt has no TensorRT-LLM decoder type for {type(model).__name__}")
+            export_tensorrt_llm_checkpoint(model, decoder, dtype=export_dtype, export_dir=trt_dir,
+                                           inference_tensor_parallel=recipe.target.tp_size,
+                                           inference_pipeline_parallel=recipe.target.pp_size)
+    except StageError as e:  # e.g. ModelOpt 0.47 exports MoE blocks of llama/dbrx/phi3/deepseek/qwen only, not Qwen3-MoE
+        if recipe.build.engine == "tensorrt":
+            raise
+        trt_skipped = f"{e}; only build.engine: tensorrt reads it, this recipe's engine reads hf_ckpt"
+        shutil.rmtree(trt_dir, ignore_errors=True)
+        _warn(f"no TensorRT-LLM checkpoint: {trt_skipped}")
     timings["export_trtllm"] = time.perf_counter() - t
-    geometry = check_checkpoint_dir(trt_dir, Path(source.hf_dir) / "config.json")
-    if geometry.problems:
+    geometry = None if trt_skipped else check_checkpoint_dir(trt_dir, Path(source.hf_dir) / "config.json")
+    if geometry is not None and geometry.problems:
         raise StageError("the TensorRT-LLM checkpoint does not match the source model: " + "; ".join(geometry.problems))
-    for adj in geometry.adjustments:
+    for adj in geometry.adjustments if geometry is not None else ():
         _warn(f"TensorRT-LLM checkpoint: {adj['key']} = {adj['value']!r} filled in (the exporter left it out; "
               f"TensorRT-LLM would use {adj['default']!r})")
     t = time.perf_counter()
@@ -186,9 +195,16 @@ def _quantize(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_dir: Path
     tokenizer_adjustments = portable_tokenizer(hf_dir, _runtime_transformers())
     timings["export_hf"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
+    hf_geometry = hf_geometry_problems(Path(source.hf_dir) / "config.json", hf_dir / "config.json")
+    if hf_geometry:
+        raise StageError("the unified HF checkpoint does not match the source model: " + "; ".join(hf_geometry))
 
-    trt_quant = json.loads((trt_dir / "config.json").read_text()).get("quantization") or {}
-    trt_dtype = json.loads((trt_dir / "config.json").read_text()).get("dtype")
+    trt_cfg = {} if trt_skipped else json.loads((trt_dir / "config.json").read_text())
+    if trt_skipped:  # the unified export's quantization record stands in (hf_quant_config.json)
+        trt_cfg = {"quantization": json.loads((hf_dir / "hf_quant_config.json").read_text()).get("quantization")
+                   if (hf_dir / "hf_quant_config.json").is_file() else {}}
+    trt_quant = trt_cfg.get("quantization") or {}
+    trt_dtype = trt_cfg.get("dtype")
     exported = {"quant_algo": trt_quant.get("quant_algo"), "kv_cache_quant_algo": trt_quant.get("kv_cache_quant_algo")}
     expected = {"quant_algo": q.quant_algo, "kv_cache_quant_algo": q.kv_cache_quant_algo}
     if exported != expected:  # the export is the truth downstream stages must read (e.g. int4_wo → W4A16_AWQ)
@@ -203,10 +219,27 @@ def _quantize(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_dir: Path
         # ModelOpt writes fp16 for an fp32 TensorRT-LLM export; the HF export keeps export_dtype
         trtllm_dtype=trt_dtype, hf_ckpt_kv_cache_quant_algo=hf_kv,
         quantizers=quantizers, quality=quality, timings_s={k: round(v, 3) for k, v in timings.items()},
-        adjustments=geometry.adjustments + tokenizer_adjustments, geometry_checked=geometry.checked,
-        peak_rss_bytes=artifacts.peak_rss_bytes(), outputs={
-            TRTLLM_CKPT: artifacts.file_hashes(trt_dir), HF_CKPT: artifacts.file_hashes(hf_dir)},
+        adjustments=(geometry.adjustments if geometry else []) + tokenizer_adjustments,
+        geometry_checked=geometry.checked if geometry else [], hf_geometry_checked=list(HF_GEOMETRY_FIELDS),
+        trtllm_ckpt_skipped=trt_skipped, peak_rss_bytes=artifacts.peak_rss_bytes(),
+        outputs={**({} if trt_skipped else {TRTLLM_CKPT: artifacts.file_hashes(trt_dir)}), HF_CKPT: artifacts.file_hashes(hf_dir)},
     )
+
+
+#: geometry fields the unified HF export must keep from the source config (experts included)
+HF_GEOMETRY_FIELDS = ("architecture", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                      "head_dim", "intermediate_size", "vocab_size", "num_experts", "num_experts_per_tok",
+                      "num_shared_experts", "moe_intermediate_size")
+
+
+def hf_geometry_problems(source_config: Path, exported_config: Path) -> list[str]:
+    """``"field: source → exported"`` for each of :data:`HF_GEOMETRY_FIELDS` the unified HF export changed (empty = kept).
+    Both configs are read with :func:`pipeline.core.geometry.geometry_from_config` (either HF spelling of the expert
+    count)."""
+    from pipeline.core.geometry import geometry_from_config
+
+    a, b = geometry_from_config(source_config), geometry_from_config(exported_config)
+    return [f"{k}: {getattr(a, k)!r} → {getattr(b, k)!r}" for k in HF_GEOMETRY_FIELDS if getattr(a, k) != getattr(b, k)]
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -303,7 +336,8 @@ def _export_errors(what: str) -> Iterator[None]:
     except (StageError, UserError):
         raise
     except Exception as e:
-        raise StageError(f"ModelOpt export of the {what} failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+        first = (str(e).strip().splitlines() or ["(no message)"])[0]
+        raise StageError(f"ModelOpt export of the {what} failed: {type(e).__name__}: {first}") from e
 
 
 def _dry_run(recipe: Recipe, out_dir: Path, key: str, recipe_dir: Path) -> QuantizeResult:

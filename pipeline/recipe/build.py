@@ -17,6 +17,8 @@ from pydantic import Field, field_validator, model_validator
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bounds import INT32_MAX, INT64_MAX, MAX_INSTANCES, is_power_of_two
 from pipeline.recipe.lora import LoraSpec
+from pipeline.recipe.moe import MoeSpec
+from pipeline.recipe.speculative import SpeculativeSpec
 
 PluginDtype = Literal["auto", "float16", "float32", "bfloat16", "int32", "disable"]
 GemmPluginDtype = Literal["auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable"]
@@ -145,6 +147,11 @@ class PytorchSpec(StrictModel):
     enable_iter_req_stats: bool = Field(default=False, description="Per-request statistics per iteration (default false; needs enable_iter_perf_stats).")
     print_iter_log: bool = Field(default=False, description="Log every iteration (default false).")
     return_perf_metrics: bool = Field(default=False, description="Per-request perf metrics (LLM-API return_perf_metrics; default false).")
+    speculative_config: SpeculativeSpec | None = Field(
+        default=None, description="Speculative decoding (LLM-API speculative_config; decoding_type Eagle, MTP, NGram or DraftTarget; default none).",
+    )
+    moe_config: MoeSpec | None = Field(default=None, description="MoE kernels (LLM-API moe_config; MoE models only; default: upstream's).")
+    enable_attention_dp: bool = Field(default=False, description="Attention data parallelism over the tensor-parallel ranks (LLM-API enable_attention_dp; default false).")
 
     @model_validator(mode="after")
     def _req_stats_need_perf_stats(self) -> "PytorchSpec":
@@ -183,6 +190,16 @@ class BuildSpec(StrictModel):
     scheduler_config: SchedulerSpec = Field(default_factory=SchedulerSpec, description="Runtime scheduler.")
     enable_chunked_prefill: bool = Field(
         default=False, description="Chunked context/prefill (LLM-API enable_chunked_prefill; Triton enable_chunked_context; default False)."
+    )
+    guided_decoding_backend: Literal["xgrammar"] | None = Field(
+        default=None,
+        description=(
+            "Guided decoding (JSON schema / regex / EBNF grammar per request) with xgrammar (LLM-API "
+            "guided_decoding_backend, default None = off). The engine path's tensorrt_llm model gets "
+            "guided_decoding_backend and xgrammar_tokenizer_info_path (a tokenizer-info file the build writes), the "
+            "PyTorch backend the LLM() argument, the CPU engine masks its logits with xgrammar. Requests send "
+            "guided_decoding_guide_type / guided_decoding_guide (Triton) or response_format (trtllm-serve)."
+        ),
     )
     allow_kv_oversubscription: bool = Field(
         default=False,

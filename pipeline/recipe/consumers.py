@@ -25,6 +25,7 @@ CONSUMERS: dict[str, str] = {
     "target.gpu": "engine",          # engine kernels and plugin adjustments follow the GPU's SM
     "target.tp_size": "quantize",    # the checkpoint is sharded per rank (export mapping)
     "target.pp_size": "quantize",
+    "target.ep_size": "runtime",     # LLM-API moe_expert_parallel_size, read when the LLM loads
     "target.num_gpus": "plan",
     "target.gpus_per_node": "deploy",
     "target.tensorrt_llm": "plan",   # checked against the release's engine paths; builds use the pinned container
@@ -45,6 +46,7 @@ CONSUMERS: dict[str, str] = {
     "build.scheduler_config": "runtime",
     "build.enable_chunked_prefill": "runtime",
     "build.pytorch": "runtime",     # TorchLlmArgs read when the LLM loads (llm_api_config.yaml → model.yaml): no engine
+    "build.guided_decoding_backend": "runtime",  # read at model load (Triton parameters / LLM() / the CPU model)
     "build.allow_kv_oversubscription": "plan",
     "build.lora": "engine",         # trtllm-build's LoRA flags; the CPU engine directory's copies of the adapters
     "build.lora.max_loras": "runtime",  # LLM-API LoraConfig, read when the LLM loads

@@ -9,7 +9,7 @@ from pydantic import Field
 from pipeline.recipe.base import StrictModel
 
 #: the gate's rules (see :mod:`pipeline.eval.stats`)
-RULES = ("paired", "mlperf", "mlperf_high", "trtllm")
+RULES = ("paired", "mlperf", "mlperf_high", "trtllm", "kld")
 #: the built-in tasks; any other value is a path to a JSONL file with ``article``/``highlights``
 BUILTIN_TASKS = ("embedded", "agreement", "cnn_dailymail")
 
@@ -32,12 +32,26 @@ class EvalSpec(StrictModel):
         ),
     )
     seed: int = Field(default=0, ge=0, description="Seed of the sample selection and of the bootstrap resampling.")
-    rule: Literal["paired", "mlperf", "mlperf_high", "trtllm"] = Field(
+    rule: Literal["paired", "mlperf", "mlperf_high", "trtllm", "kld"] = Field(
         default="paired", description=(
             "`paired`: non-inferiority of the per-sample ROUGE deltas vs the baseline (bootstrap CI); `mlperf` / "
             "`mlperf_high`: each ROUGE >= 99 % / 99.9 % of the reference and generated length within 90-110 % "
             "(MLPerf Inference submission checker); `trtllm`: TensorRT-LLM's accuracy-suite one-sided hypothesis test "
-            "(tests/integration/defs/accuracy/accuracy_core.py)."
+            "(tests/integration/defs/accuracy/accuracy_core.py); `kld`: token-level KL divergence of the candidate's "
+            "next-token distributions from the baseline's on the baseline's greedy outputs (teacher forcing through the "
+            "served context_logits), non-inferior to `kld_max` and `same_top1_min` (docs/eval.md)."
+        ),
+    )
+    kld_max: float | None = Field(
+        default=None, gt=0.0, le=10.0, description=(
+            "`kld` rule: largest acceptable mean KL divergence (nats per token). Default: per quantization format from "
+            "llama.cpp's published LLaMA-3-8B table (pipeline/eval/kld.py THRESHOLDS)."
+        ),
+    )
+    same_top1_min: float | None = Field(
+        default=None, gt=0.0, le=100.0, description=(
+            "`kld` rule: smallest acceptable share (%) of positions whose top-1 token equals the baseline's. Default: per "
+            "quantization format (pipeline/eval/kld.py THRESHOLDS)."
         ),
     )
     ratio: float = Field(
@@ -86,3 +100,9 @@ class EvalSpec(StrictModel):
     resamples: int = Field(
         default=2000, ge=100, le=100000, description="Bootstrap resamples for the paired confidence intervals."
     )
+
+
+def needs_context_logits(spec: EvalSpec) -> bool:
+    """The gate reads the deployment's context logits (``rule: kld``): the TensorRT engine must then be built with
+    ``--gather_context_logits`` (trtllm_1.2.1_contract.yaml ``trtllm_build.flags``)."""
+    return spec.rule == "kld"

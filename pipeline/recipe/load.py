@@ -136,6 +136,20 @@ def read_yaml_file(path: Path, what: str) -> tuple[str, Any]:
         raise RecipeError(f"{shown}{where}: not valid YAML ({problem})") from None
 
 
+def _absolute_draft(data: dict[str, Any], recipe_dir: Path) -> None:
+    """Make a relative ``build.pytorch.speculative_config.speculative_model_dir`` that exists next to the recipe
+    absolute (as ``model.source`` is resolved against the recipe's directory), so that validation can read the
+    draft's config.json and the LLM-API config names a path that works from anywhere. HF ids are left alone."""
+    spec: Any = data
+    for key in ("build", "pytorch", "speculative_config"):
+        spec = spec.get(key) if isinstance(spec, dict) else None
+    draft = spec.get("speculative_model_dir") if isinstance(spec, dict) else None
+    if isinstance(draft, str) and draft and not Path(draft).expanduser().is_absolute():
+        local = recipe_dir / Path(draft).expanduser()
+        if local.exists():
+            spec["speculative_model_dir"] = str(local.resolve())
+
+
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Read, override and validate a recipe file.
 
@@ -160,6 +174,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     for key, value in parse_overrides(overrides):
         _set_dotted(data, key, value)
     data.setdefault("name", path.stem)
+    _absolute_draft(data, path.parent)
     index = _line_index(text)
     try:
         return Recipe.model_validate(data)

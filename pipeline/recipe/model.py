@@ -71,6 +71,13 @@ class TargetSpec(StrictModel):
     )
     tp_size: int = Field(default=1, ge=1, le=64, description="Tensor parallelism (quantize.py --tp_size default 1; at most num_gpus).")
     pp_size: int = Field(default=1, ge=1, le=64, description="Pipeline parallelism (quantize.py --pp_size default 1; at most num_gpus).")
+    ep_size: int = Field(
+        default=1, ge=1, le=64,
+        description=(
+            "Expert parallelism of a MoE model's experts (LLM-API moe_expert_parallel_size; build.engine: pytorch): "
+            "the experts are split over ep_size of the tp_size ranks; must divide tp_size and the expert count (default 1)."
+        ),
+    )
 
     @field_validator("gpu")
     @classmethod

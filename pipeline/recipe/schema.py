@@ -13,8 +13,10 @@ from pipeline.recipe.build import BuildSpec
 from pipeline.recipe.eval import EvalSpec
 from pipeline.recipe.knobs import knob_problems
 from pipeline.recipe.model import ModelSpec, TargetSpec
+from pipeline.recipe.moe import moe_problems
 from pipeline.recipe.quant import BLOCK_QFORMATS, QuantSpec
 from pipeline.recipe.serve import ServingSpec
+from pipeline.recipe.speculative import draft_source, speculative_problems
 
 
 class RecipeCheckError(ValueError):
@@ -54,12 +56,25 @@ class Recipe(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> "Recipe":
         for check in (self._check_target, self._check_formats, self._check_lengths, self._check_parallel, self._check_awq,
-                      self._check_counts, self._check_knobs):
+                      self._check_counts, self._check_knobs, self._check_features):
             check()
         return self
 
     def _check_knobs(self) -> None:
         problems = knob_problems(self)  # engine-kind-only knobs, frontend, release (pipeline/recipe/knobs.py)
+        if problems:
+            raise RecipeCheckError(*problems[0])
+
+    def _check_features(self) -> None:
+        """Speculative decoding and MoE/EP knobs (rules in pipeline/recipe/speculative.py and moe.py)."""
+        p, t, src = self.build.pytorch, self.target, self.model.source
+        gpu = t.gpu != hardware.CPU_TARGET
+        geo = geometry_for_source(src)
+        draft = draft_source(p.speculative_config)
+        problems = speculative_problems(p.speculative_config, geo, geometry_for_source(draft) if draft else None,
+                                        gpu_target=gpu, source=src)
+        problems += moe_problems(ep_size=t.ep_size, tp_size=t.tp_size, engine=self.build.engine, gpu_target=gpu,
+                                 moe_config=p.moe_config, attention_dp=p.enable_attention_dp, geo=geo, source=src)
         if problems:
             raise RecipeCheckError(*problems[0])
 

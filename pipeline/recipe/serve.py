@@ -29,7 +29,10 @@ class ServingSpec(StrictModel):
         default="inflight_fused_batching", description="gpt_model_type (V1 static batching was removed in TensorRT-LLM 1.x)."
     )
     max_queue_delay_microseconds: int = Field(default=0, ge=0, le=INT64_MAX, description="Dynamic-batching queue delay (default 0; uint64 in model_config.proto).")
-    max_queue_size: int = Field(default=0, ge=0, le=INT32_MAX, description="Dynamic-batching queue size, 0 = unbounded (default 0; int32 in model_config.proto).")
+    max_queue_size: int = Field(default=0, ge=0, le=INT32_MAX, description=(
+        "Dynamic-batching queue size, 0 = unbounded (default 0; int32 in model_config.proto). The tensorrt_llm model "
+        "(C++ backend: the executor's max_queue_size; CPU engine: the same) also bounds with it the requests waiting for "
+        "a batch slot: one more fails at once with 'Maximum queue size of N has been reached' (UNAVAILABLE)."))
     exclude_input_in_output: bool = Field(
         default=True, description="Return only generated tokens (backend default false; triton_cli and trtpipe use true)."
     )

@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -63,6 +63,31 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool | None = True
 
 
+class ResponseFormat(_Strict):
+    """PROTO ResponseFormat (guided decoding; the CPU engine has no structural tags)."""
+
+    type: Literal["text", "json", "json_object", "regex", "ebnf", "structural_tag"]
+    schema_: dict | None = Field(default=None, alias="schema")
+    regex: str | None = None
+    ebnf: str | None = None
+
+
+def _guided(fmt: ResponseFormat | None) -> Any:
+    """PROTO _response_format_to_guided_decoding_params: the facade's GuidedDecodingParams (None: unguided).
+    Raises ValueError as upstream does (``json`` without ``schema``), and for a structural tag."""
+    from pipeline.cpu_runtime.guided import GuidedDecodingParams
+
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json":
+        if fmt.schema_ is None:
+            raise ValueError("The 'schema' field is required when response_format.type is 'json'.")
+        return GuidedDecodingParams(json=fmt.schema_)
+    if fmt.type == "structural_tag":
+        raise ValueError("response_format.type 'structural_tag' is not supported by trtpipe's CPU stand-in")
+    return GuidedDecodingParams(json_object=fmt.type == "json_object", regex=fmt.regex, grammar=fmt.ebnf)
+
+
 class _Common(_Strict):
     """The fields CompletionRequest (PROTO:210-249) and ChatCompletionRequest (PROTO:498-550) share."""
 
@@ -87,6 +112,7 @@ class _Common(_Strict):
     min_tokens: int = 0  # PROTO:244 / 546
     lora_request: dict[str, Any] | None = None  # PROTO:231 / 550: LoRARequest's fields (lora_name, lora_int_id, lora_path)
     skip_special_tokens: bool = True
+    response_format: ResponseFormat | None = None  # PROTO CompletionRequest / ChatCompletionRequest
 
     @model_validator(mode="before")
     @classmethod
@@ -140,7 +166,7 @@ def _sampling(req: _Common, max_tokens: int | None, *, add_special_tokens: bool,
         temperature=1.0 if req.temperature is None else req.temperature, top_p=1.0 if req.top_p is None else req.top_p,
         frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
         repetition_penalty=req.repetition_penalty, skip_special_tokens=req.skip_special_tokens,
-        add_special_tokens=add_special_tokens, detokenize=detokenize)
+        add_special_tokens=add_special_tokens, detokenize=detokenize, guided_decoding=_guided(req.response_format))
 
 
 class _ChatTemplate:

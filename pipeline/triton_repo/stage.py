@@ -53,6 +53,7 @@ from pipeline.triton.model_config import write_model_config
 from pipeline.triton_repo import PACKAGE_DIR, layouts
 from pipeline.triton_repo.render import render_model_config
 from pipeline.triton_repo.result import RepoResult
+from pipeline.trtllm.guided import TOKENIZER_INFO_FILE, write_tokenizer_info
 from pipeline.trtllm.triton_contract import repository_problems
 
 STAGE = RepoResult.STAGE
@@ -67,7 +68,16 @@ def _engine_writes_text(recipe: Recipe) -> bool:
     return recipe.build.engine == "cpu" and recipe.build.cpu.detokenize == "engine"
 
 
-def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool = True) -> dict[str, str]:
+def tokenizer_info_path(repo_dir: Path | None) -> str:
+    """Where the repository keeps the xgrammar tokenizer-info file (``tensorrt_llm/xgrammar_tokenizer_info.json``):
+    absolute under ``repo_dir`` (the C++ backend opens the path as given, model_instance_state.cc@c2e65b88d852:430),
+    relative to the repository root without one."""
+    rel = Path("tensorrt_llm") / TOKENIZER_INFO_FILE
+    return str((Path(repo_dir) / rel).resolve()) if repo_dir is not None else str(rel)
+
+
+def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool = True,
+                            repo_dir: Path | None = None) -> dict[str, str]:
     """The ``parameters`` of the ``tensorrt_llm`` model: the ONE recipe → Triton name translation.
 
     ``build.kv_cache_config.free_gpu_memory_fraction`` → ``kv_cache_free_gpu_mem_fraction``,
@@ -79,6 +89,10 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
     are omitted (never left as ``${…}``). For the CPU engine the parameters are exactly those its python
     model reads (engine path, beam width, exclude-input, cancellation period, ``cpu_num_threads``): its KV pool
     and scheduler limits are in the engine directory's ``engine_config.json``.
+
+    ``build.guided_decoding_backend`` → ``guided_decoding_backend`` + ``xgrammar_tokenizer_info_path``
+    (:func:`tokenizer_info_path` of ``repo_dir``, the repository's final directory; both empty when off, for the C++
+    backend reads them unguarded; the CPU model reads them the same way).
 
     KV-cache reuse and chunked context need paged context FMHA in the engine; when the engine
     manifest says trtllm-build turned it off (``effective_plugins``), both are set to false here
@@ -93,18 +107,23 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
         ``{parameter key: string value}`` in template order.
     """
     b, s, kv = recipe.build, recipe.serving, recipe.build.kv_cache_config
+    guided = {"guided_decoding_backend": b.guided_decoding_backend or "",
+              "xgrammar_tokenizer_info_path": tokenizer_info_path(repo_dir) if b.guided_decoding_backend else ""}
     if b.engine == "cpu":  # exactly what triton_repo/models/tensorrt_llm_cpu/model.py reads
         params = {
             "gpt_model_path": str(Path(engine_dir).resolve()),
             "max_beam_width": str(b.max_beam_width),
             "exclude_input_in_output": _bool(s.exclude_input_in_output),
             "cancellation_check_period_ms": str(s.cancellation_check_period_ms),
+            "stats_check_period_ms": str(s.stats_check_period_ms),
         }
         if b.cpu.num_threads is not None:
             params["cpu_num_threads"] = str(b.cpu.num_threads)
         if _engine_writes_text(recipe):  # the model also writes text_output (the ensemble skips postprocessing)
             params["tokenizer_dir"] = layouts()["tokenizer"]["param_value"]
             params["skip_special_tokens"] = _bool(s.skip_special_tokens)
+        if b.guided_decoding_backend:
+            params.update(guided)
         return params
     params: dict[str, str] = {
         "max_beam_width": str(b.max_beam_width),
@@ -138,15 +157,16 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
     # (model_instance_state.cc@c2e65b88d852:413-415, pipeline/data/triton_backend_contract.yaml);
     # empty = guided decoding off
     params["tokenizer_dir"] = layouts()["tokenizer"]["param_value"]
-    params["xgrammar_tokenizer_info_path"] = ""
-    params["guided_decoding_backend"] = ""
+    params["xgrammar_tokenizer_info_path"] = guided["xgrammar_tokenizer_info_path"]
+    params["guided_decoding_backend"] = guided["guided_decoding_backend"]
     return params
 
 
 # ---------------------------------------------------------------------------------------- configs
-def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool = True) -> dict[str, Any]:
+def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool = True,
+                  repo_dir: Path | None = None) -> dict[str, Any]:
     """``{model name: ModelConfig}`` of every model the repository for ``recipe`` contains
-    (``paged_context_fmha``: see :func:`tensorrt_llm_parameters`)."""
+    (``paged_context_fmha``, ``repo_dir``: see :func:`tensorrt_llm_parameters`)."""
     s, lay = recipe.serving, layouts()
     kind = recipe.build.engine
     common = dict(
@@ -172,7 +192,8 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
         ),
         "tensorrt_llm": render_model_config(
             "tensorrt_llm", **common, backend=backend, engine_text=engine_text,
-            parameters=tensorrt_llm_parameters(recipe, engine_dir, paged_context_fmha=paged_context_fmha),
+            parameters=tensorrt_llm_parameters(recipe, engine_dir, paged_context_fmha=paged_context_fmha,
+                                               repo_dir=repo_dir),
         ),
         "postprocessing": render_model_config(
             "postprocessing", **common, instance_count=post_count,
@@ -235,6 +256,15 @@ def _copy_tokenizer(hf_ckpt: Path, dest: Path) -> list[str]:
     if not any(n.startswith("tokenizer") or n in ("vocab.json",) for n in copied):
         raise StageError(f"{hf_ckpt}: no tokenizer files (tokenizer.json / tokenizer.model) to put in the Triton repository")
     return copied
+
+
+def _write_tokenizer_info(tokenizer_dir: Path, dest: Path) -> None:
+    """The xgrammar tokenizer-info file of the guided-decoding parameters (:mod:`pipeline.trtllm.guided`, upstream's
+    ``generate_xgrammar_tokenizer_info.py`` format). Raises StageError when the tokenizer cannot give one."""
+    try:
+        write_tokenizer_info(tokenizer_dir, dest)
+    except Exception as e:  # ValueError (not a fast tokenizer) or whatever transformers raises for broken files
+        raise StageError(f"build.guided_decoding_backend: no xgrammar tokenizer info from {tokenizer_dir}: {e}") from None
 
 
 def _llmapi_kwargs(recipe: Recipe, quantized: QuantizeResult, engine: EngineResult) -> dict[str, Any]:
@@ -310,7 +340,7 @@ def run(
     t0 = time.perf_counter()
     kind = recipe.build.engine
     lay = layouts()
-    configs = model_configs(recipe, engine.path, paged_context_fmha=engine.paged_context_fmha)
+    configs = model_configs(recipe, engine.path, paged_context_fmha=engine.paged_context_fmha, repo_dir=out_dir)
     impl = lay["layouts"][kind]["tensorrt_llm"]
     problems = repository_problems(configs, impl)
     if problems:  # would not load (or would answer wrong) under the upstream backend / model
@@ -334,6 +364,8 @@ def run(
                 extra["notes"] = [f"tokenizer files are copied from {hf_ckpt} by the real build"]
             else:
                 extra["tokenizer_files"] = _copy_tokenizer(hf_ckpt, tmp / lay["tokenizer"]["repo_subdir"])
+                if recipe.build.guided_decoding_backend:
+                    _write_tokenizer_info(tmp / lay["tokenizer"]["repo_subdir"], tmp / tokenizer_info_path(None))
             (tmp / "ensemble" / "1").mkdir()
             (tmp / "tensorrt_llm" / "1").mkdir()
             sources = lay["python_models"]

@@ -39,7 +39,7 @@ def _max_seq_len(recipe: Recipe, hf_ckpt_dir: Path) -> int:
     return derived.require_max_seq_len(recipe.build, geo.max_position_embeddings if geo is not None else None)
 
 
-def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path) -> dict[str, Any]:
+def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path, *, draft_dir: str | None = None) -> dict[str, Any]:
     """The ``tensorrt_llm.LLM(**kwargs)`` arguments for ``recipe`` (TensorRT-LLM 1.2.1 LLM-API names).
 
     Args:
@@ -53,12 +53,14 @@ def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path) -> dict[str, Any]:
         ``max_seq_len`` (resolved, tokens), ``max_beam_width``, ``max_num_tokens``, ``kv_cache_config``
         {free_gpu_memory_fraction, enable_block_reuse, max_tokens, max_attention_window, host_cache_size,
         tokens_per_block, dtype ("fp8" for an FP8 KV cache, else "auto" = from the checkpoint)},
-        ``scheduler_config`` {capacity_scheduler_policy, context_chunking_policy}, ``enable_chunked_prefill``, and
+        ``scheduler_config`` {capacity_scheduler_policy, context_chunking_policy}, ``enable_chunked_prefill``,
+        ``guided_decoding_backend`` when the recipe turns guided decoding on, and
         on a GPU target the ``build.pytorch`` knobs under their LLM-API names (``cuda_graph_config``
         {enable_padding, batch_sizes, max_batch_size} or None, ``disable_overlap_scheduler``, ``attn_backend``,
         ``sampler_type``, ``stream_interval``, ``enable_iter_perf_stats``, ``enable_iter_req_stats``,
         ``print_iter_log``, ``return_perf_metrics``); the CPU facade reads none of those, so the cpu target omits
-        them. Every key passes :func:`check_kwargs`.
+        them, and :func:`feature_kwargs` (speculative decoding, MoE; ``draft_dir``: the resolved local draft model,
+        else the recipe's spelling). Every key passes :func:`check_kwargs`.
 
     Raises:
         UserError: max_seq_len is unset and cannot be derived from the model.
@@ -93,8 +95,10 @@ def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path) -> dict[str, Any]:
         },
         "enable_chunked_prefill": b.enable_chunked_prefill,
     }
+    if b.guided_decoding_backend:  # absent = upstream default None (off); the CPU facade honours it too
+        kwargs["guided_decoding_backend"] = b.guided_decoding_backend
     if t.gpu != hardware.CPU_TARGET:
-        kwargs.update(pytorch_kwargs(recipe))
+        kwargs.update(pytorch_kwargs(recipe, draft_dir=draft_dir))
     if b.lora is not None:
         kwargs["lora_config"] = lora_config(recipe)
     return kwargs
@@ -121,12 +125,43 @@ def lora_config(recipe: Recipe, lora_dirs: list[str] | None = None) -> dict[str,
             "max_cpu_loras": spec.max_cpu_loras}
 
 
-def pytorch_kwargs(recipe: Recipe) -> dict[str, Any]:
-    """The ``TorchLlmArgs`` arguments of ``recipe.build.pytorch`` (LLM-API names; ``cuda_graph_config`` None = off)."""
+
+#: build.pytorch fields written only when set (speculative decoding, MoE): :func:`feature_kwargs`
+FEATURE_FIELDS = {"speculative_config", "moe_config", "enable_attention_dp"}
+
+
+def pytorch_kwargs(recipe: Recipe, *, draft_dir: str | None = None) -> dict[str, Any]:
+    """The ``TorchLlmArgs`` arguments of ``recipe.build.pytorch`` (LLM-API names; ``cuda_graph_config`` None = off),
+    plus :func:`feature_kwargs`."""
     p = recipe.build.pytorch
-    out = p.model_dump(mode="json")
+    out = p.model_dump(mode="json", exclude=FEATURE_FIELDS)
     if p.cuda_graph_config is not None:
         out["cuda_graph_config"] = {k: v for k, v in out["cuda_graph_config"].items() if not (k == "batch_sizes" and v is None)}
+    return {**out, **feature_kwargs(recipe, draft_dir=draft_dir)}
+
+
+def feature_kwargs(recipe: Recipe, *, draft_dir: str | None = None) -> dict[str, Any]:
+    """Speculative-decoding and MoE ``LLM()`` arguments, each only when the recipe sets it (upstream defaults otherwise).
+
+    ``speculative_config`` {decoding_type, max_draft_len, speculative_model_dir, …} as the YAML form
+    ``DecodingBaseConfig.from_dict`` takes (llm_args.py@c292b9f9:725-745; the Triton llmapi model and trtllm-serve
+    both pass the YAML through ``update_llm_args_with_extra_dict``, :3217-3251), with ``speculative_model_dir``
+    replaced by ``draft_dir`` when given (the resolved local draft); ``moe_config`` {backend, max_num_tokens};
+    ``moe_expert_parallel_size`` (``target.ep_size`` > 1); ``enable_attention_dp`` (true only).
+    """
+    p, out = recipe.build.pytorch, {}
+    if p.speculative_config is not None:
+        dumped = p.speculative_config.model_dump(mode="json", exclude_none=True)
+        spec = {"decoding_type": dumped.pop("decoding_type"), **dumped}
+        if draft_dir and "speculative_model_dir" in spec:
+            spec["speculative_model_dir"] = draft_dir
+        out["speculative_config"] = spec
+    if p.moe_config is not None:
+        out["moe_config"] = p.moe_config.model_dump(mode="json", exclude_none=True)
+    if recipe.target.ep_size > 1:
+        out["moe_expert_parallel_size"] = recipe.target.ep_size
+    if p.enable_attention_dp:
+        out["enable_attention_dp"] = True
     return out
 
 
@@ -144,6 +179,7 @@ def _type_problem(where: str, spec: dict[str, Any], value: Any) -> str | None:
         "list_str": isinstance(value, list) and all(isinstance(v, str) for v in value),
         "enum": value in spec.get("values", ()),
         "config": isinstance(value, dict),
+        "speculative": isinstance(value, dict),
         "any": True,
     }[kind]
     if not ok:
@@ -176,6 +212,32 @@ def _check_table(where: str, table: dict[str, Any], values: dict[str, Any], back
             out.append(f"{problem} ({spec['src']})")
         elif spec["type"] == "config" and value is not None:
             out += _check_table(f"{path}.", c["configs"][spec["config"]], value, backend, spec["config"])
+        elif spec["type"] == "speculative" and value is not None:
+            out += _check_speculative(f"{path}.", value, backend)
+    return out
+
+
+def _check_speculative(where: str, value: dict[str, Any], backend: str) -> list[str]:
+    """A ``speculative_config`` mapping as ``DecodingBaseConfig.from_dict`` takes it: a known ``decoding_type`` the
+    backend supports, the fields of that type's class (its table + ``decoding_base``), and what
+    ``TorchLlmArgs.validate_speculative_config`` asserts (``positive`` fields > 0, ``required`` fields set)."""
+    c = llmapi_contract()
+    sd, kind = c["speculative_decoding"], value.get("decoding_type")
+    t = sd["types"].get(kind)
+    if t is None:
+        known = sorted(sd["types"]) + sd["not_written"]
+        return [f"{where}decoding_type is {kind!r}: must be one of {known} (trtpipe writes {sorted(sd['types'])}; {c['sources']['L12']})"]
+    if backend not in t["backends"]:
+        return [f"{where}decoding_type {kind} does not support the {backend} backend ({t['src']})"]
+    fields = {k: v for k, v in value.items() if k != "decoding_type"}
+    table = {**c["configs"]["decoding_base"], **c["configs"][t["config"]]}
+    out = _check_table(where, table, fields, backend, f"{kind} speculative_config")
+    for name in t["positive"]:
+        default = table[name].get("default")
+        v = fields.get(name, default)
+        if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+            out.append(f"{where}{name} is {v!r}: {kind} needs it > 0 ({t['src']})")
+    out += [f"{where}{name}: {kind} needs it set ({t['src']})" for name in t["required"] if fields.get(name) in (None, "")]
     return out
 
 

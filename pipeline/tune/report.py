@@ -140,7 +140,12 @@ def write(res: SweepResult, tune: Any, out: Path, *, wall_s: float) -> dict[str,
         g = d.get("gate") or {}
         if g.get("verdict") in ("PASS", "FAIL", "INCONCLUSIVE"):
             a = (g.get("means") or {}).get("agreement") or {}
-            lines.append(f"| {d['label']} | {g['verdict']} | rule {g.get('rule')}, n = {g.get('n')}; exact agreement "
+            k = (g.get("means") or {}).get("kld")
+            kl = "" if not k or "mean_kld" not in k else (
+                f"mean KLD {k['mean_kld']['value']:.4g} [{k['mean_kld']['ci'][0]:.4g}, {k['mean_kld']['ci'][1]:.4g}] "
+                f"(limit {k['limits']['kld_max']:.4g}), same top-1 {k['same_top1_pct']['value']:.1f} % "
+                f"(limit {k['limits']['same_top1_min']:.4g}); ")
+            lines.append(f"| {d['label']} | {g['verdict']} | rule {g.get('rule')}, n = {g.get('n')}; {kl}exact agreement "
                          f"{_f(a.get('exact_match_pct'), '.0f')} %, ROUGE-L vs baseline {_f(a.get('rougeL_vs_baseline'))} |")
     skipped = [d for d in res.points.values() if d["status"] != "DONE"]
     if skipped:

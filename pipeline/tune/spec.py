@@ -107,7 +107,9 @@ class GateSpec(StrictModel):
 
     task: str | None = None
     n: int | None = Field(default=None, ge=1)
-    rule: Literal["paired", "mlperf", "mlperf_high", "trtllm"] | None = None
+    rule: Literal["paired", "mlperf", "mlperf_high", "trtllm", "kld"] | None = None
+    kld_max: float | None = Field(default=None, gt=0.0)
+    same_top1_min: float | None = Field(default=None, gt=0.0, le=100.0)
     max_output_tokens: int | None = Field(default=None, ge=1)
     max_input_tokens: int | None = Field(default=None, ge=1)
     concurrency: int | None = Field(default=None, ge=1)

@@ -48,6 +48,8 @@ FORWARD = {
     "return_generation_logits": "return_generation_logits", "return_perf_metrics": "return_perf_metrics",
     "return_num_input_tokens": "return_num_input_tokens", "return_num_output_tokens": "return_num_output_tokens",
     "beam_width": "beam_width", "num_return_sequences": "num_return_sequences",
+    # guided decoding, passed through as upstream's BLS does (tensorrt_llm_bls/1/lib/triton_decoder.py@c2e65b88d852:457-458)
+    "guided_decoding_guide_type": "guided_decoding_guide_type", "guided_decoding_guide": "guided_decoding_guide",
 }
 #: this model's own output that is not a tensorrt_llm output (every other declared output is passed through)
 TEXT_OUTPUT = "text_output"
