@@ -25,7 +25,7 @@ from pipeline.trtllm import llmapi, trtllm_serve
 REPO = Path(__file__).resolve().parents[1]
 PT_RECIPE = REPO / "recipes" / "llama31_8b_h200_fp8_pytorch.yaml"
 TRT_RECIPE = REPO / "recipes" / "llama31_8b_h200_fp8.yaml"
-TYPES = {"bool", "int", "float", "str", "list_int", "enum", "config", "speculative", "any", "flag"}
+TYPES = {"bool", "int", "float", "str", "list_int", "list_str", "enum", "config", "speculative", "any", "flag"}
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -44,7 +44,7 @@ def test_every_contract_entry_has_a_type_and_a_source():
             assert spec["type"] in TYPES and spec["src"], name
             assert spec["type"] != "enum" or spec["values"], name
             assert spec["type"] != "config" or spec["config"] in c["configs"], name
-    assert set(c["sources"]) == {"L12", "MAIN", "SERVE", "PROTO", "SAMP", "OSRV", "MAP"}
+    assert set(c["sources"]) == {"L12", "MAIN", "SERVE", "PROTO", "SAMP", "OSRV", "MAP", "LORA", "REQ"}
 
 
 SRC = re.compile(r"^(?P<key>[A-Z0-9]+):(?P<line>[1-9][0-9]*)(?: .*)?$")

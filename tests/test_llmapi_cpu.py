@@ -53,7 +53,10 @@ def test_config_pbtxt_is_upstreams_interface_plus_four_optional_inputs_and_a_cou
     cfg = triton_repo.model_configs(recipe, tmp_path)["tensorrt_llm"]
     up = triton_contract.contract()["templates"]["llmapi_tensorrt_llm"]
     ours_in, ours_out = _tensors(cfg.input), _tensors(cfg.output)
-    assert {x["name"]: (x["data_type"], x["dims"]) for x in up["inputs"]} == {k: v for k, v in ours_in.items() if k not in EXTENSIONS}
+    lora = triton_contract.llmapi_lora_inputs()  # upstream's newer copy adds them (pipeline/data/triton_backend_contract.yaml)
+    assert sorted(lora) == ["lora_ckpt_source", "lora_id", "lora_name", "lora_path"] and {k: ours_in[k] for k in lora} == lora
+    assert {x["name"]: (x["data_type"], x["dims"]) for x in up["inputs"]} == {
+        k: v for k, v in ours_in.items() if k not in EXTENSIONS and k not in lora}
     assert {x["name"]: (x["data_type"], x["dims"]) for x in up["outputs"]} == {k: v for k, v in ours_out.items() if k not in EXTRA_OUTPUTS}
     assert {k: ours_in[k] for k in EXTENSIONS} == EXTENSIONS and {k: ours_out[k] for k in EXTRA_OUTPUTS} == EXTRA_OUTPUTS
     assert all(x.optional for x in cfg.input if x.name != "text_input")

@@ -91,7 +91,7 @@ def run(
             their content keys match, else rebuilt.
 
     Raises:
-        UserError: unknown ``until``, the planner (:func:`pipeline.plan.check_fits`) finds that
+        UserError: unknown ``until``, a LoRA adapter that cannot be served (:func:`pipeline.recipe.lora.resolve_adapters`), the planner (:func:`pipeline.plan.check_fits`) finds that
             the recipe cannot fit its target, or a CPU recipe meets a bad ``$TRTPIPE_CPU_KERNELS``
             (before any stage runs); any stage's own errors propagate unchanged.
         StageError: the disk under ``build_dir`` is full or has less free than a stage needs (one line naming the
@@ -105,6 +105,9 @@ def run(
     last = STAGE_ALIASES.get(until or "triton_repo")
     if last is None:
         raise UserError(f"--stage {until!r}: expected one of quantize, engine, repo")
+    from pipeline.recipe.lora import resolve_adapters
+
+    recipe = resolve_adapters(recipe, recipe_dir)  # adapter files checked (rank, modules), paths absolute
     verdict = check_fits(recipe, recipe_dir=recipe_dir)
     if not verdict.ok:
         raise UserError(

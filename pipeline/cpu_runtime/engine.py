@@ -45,6 +45,7 @@ from pipeline.cpu_runtime.batch import build_step
 from pipeline.cpu_runtime.guided import advance, mask
 from pipeline.cpu_runtime.host import release_freed_heap, release_openmp_pool
 from pipeline.cpu_runtime.kv import kv_slots
+from pipeline.cpu_runtime.lora import LoraSet, selected, step_for
 from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder
 from pipeline.cpu_runtime.requests import (
     ContextLogitsCallback,
@@ -179,8 +180,8 @@ class CpuEngine:
     def add_request(self, input_ids: list[int], *, max_new_tokens: int, min_tokens: int = 0, end_id: int | None = None,
                     stop_words: list[list[int]] | None = None, on_tokens: TokensCallback,
                     on_error: ErrorCallback | None = None, matcher: Any = None,
-                    on_context_logits: ContextLogitsCallback | None = None) -> str:
-        """Queue one greedy generation; returns its request id.
+                    on_context_logits: ContextLogitsCallback | None = None, lora_task_id: int | None = None) -> str:
+        """Queue one greedy generation (LoRA adapter ``lora_task_id`` of :attr:`lora`, if given); returns its request id.
 
         ``on_tokens(new_token_ids, finished)`` is called from the engine's delivery thread after
         every step that produced tokens for this request, ``finished=True`` exactly once, on the
@@ -199,8 +200,8 @@ class CpuEngine:
         beyond the KV slots (refused at once, nothing queued), and ``ValueError`` (message meant for the client) when: ``input_ids`` is empty or holds
         ids outside ``[0, vocab_size)``; ``len(input_ids) > max_input_len``; ``len(input_ids) +
         max_new_tokens > max_seq_len``; ``max_new_tokens < 1``; ``min_tokens < 0``; chunked prefill is
-        off and the prompt exceeds ``max_num_tokens``. ``RuntimeError`` after :meth:`shutdown` or when
-        the scheduler thread has died.
+        off and the prompt exceeds ``max_num_tokens``; ``lora_task_id`` names no adapter of this engine.
+        ``RuntimeError`` after :meth:`shutdown` or when the scheduler thread has died.
         """
         ids, min_tokens, eid, words = checked_request(self._cfg, self.chunked, self.vocab_size, input_ids,
                                                       max_new_tokens, min_tokens, end_id, stop_words)
@@ -217,6 +218,7 @@ class CpuEngine:
             rid = f"cpu-{next(self._ids)}"
             seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error, matcher,
                                 on_context_logits)
+            seq.lora = selected(self.lora, lora_task_id)  # ValueError for an id no adapter has
             self._requests[rid] = seq
             self._inbox.append(seq)
             self._cv.notify()
@@ -283,6 +285,7 @@ class CpuEngine:
         try:
             torch.set_num_threads(self.threads)  # OpenMP's thread count is per thread
             self.model = Decoder(self.engine_dir, slots=slots, slot_len=slot_len, dtype=self.dtype, kv_dtype=self.kv_dtype)
+            self.lora = LoraSet.from_engine_config(self.engine_dir, self._cfg, self.model.geo)  # adapters by task id
         except BaseException as e:  # reported by __init__ in the caller's thread
             self._build_error = e
             return
@@ -349,6 +352,7 @@ class CpuEngine:
         batch, seqs, ctx_seqs = build_step(self._active, int(self._cfg["max_num_tokens"]), self.chunked)
         if batch.tokens.numel() == 0:
             return
+        batch.lora = step_for(batch.slots, [s.lora for s in self._active]) if self.lora is not None else None
         t1 = time.perf_counter()
         logits = self.model.forward(batch)
         t2 = time.perf_counter()

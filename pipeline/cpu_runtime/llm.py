@@ -20,7 +20,9 @@ docs/upstream.md):
   and tokens end before the stop string unless ``include_stop_str_in_output``), ``exclude_input_from_output``,
   ``return_perf_metrics``, ``detokenize``, ``skip_special_tokens``, ``add_special_tokens``, ``guided_decoding``
   (:class:`~pipeline.cpu_runtime.guided.GuidedDecodingParams`, honoured with ``LLM(guided_decoding_backend="xgrammar")``,
-  llm_args.py@c292b9f997d6:1931), and the sampling knobs.
+  llm_args.py@c292b9f997d6:1931), and the sampling knobs;
+* LoRA: ``LLM(lora_config=…)`` and ``generate_async(…, lora_request=LoRARequest(lora_name, lora_int_id, lora_path))``
+  (:class:`LoRARequest`; the adapter is loaded from its path the first time its id is seen, docs/lora.md).
 
 Decoding is greedy, as in the CPU engine: ``temperature``/``top_k``/``top_p``/``seed``/penalties are accepted and
 have no effect; ``n``/``best_of`` above 1 and beam search are refused (ValueError). The ``LLM()`` keyword arguments
@@ -42,12 +44,14 @@ from pathlib import Path
 from typing import Any, Self
 
 from pipeline.cpu_runtime.guided import GuidedDecodingParams, request_matcher
+from pipeline.cpu_runtime.lora import LoRARequest, llm_lora, request_task_id
 
 #: ``LLM()`` limits that must equal the CPU engine's engine_config.json (fixed when the engine directory was built)
 _LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
 #: ``LLM()`` arguments the facade reads itself
 _READ = {"model", "tokenizer", "kv_cache_config", "enable_chunked_prefill", "backend", "tensor_parallel_size",
-         "pipeline_parallel_size", "max_beam_width", "guided_decoding_backend", *_LIMITS}
+         "pipeline_parallel_size", "max_beam_width", "guided_decoding_backend", "lora_config", *_LIMITS}
+
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -363,6 +367,7 @@ class LLM:
             self.guides = Guides(tokenizer_info(Path(tokenizer) if tokenizer else self.model_dir), self._engine.vocab_size)
         self._ids = iter(range(1, 1 << 62))
         self._stop_cache: dict[tuple[str, ...], list[list[int]]] = {}
+        self._lora_on = llm_lora(self._engine, kwargs.get("lora_config"))  # adapters come per request (LoRARequest)
 
     @staticmethod
     def _check(kwargs: dict[str, Any], cfg: dict[str, Any]) -> None:
@@ -392,12 +397,15 @@ class LLM:
         return self._stop_cache[words]
 
     def generate_async(self, inputs: str | list[int], sampling_params: SamplingParams | None = None, *_: Any,
-                       streaming: bool = False, **__: Any) -> RequestOutput:
+                       streaming: bool = False, lora_request: LoRARequest | None = None, **__: Any) -> RequestOutput:
         """Queue one request; returns its :class:`RequestOutput` at once (call it inside the event loop that iterates
         it). ``inputs``: a prompt string (encoded with ``add_special_tokens``) or token ids.
 
+        ``lora_request``: the adapter to apply (:func:`pipeline.cpu_runtime.lora.request_task_id`).
+
         Raises ValueError for a request the engine refuses (empty or too long prompt, prompt + max_tokens beyond
-        max_seq_len, …; see :meth:`CpuEngine.add_request`) or a string prompt without a tokenizer."""
+        max_seq_len, …; see :meth:`CpuEngine.add_request`), a string prompt without a tokenizer, or an adapter that
+        cannot be served."""
         p = sampling_params or SamplingParams()
         if isinstance(inputs, str):
             if self.tokenizer is None:
@@ -412,7 +420,8 @@ class LLM:
         out._engine_id = self._engine.add_request(
             ids, max_new_tokens=int(p.max_tokens), min_tokens=max(0, int(p.min_tokens or 0)),
             end_id=None if p.ignore_eos or end_id is None else int(end_id), stop_words=words,
-            on_tokens=out._on_tokens, on_error=out._on_error, matcher=matcher)
+            on_tokens=out._on_tokens, on_error=out._on_error, matcher=matcher,
+            lora_task_id=request_task_id(self._engine, lora_request, self._lora_on))
         return out
 
     def shutdown(self) -> None:

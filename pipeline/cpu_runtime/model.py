@@ -152,6 +152,7 @@ class StepBatch:
     decode tokens. ``decode_ctx``: int64 ``[n_decode]`` context length (incl. this token) of each.
     ``chunks``: ``(offset in tokens, length, slot, start position)`` per prefill chunk.
     ``logit_rows``: int64 ``[R]`` indices into the T tokens whose next-token logits are needed.
+    ``lora``: the step's LoRA deltas (:class:`pipeline.cpu_runtime.lora.LoraStep`), ``None`` without adapters.
     """
 
     tokens: torch.Tensor
@@ -162,6 +163,7 @@ class StepBatch:
     decode_ctx: torch.Tensor
     chunks: list[tuple[int, int, int, int]]
     logit_rows: torch.Tensor
+    lora: Any = None
 
 
 class Decoder:
@@ -332,7 +334,8 @@ class Decoder:
             for _, n, _, start in b.chunks
         ]
         T = x.shape[0]
-        if self.fused_decode and b.n_decode == T and T <= NATIVE_GEMM_MAX_ROWS:
+        layers = self.layers if b.lora is None else b.lora.wrap(self.layers)  # LoRA: the layer-by-layer path
+        if b.lora is None and self.fused_decode and b.n_decode == T and T <= NATIVE_GEMM_MAX_ROWS:
             g = self.geo
             self._kernels.decode_layers(
                 self._layer_table, self.dtype != torch.float32, self.cache.dtype != torch.float32, x, g.num_attention_heads,
@@ -340,14 +343,14 @@ class Decoder:
                 self.layers[0]["down"].in_features, self.cos, self.sin, b.positions.contiguous(), b.slots.contiguous(),
                 b.decode_ctx.contiguous(), self.cache.slots, self.cache.slot_len, self.eps, self.scale, torch.get_num_threads())
         elif self._kernels:
-            x = self._layers_native(b, x, chunk_masks)
+            x = self._layers_native(b, x, chunk_masks, layers)
         else:
-            x = self._layers_torch(b, x, chunk_masks)
+            x = self._layers_torch(b, x, chunk_masks, layers)
         last = x[b.logit_rows]
         h = F.rms_norm(last, (self.geo.hidden_size,), self.norm, self.eps)
         return self.lm_head(h.to(self.dtype)).float() if self.dtype != torch.float32 else self.lm_head(h)
 
-    def _layers_native(self, b: StepBatch, x: torch.Tensor, chunk_masks: list[torch.Tensor | None]) -> torch.Tensor:
+    def _layers_native(self, b: StepBatch, x: torch.Tensor, chunk_masks: list[torch.Tensor | None], layers: list) -> torch.Tensor:
         """The decoder layers with the native kernels; ``x`` float32 ``[T, hidden]`` (updated in place, returned)."""
         g, kn = self.geo, self._kernels
         T = x.shape[0]
@@ -359,7 +362,6 @@ class Decoder:
         positions, slots = b.positions.contiguous(), b.slots.contiguous()
         dec_slots, dec_lens = slots[:nd], b.decode_ctx.contiguous()  # the decode tokens come first
         h = torch.empty(T, g.hidden_size, dtype=cd)  # each GEMM's normalised input, in the GEMM dtype
-        layers = self.layers
         kn.add_rms_norm(x, None, layers[0]["ln1"], eps, h, threads)
         for i, L in enumerate(layers):
             kc, vc = self.cache.k[i], self.cache.v[i]
@@ -385,7 +387,7 @@ class Decoder:
                 x += down
         return x
 
-    def _layers_torch(self, b: StepBatch, x: torch.Tensor, chunk_masks: list[torch.Tensor | None]) -> torch.Tensor:
+    def _layers_torch(self, b: StepBatch, x: torch.Tensor, chunk_masks: list[torch.Tensor | None], layers: list) -> torch.Tensor:
         """The decoder layers in torch ops (no native kernels); ``x`` float32 ``[T, hidden]``. RMSNorm is
         ``F.rms_norm`` (bitwise equal to transformers' formula in float32)."""
         g = self.geo
@@ -410,7 +412,7 @@ class Decoder:
                 (torch.arange(ctx).unsqueeze(0) >= lens.unsqueeze(1)).view(n_slots, 1, 1, ctx), float("-inf"))
             dec_slot_idx = torch.tensor(b.decode_slots, dtype=torch.int64)
         eps = self.eps
-        for i, L in enumerate(self.layers):
+        for i, L in enumerate(layers):
             h = F.rms_norm(x, (hidden,), L["ln1"], eps)
             qkv = L["qkv"](h.to(cd)).float() if lowp else L["qkv"](h)  # RoPE and attention in float32
             qk = self._rope(qkv[:, :nq + nkv].view(T, H + KVH, D), cos, sin_signed)

@@ -6,7 +6,9 @@ Output (``<build>/engine/``, written atomically)::
                          error of the exported format; see pipeline/cpu_runtime/dequant.py)
     config.json          plain transformers config (no quantization_config)
     tokenizer files      copied from <build>/quantize/hf_ckpt/ (tokenizer.json, chat template, …)
-    engine_config.json   what pipeline.cpu_runtime.CpuEngine needs: runtime, limits, KV-cache rule, precision
+    engine_config.json   what pipeline.cpu_runtime.CpuEngine needs: runtime, limits, KV-cache rule, precision, and
+                         the LoRA adapters (``lora``: max_lora_rank, target modules, each adapter's name, task id, dir)
+    lora/<name>/         each ``build.lora`` adapter's adapter_config.json + adapter_model.safetensors, copied
     manifest.json        stage, cache_key, versions, per-file sha256, timings, peak RSS
     llm_api_config.{yaml,json}   only for ``build.engine: pytorch`` on the cpu target: the ``LLM()`` kwargs
                          (:func:`pipeline.trtllm.llmapi.llm_api_kwargs`, ``model``/``tokenizer`` = this directory) that the
@@ -171,8 +173,41 @@ def _cache_key(recipe: Recipe, quantized: QuantizeResult, dry_run: bool) -> str:
             "quantize_cache_key": quantized.cache_key,
             "versions": versions,
             "dry_run": dry_run,
+            **({"lora_files": _lora_hashes(recipe)} if recipe.build.lora else {}),  # the adapters' bytes, not only paths
         }
     )
+
+
+def _lora_hashes(recipe: Recipe) -> dict[str, str]:
+    """``{adapter name: sha256 of its two files}`` of ``build.lora`` (empty without LoRA)."""
+    from pipeline.core.lora import CONFIG_FILE, WEIGHTS_FILE
+
+    spec = recipe.build.lora
+    return {a.name: stable_hash([sha256_file(Path(a.path) / f) for f in (CONFIG_FILE, WEIGHTS_FILE)])
+            for a in (spec.adapters if spec else ())}
+
+
+def lora_section(recipe: Recipe) -> dict[str, Any] | None:
+    """engine_config.json's ``lora``: ``max_lora_rank``, ``target_modules`` (transformers names) and per adapter
+    ``name``, ``task_id`` (what a request's ``lora_task_id`` selects), ``dir`` (``lora/<name>``, relative to the
+    engine directory), ``rank`` and ``alpha`` (from its adapter_config.json); ``None`` without ``build.lora``.
+    Raises :class:`UserError` for an adapter that cannot be served (paths must be absolute: the build resolves them)."""
+    from pipeline.core.lora import AdapterError, read_adapter_config
+    from pipeline.recipe.lora import target_modules, task_ids
+
+    spec = recipe.build.lora
+    if spec is None:
+        return None
+    adapters = []
+    for i, (a, tid) in enumerate(zip(spec.adapters, task_ids(spec))):
+        try:
+            cfg = read_adapter_config(Path(a.path))
+        except AdapterError as e:
+            raise UserError(f"build.lora.adapters.{i}.path: {e}") from None
+        adapters.append({"name": a.name, "task_id": tid, "dir": f"lora/{a.name}", "rank": cfg.rank, "alpha": cfg.alpha,
+                         "target_modules": list(cfg.target_modules)})
+    return {"max_lora_rank": spec.max_lora_rank, "target_modules": target_modules(spec, [tuple(a["target_modules"]) for a in adapters]),
+            "adapters": adapters}
 
 
 def _weights_key(hf_ckpt_sha256: str, dtype: str) -> str:
@@ -198,7 +233,7 @@ def _link_weights(old: Path, weights_key: str, tmp: Path) -> dict[str, str]:
     if not m or m.get("status") != "built" or (m.get("inputs") or {}).get("weights_key") != weights_key:
         return {}
     limits = (ENGINE_CONFIG, LLM_API_CONFIG, LLM_API_CONFIG.replace(".yaml", ".json"))  # rewritten, never linked
-    want = {name: sha for name, sha in (m.get("files") or {}).items() if name not in limits}
+    want = {name: sha for name, sha in (m.get("files") or {}).items() if name not in limits and not name.startswith("lora/")}
     if "model.safetensors" not in want or any("/" in n for n in want):
         return {}
     for name, sha in want.items():
@@ -223,6 +258,8 @@ def _write_llm_api_config(tmp: Path, recipe: Recipe, out_dir: Path) -> dict[str,
 
     final = str(out_dir.resolve())
     kwargs = {**llm_api_kwargs(recipe, tmp), "model": final, "tokenizer": final}
+    if recipe.build.lora is not None:  # the adapters' copies in this directory (hashed in its manifest)
+        kwargs["lora_config"]["lora_dir"] = [str(out_dir.resolve() / "lora" / a.name) for a in recipe.build.lora.adapters]
     problems = kwargs_problems(kwargs)
     if problems:  # a programming error: the contract table and llm_api_kwargs disagree
         raise StageError("LLM-API config: " + "; ".join(problems))
@@ -271,10 +308,20 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
     hf_ckpt = quantized.hf_ckpt
     model_cfg = _model_config(hf_ckpt, recipe, dry_run)
     ecfg = engine_config(recipe, model_cfg)
+    lora = lora_section(recipe)
+    if lora:
+        ecfg["lora"] = lora
     timings: dict[str, float] = {}
     need = None if dry_run else cpu_engine_bytes(hf_ckpt / "config.json", ecfg["dtype"])
     with atomic_dir(out_dir, need_bytes=need) as tmp:
         (tmp / ENGINE_CONFIG).write_text(json.dumps(ecfg, indent=2, sort_keys=True) + "\n")
+        if lora and not dry_run:
+            from pipeline.core.lora import CONFIG_FILE, WEIGHTS_FILE
+
+            for a, entry in zip(recipe.build.lora.adapters, lora["adapters"]):
+                (tmp / entry["dir"]).mkdir(parents=True)
+                for f in (CONFIG_FILE, WEIGHTS_FILE):
+                    shutil.copy2(Path(a.path) / f, tmp / entry["dir"] / f)
         inputs: dict[str, Any] = {"quantize_cache_key": quantized.cache_key}
         linked: dict[str, str] = {}
         if not dry_run:

@@ -117,11 +117,33 @@ def build_command(recipe: Recipe, *, source: Path, from_model_config: bool, plug
     argv += ["--kv_cache_type", b.kv_cache_type, "--tokens_per_block", str(b.tokens_per_block)]
     for name, value in plugins.items():
         argv += [f"--{name}", contract.plugin_cli_value(name, value)]
+    argv += lora_flags(recipe)
     if needs_context_logits(recipe.eval):  # the kld gate reads context_logits (trtllm_1.2.1_contract.yaml: build flags)
         argv.append("--gather_context_logits")
     argv += ["--profiling_verbosity", "layer_names_only", "--output_timing_cache", TIMING_CACHE,
              "--workers", str(b.workers), "--log_level", "info"]
     return argv
+
+
+def lora_flags(recipe: Recipe) -> list[str]:
+    """trtllm-build's LoRA flags for ``build.lora`` (none without it; pipeline/data/trtllm_1.2.1_contract.yaml):
+    ``--lora_plugin auto`` (the checkpoint dtype, as ``TrtLlmArgs.validate_build_config_remaining`` sets it for
+    ``enable_lora``, llm_args.py@c292b9f997d6), ``--lora_dir`` every adapter (the first supplies the configuration),
+    ``--lora_ckpt_source hf``, ``--max_lora_rank`` and ``--lora_target_modules`` in TensorRT-LLM's module names
+    (:data:`pipeline.core.lora.TRTLLM_MODULES`; default: the modules the adapters target)."""
+    from pipeline.core.lora import TRTLLM_MODULES, AdapterError, read_adapter_config
+    from pipeline.recipe.lora import target_modules
+
+    spec = recipe.build.lora
+    if spec is None:
+        return []
+    try:
+        mods = target_modules(spec, [] if spec.target_modules is not None else
+                              [read_adapter_config(Path(a.path)).target_modules for a in spec.adapters])
+    except AdapterError as e:
+        raise UserError(f"build.lora.adapters: {e}") from None
+    return ["--lora_plugin", "auto", "--lora_dir", *[a.path for a in spec.adapters], "--lora_ckpt_source", "hf",
+            "--max_lora_rank", str(spec.max_lora_rank), "--lora_target_modules", *[TRTLLM_MODULES[m] for m in mods]]
 
 
 def build_config_dict(recipe: Recipe, *, plugins: dict[str, Any], max_seq_len: int, dtype: str) -> dict[str, Any]:
@@ -136,6 +158,8 @@ def build_config_dict(recipe: Recipe, *, plugins: dict[str, Any], max_seq_len: i
     plugin_config = contract.plugin_defaults()
     plugin_config.update({k: contract.plugin_config_value(k, contract.plugin_cli_value(k, v)) for k, v in plugins.items()})
     plugin_config.update(tokens_per_block=b.tokens_per_block, dtype=dtype, paged_kv_cache=b.kv_cache_type == "paged")
+    if b.lora is not None:
+        plugin_config["lora_plugin"] = "auto"
     cfg["plugin_config"] = plugin_config
     return cfg
 

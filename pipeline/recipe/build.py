@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bounds import INT32_MAX, INT64_MAX, MAX_INSTANCES, is_power_of_two
+from pipeline.recipe.lora import LoraSpec
 from pipeline.recipe.moe import MoeSpec
 from pipeline.recipe.speculative import SpeculativeSpec
 
@@ -209,6 +210,7 @@ class BuildSpec(StrictModel):
     )
     cpu: CpuEngineSpec = Field(default_factory=CpuEngineSpec, description="CPU-engine settings (engine: cpu only).")
     pytorch: PytorchSpec = Field(default_factory=PytorchSpec, description="PyTorch LLM-API backend knobs (engine: pytorch only).")
+    lora: LoraSpec | None = Field(default=None, description="LoRA adapters served per request (docs/lora.md; default none).")
 
     @field_validator("tokens_per_block")
     @classmethod

@@ -48,6 +48,13 @@ CONSUMERS: dict[str, str] = {
     "build.pytorch": "runtime",     # TorchLlmArgs read when the LLM loads (llm_api_config.yaml → model.yaml): no engine
     "build.guided_decoding_backend": "runtime",  # read at model load (Triton parameters / LLM() / the CPU model)
     "build.allow_kv_oversubscription": "plan",
+    "build.lora": "engine",         # trtllm-build's LoRA flags; the CPU engine directory's copies of the adapters
+    "build.lora.max_loras": "runtime",  # LLM-API LoraConfig, read when the LLM loads
+    "build.lora.max_cpu_loras": "runtime",
+    "build.lora.cache_gpu_memory_fraction": "runtime",  # the C++ backend's lora_cache_* parameters
+    "build.lora.cache_host_memory_bytes": "runtime",
+    "build.lora.cache_optimal_adapter_size": "runtime",
+    "build.lora.cache_max_adapter_size": "runtime",
     "serving": "runtime",
     "bench": "bench",
     "eval": "eval",

@@ -110,6 +110,7 @@ class _Common(_Strict):
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False  # PROTO:243 / 545
     min_tokens: int = 0  # PROTO:244 / 546
+    lora_request: dict[str, Any] | None = None  # PROTO:231 / 550: LoRARequest's fields (lora_name, lora_int_id, lora_path)
     skip_special_tokens: bool = True
     response_format: ResponseFormat | None = None  # PROTO CompletionRequest / ChatCompletionRequest
 
@@ -183,6 +184,16 @@ class _ChatTemplate:
         return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
+def _lora(req: _Common) -> Any:
+    """The request's ``lora_request`` as a :class:`pipeline.cpu_runtime.llm.LoRARequest` (ValueError when malformed)."""
+    from pipeline.cpu_runtime.llm import LoRARequest
+
+    try:
+        return None if req.lora_request is None else LoRARequest(**req.lora_request)
+    except TypeError as e:
+        raise ValueError(f"lora_request: {e}") from None
+
+
 def _healthy(llm: Any) -> bool:
     """Whether the model answers: the CPU engine's scheduler thread runs and has not failed (OS2:333-339 asks the
     LLM's ``_check_health`` the same question)."""
@@ -225,7 +236,7 @@ def create_app(llm: Any, model_name: str, tokenizer_dir: str) -> FastAPI:
             prompt = prompt[0]
         try:
             params = _sampling(req, req.max_tokens, add_special_tokens=req.add_special_tokens, detokenize=req.detokenize)
-            res = llm.generate_async(prompt, params, streaming=bool(req.stream))  # OS:771-778
+            res = llm.generate_async(prompt, params, streaming=bool(req.stream), lora_request=_lora(req))  # OS:771-778
         except ValueError as e:
             return _error(str(e))
         return await _respond(raw, res, req, chat=False, echo=prompt if req.echo and isinstance(prompt, str) else None)
@@ -237,7 +248,7 @@ def create_app(llm: Any, model_name: str, tokenizer_dir: str) -> FastAPI:
         try:
             prompt = await asyncio.to_thread(template.render, req.messages, req.add_generation_prompt)
             params = _sampling(req, req.max_completion_tokens, add_special_tokens=req.add_special_tokens)
-            res = llm.generate_async(prompt, params, streaming=bool(req.stream))  # OS:541-549
+            res = llm.generate_async(prompt, params, streaming=bool(req.stream), lora_request=_lora(req))  # OS:541-549
         except Exception as e:  # OS:566-568: any failure of the request is a 400 naming it
             return _error(str(e))
         return await _respond(raw, res, req, chat=True)

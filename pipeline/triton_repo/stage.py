@@ -84,7 +84,7 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
     ``max_tokens`` → ``max_tokens_in_paged_kv_cache``, ``enable_block_reuse`` → ``enable_kv_cache_reuse``,
     ``max_attention_window`` → ``max_attention_window_size``, ``host_cache_size`` → ``kv_cache_host_memory_bytes``,
     ``scheduler_config.capacity_scheduler_policy`` → ``batch_scheduler_policy`` (lower case),
-    ``build.enable_chunked_prefill`` → ``enable_chunked_context``; names and meanings from
+    ``build.enable_chunked_prefill`` → ``enable_chunked_context``, ``build.lora.cache_*`` → ``lora_cache_*``; names and meanings from
     tensorrtllm_backend docs/model_config.md (docs/reference/triton-model-repository.md §3.2). Optional knobs left unset in the recipe
     are omitted (never left as ``${…}``). For the CPU engine the parameters are exactly those its python
     model reads (engine path, beam width, exclude-input, cancellation period, ``cpu_num_threads``): its KV pool
@@ -142,6 +142,12 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
         "max_attention_window_size": kv.max_attention_window,
         "kv_cache_host_memory_bytes": kv.host_cache_size,
     }
+    lora = b.lora
+    if lora is not None:  # the C++ backend's PEFT cache (model_instance_state.cc@c2e65b88d852:289-351)
+        optional.update({"lora_cache_gpu_memory_fraction": lora.cache_gpu_memory_fraction,
+                         "lora_cache_host_memory_bytes": lora.cache_host_memory_bytes,
+                         "lora_cache_optimal_adapter_size": lora.cache_optimal_adapter_size,
+                         "lora_cache_max_adapter_size": lora.cache_max_adapter_size})
     params.update({k: str(v) for k, v in optional.items() if v is not None})
     # the C++ tensorrtllm backend
     cpp = layouts()["cpp"]

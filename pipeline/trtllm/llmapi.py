@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from pipeline.core import hardware
+from pipeline.core.errors import UserError
 from pipeline.core.geometry import geometry_for_source, geometry_from_config
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.knobs import TRT_ONLY_KNOBS  # noqa: F401  (re-exported: recipe validation refuses them)
@@ -98,7 +99,31 @@ def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path, *, draft_dir: str | None =
         kwargs["guided_decoding_backend"] = b.guided_decoding_backend
     if t.gpu != hardware.CPU_TARGET:
         kwargs.update(pytorch_kwargs(recipe, draft_dir=draft_dir))
+    if b.lora is not None:
+        kwargs["lora_config"] = lora_config(recipe)
     return kwargs
+
+
+def lora_config(recipe: Recipe, lora_dirs: list[str] | None = None) -> dict[str, Any]:
+    """The LLM API's ``lora_config`` (``LoraConfig``, pipeline/data/trtllm_1.2.1_llmapi_contract.yaml) of ``build.lora``:
+    ``lora_dir`` (``lora_dirs``, default the adapters' paths), ``lora_ckpt_source`` hf, ``max_lora_rank``,
+    ``lora_target_modules`` in TensorRT-LLM's names (default: the modules the adapters target), ``max_loras``,
+    ``max_cpu_loras``. Raises :class:`UserError` for an adapter that cannot be read."""
+    from pipeline.core.lora import TRTLLM_MODULES, AdapterError, read_adapter_config
+    from pipeline.recipe.lora import target_modules
+
+    spec = recipe.build.lora
+    assert spec is not None
+    try:
+        mods = target_modules(spec, [] if spec.target_modules is not None else
+                              [read_adapter_config(Path(a.path)).target_modules for a in spec.adapters])
+    except AdapterError as e:
+        raise UserError(f"build.lora.adapters: {e}") from None
+    return {"lora_dir": list(lora_dirs) if lora_dirs is not None else [a.path for a in spec.adapters],
+            "lora_ckpt_source": "hf", "max_lora_rank": spec.max_lora_rank,
+            "lora_target_modules": [TRTLLM_MODULES[m] for m in mods], "max_loras": spec.max_loras,
+            "max_cpu_loras": spec.max_cpu_loras}
+
 
 
 #: build.pytorch fields written only when set (speculative decoding, MoE): :func:`feature_kwargs`
@@ -151,6 +176,7 @@ def _type_problem(where: str, spec: dict[str, Any], value: Any) -> str | None:
         "float": isinstance(value, (int, float)) and not isinstance(value, bool),
         "str": isinstance(value, str),
         "list_int": isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+        "list_str": isinstance(value, list) and all(isinstance(v, str) for v in value),
         "enum": value in spec.get("values", ()),
         "config": isinstance(value, dict),
         "speculative": isinstance(value, dict),

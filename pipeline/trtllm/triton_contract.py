@@ -107,6 +107,14 @@ LLMAPI_EXTRA_INPUTS: dict[str, dict[str, tuple[str, list[int]]]] = {
     "tensorrt_llm": {"sampling_param_min_tokens": ("TYPE_INT32", [1]), "sampling_param_ignore_eos": ("TYPE_BOOL", [1]),
                      "sampling_param_skip_special_tokens": ("TYPE_BOOL", [1]),
                      "return_num_output_tokens": ("TYPE_BOOL", [1])}}
+def llmapi_lora_inputs() -> dict[str, tuple[str, list[int]]]:
+    """The LoRA inputs of upstream's newer llmapi ``config.pbtxt`` (``lora_id``, ``lora_name``, ``lora_path``,
+    ``lora_ckpt_source``: ``templates.llmapi_tensorrt_llm.config_pbtxt_newer_copy``, @0a71057313ec:176-194), which
+    trtpipe's llmapi model declares beside the older copy's interface it is held to."""
+    newer = contract()["templates"]["llmapi_tensorrt_llm"]["config_pbtxt_newer_copy"]["inputs"]
+    return {x["name"]: (x["data_type"], x["dims"]) for x in newer if x["name"].startswith("lora_")}
+
+
 #: The output trtpipe's ``llmapi`` model adds: the tokens each response adds (the C++ backend's ``num_output_tokens``,
 #: same name, type and dims: ``templates.tensorrt_llm`` of pipeline/data/triton_backend_contract.yaml).
 LLMAPI_EXTRA_OUTPUTS: dict[str, dict[str, tuple[str, list[int]]]] = {"tensorrt_llm": {"num_output_tokens": ("TYPE_INT32", [1])}}
@@ -183,7 +191,7 @@ def repository_problems(configs: dict[str, Any], implementation: str) -> list[st
             out.append(f"{model}: not a model of the upstream {implementation} repository")
             continue
         extra = {"cpu": CPU_EXTRA_OUTPUTS, "llmapi": LLMAPI_EXTRA_OUTPUTS}.get(implementation, {}).get(model)
-        extra_in = LLMAPI_EXTRA_INPUTS.get(model) if implementation == "llmapi" else None
+        extra_in = {**LLMAPI_EXTRA_INPUTS[model], **llmapi_lora_inputs()} if implementation == "llmapi" and model in LLMAPI_EXTRA_INPUTS else None
         out += tensor_problems(model, template, cfg, extra, extra_in)
         if implementation == "cpp" and model == "tensorrt_llm":
             if cfg.backend != "tensorrtllm":

@@ -189,11 +189,13 @@ class TritonPythonModel:
             from _common import apply_pythonpath
 
             apply_pythonpath()
-            from pipeline.cpu_runtime.llm import LLM, SamplingParams
+            from pipeline.cpu_runtime.llm import LLM, LoRARequest, SamplingParams
 
+            self.LoRARequest = LoRARequest
             return LLM, SamplingParams, llm_args
         from tensorrt_llm import LLM, SamplingParams
         from tensorrt_llm._utils import global_mpi_rank, global_mpi_size
+        from tensorrt_llm.executor.request import LoRARequest
         from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict
 
         if global_mpi_rank() != 0:  # a worker rank serves the leader's MPI session until it ends (upstream initialize)
@@ -205,6 +207,7 @@ class TritonPythonModel:
                 if executor is not None:
                     raise RuntimeError(f"llmapi: rank {COMM_WORLD.rank} should not have an executor")
             return LLM, SamplingParams, {}
+        self.LoRARequest = LoRARequest
         llm_args = update_llm_args_with_extra_dict({}, llm_args)
         if global_mpi_size() > 1:  # one MPI session over the ranks mpirun started (upstream initialize)
             from mpi4py.MPI import COMM_WORLD
@@ -245,6 +248,26 @@ class TritonPythonModel:
         wanted = {k: bool(_scalar(request, k) or False) for k in (*STRING_OUTPUTS, COUNT_SWITCH)}
         return _text(arr.reshape(-1)[0]), self.SamplingParams(**kwargs), bool(_scalar(request, "streaming") or False), wanted
 
+    def _lora(self, request) -> Any:
+        """The request's ``LoRARequest`` from ``lora_id`` / ``lora_name`` / ``lora_path`` (all three or none;
+        ``lora_ckpt_source`` hf, the default, only), as upstream's ``get_lora_request_from_request``
+        (helpers.py@0df60f9ad779) builds it; ``None`` without them."""
+        def string(key: str) -> str | None:  # a STRING scalar (bytes in an object array: no .item())
+            t = pb_utils.get_input_tensor_by_name(request, key)
+            return None if t is None else _text(t.as_numpy().reshape(-1)[0])
+
+        lora_id, name, path = _scalar(request, "lora_id"), string("lora_name"), string("lora_path")
+        if lora_id is None and name is None and path is None:
+            return None
+        if lora_id is None or name is None or path is None:
+            raise pb_utils.TritonModelException("lora_id, lora_name, and lora_path must all be provided together")
+        source = string("lora_ckpt_source")
+        if source is not None and source != "hf":
+            raise pb_utils.TritonModelException(f"lora_ckpt_source {source!r}: trtpipe serves hf (peft) adapters only")
+        if not os.path.exists(path):
+            raise pb_utils.TritonModelException(f"lora_path does not exist on the Triton server's filesystem: {path}")
+        return self.LoRARequest(lora_name=name, lora_int_id=int(lora_id), lora_path=path)
+
     async def _serve(self, request) -> None:
         sender = request.get_response_sender()
         if _scalar(request, "stop"):
@@ -261,7 +284,7 @@ class TritonPythonModel:
                 self.requests[key] = req
                 if req.user_id:
                     self.by_user.setdefault(req.user_id, set()).add(key)
-            req.result = self.llm.generate_async(prompt, params, streaming=streaming)
+            req.result = self.llm.generate_async(prompt, params, streaming=streaming, lora_request=self._lora(request))
             output = None
             async for output in req.result:
                 if streaming:

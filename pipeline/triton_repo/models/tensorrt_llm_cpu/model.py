@@ -2,13 +2,13 @@
 
 Same inputs/outputs as the C++ ``tensorrtllm`` backend (config generated from the same template):
 input_ids, input_lengths, request_output_len, end_id, pad_id, streaming, min_tokens, stop,
-stop_words_list, exclude_input_in_output, return_num_input_tokens / return_num_output_tokens /
+stop_words_list, exclude_input_in_output, lora_task_id (the build's adapters), return_num_input_tokens / return_num_output_tokens /
 return_perf_metrics, … → output_ids [beam=1, n], sequence_length [1], num_input_tokens,
 num_output_tokens (tokens generated in THIS response), arrival/first_scheduled/first_token/
 last_token_time_ns, and with ``return_context_logits`` the ``context_logits`` output (FP32 [1, input_len,
 vocab]: the shape the C++ backend writes, model_instance_state.cc@c2e65b88d852:1105-1117, in the first response
 after the prompt is prefilled). Decoding is greedy (sampling inputs are accepted and ignored); beam_width and
-num_return_sequences must be 1; bad_words_list and embedding_bias are rejected.
+num_return_sequences must be 1; bad_words_list, embedding_bias, lora_weights and lora_config are rejected.
 
 Decoupled: ``execute`` only submits requests to :class:`pipeline.cpu_runtime.engine.CpuEngine`; the
 engine's delivery thread calls back with new tokens and this model sends one response per engine
@@ -369,8 +369,8 @@ class TritonPythonModel:
                     raise ValueError(f"{name} > 1 is not supported by the CPU engine (greedy, one sequence)")
             if parse_word_list(array(request, "bad_words_list")):
                 raise ValueError("bad_words_list is not supported by the CPU engine")
-            if array(request, "embedding_bias") is not None and np.any(array(request, "embedding_bias")):
-                raise ValueError("embedding_bias is not supported by the CPU engine")
+            if np.any(array(request, "embedding_bias")) or any(array(request, n) is not None for n in ("lora_weights", "lora_config")):
+                raise ValueError("embedding_bias, lora_weights and lora_config are not supported by the CPU engine (lora_task_id selects a LoRA adapter of its build)")
             ids = array(request, "input_ids")
             if ids is None:
                 raise ValueError("input_ids is required")
@@ -402,7 +402,7 @@ class TritonPythonModel:
                 stop_words=parse_word_list(array(request, "stop_words_list")),
                 on_tokens=lambda new, fin, j=job: self._on_tokens(j, new, fin),
                 on_error=lambda msg, j=job: self._finish(j, error=msg),
-                matcher=matcher,
+                matcher=matcher, lora_task_id=scalar(request, "lora_task_id", None),
                 on_context_logits=(lambda t, j=job: j.ctx_logits.append(t)) if ctx else None,
             )
             if job.done:  # finished (client gone) before the engine's id was known here
