@@ -89,8 +89,9 @@ BUILD_OVERRIDES = {
     "target.gpu": ["target.gpu=h100_sxm"],
 }
 #: build-time fields with no other value to try on this recipe: the engine kind (another builder), the only KV
-#: cache type that supports in-flight batching, workers (needs tp × pp > 1, another quantized checkpoint)
-BUILD_FIXED = {"build.engine", "build.kv_cache_type", "build.workers"}
+#: cache type that supports in-flight batching, workers (needs tp × pp > 1, another quantized checkpoint), LoRA
+#: (needs real adapter directories matching the model: tests/test_lora.py builds with peft adapters)
+BUILD_FIXED = {"build.engine", "build.kv_cache_type", "build.workers", "build.lora"}
 
 
 @pytest.fixture

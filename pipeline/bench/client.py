@@ -413,9 +413,7 @@ class StreamClient:
             return -1
         if self._tokens and "output_ids" in names:
             shape = ir.outputs[names.index("output_ids")].shape
-            if "sequence_length" in names:  # the server's own count of this response's tokens, summed: osl_check
-                # per response, not cumulative: the backend writes each beam's outputTokenIds size of this result
-                # (tensorrtllm_backend model_instance_state.cc@c2e65b88d852:1059-1099 fillTritonResponse)
+            if "sequence_length" in names:  # this response's token count, summed for osl_check (records.RequestRecord)
                 n = int.from_bytes(ir.raw_output_contents[names.index("sequence_length")][:4], "little", signed=True)
                 rec.server_tokens = (rec.server_tokens or 0) + n
             return int(shape[-1]) if shape else 0
