@@ -202,3 +202,39 @@ def _error_request(error) -> str:
     if "does not compile" in msg:
         return "bad-schema"
     raise AssertionError(f"unexpected error response: {msg}")
+
+
+def test_trtllm_serve_stand_in_guides_by_response_format(cpu_build):
+    """trtllm-serve's way: ``response_format`` on /v1/completions and /v1/chat/completions becomes the request's guide
+    (openai_protocol ``_response_format_to_guided_decoding_params``, cited in pipeline/serve/openai_cpu.py): a json
+    schema → schema-valid JSON, a regex → a full match, ``json`` without ``schema`` → 400 with upstream's message,
+    ``text`` → unguided (the same tokens as no response_format at all)."""
+    from fastapi.testclient import TestClient
+
+    from pipeline.cpu_runtime.llm import LLM
+    from pipeline.serve.openai_cpu import create_app
+
+    engine = str(BuildLayout(cpu_build).engine)
+    with LLM(engine, guided_decoding_backend="xgrammar") as llm, TestClient(create_app(llm, "m", engine)) as client:
+        def text(route: str, **body) -> str:
+            r = client.post(route, json={"model": "m", "max_tokens": 48, **body})
+            assert r.status_code == 200, r.text
+            choice = r.json()["choices"][0]
+            return choice["text"] if route == "/v1/completions" else choice["message"]["content"]
+
+        doc = json.loads(text("/v1/completions", prompt="Describe Alice (case 0) as JSON.",
+                              response_format={"type": "json", "schema": SCHEMA}))
+        jsonschema.validate(doc, SCHEMA)
+        chat = json.loads(text("/v1/chat/completions", messages=[{"role": "user", "content": "Bob as JSON, please."}],
+                               response_format={"type": "json", "schema": SCHEMA}))
+        jsonschema.validate(chat, SCHEMA)
+        regex = r"[0-9]{3}-[0-9]{4}"
+        assert re.fullmatch(regex, text("/v1/completions", prompt="My phone number is", max_tokens=16,
+                                        response_format={"type": "regex", "regex": regex}))
+        plain = text("/v1/completions", prompt="The capital of France is", max_tokens=8)
+        assert text("/v1/completions", prompt="The capital of France is", max_tokens=8,
+                    response_format={"type": "text"}) == plain
+        assert not re.fullmatch(regex, plain)
+        bad = client.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 4,
+                                                   "response_format": {"type": "json"}})
+        assert bad.status_code == 400 and "The 'schema' field is required" in bad.text, bad.text
