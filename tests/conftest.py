@@ -9,10 +9,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,6 +91,54 @@ def quant_one_thread():
     yield
     torch.set_num_threads(before)
     mp.undo()
+
+
+INT4_RECIPE = REPO / "recipes" / "smollm2_135m_cpu_int4_awq.yaml"
+#: the shared INT4 AWQ run's calibration: 4 x 64 tokens (AWQ's search runs 20 scales x every calibration token)
+INT4_SMALL = ["quantization.calibration.size=4", "quantization.calibration.max_seq_length=64",
+              "quantization.calibration.batch_size=4", "quantization.calibration.eval_samples=2"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Int4Awq:
+    """The session's INT4 AWQ quantize stage: its recipe, build directory, result and ModelOpt's fake-quant weights."""
+
+    recipe: Any
+    root: Path
+    quantized: Any
+    reference: Path
+    recipe_dir: Path = INT4_RECIPE.parent
+
+
+@pytest.fixture(scope="session")
+def int4_awq(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Int4Awq:
+    """The shipped INT4 AWQ recipe (group size 64, FP8 KV) through the real quantize stage once per session, with
+    a small calibration (:data:`INT4_SMALL`): ``<root>/quantize`` as ``trtpipe build`` writes it, shared by the
+    export test (tests/test_quantize.py), the dequantization test (tests/test_engine_cpu.py) and the INT4 kld gate
+    (tests/test_eval_kld.py builds its engine on it). ``reference`` holds ModelOpt's fake-quant effective weights of
+    this very run, taken inside the stage right before ``export_hf_checkpoint`` packs them
+    (:func:`support.save_fakequant_reference`)."""
+    import modelopt.torch.export as mte
+    from support import save_fakequant_reference
+
+    from pipeline.core.layout import BuildLayout
+    from pipeline.quantize import stage as quantize
+    from pipeline.recipe import load_recipe
+
+    root = tmp_path_factory.mktemp("int4_awq") / "smollm2_135m_cpu_int4_awq"
+    reference = root.parent / "reference.safetensors"
+    export = mte.export_hf_checkpoint
+
+    def export_with_reference(model, *args, **kwargs):
+        save_fakequant_reference(model, reference)
+        return export(model, *args, **kwargs)
+
+    recipe = load_recipe(INT4_RECIPE, INT4_SMALL)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mte, "export_hf_checkpoint", export_with_reference)  # the stage imports it when it exports
+        res = quantize.run(recipe, BuildLayout(root), recipe_dir=INT4_RECIPE.parent)
+    assert not res.cached and reference.is_file(), "the quantize stage no longer exports through export_hf_checkpoint"
+    return Int4Awq(recipe, root, res, reference)
 
 
 # --- end-to-end fixtures ---

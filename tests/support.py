@@ -25,6 +25,9 @@ from pipeline.core.artifacts import (
 from pipeline.quantize.result import QuantizeResult
 
 _FIXTURE_VERSION = 2
+#: the prompts and generation of the real eval gates on the CPU default (tests/test_eval.py, tests/test_eval_kld.py):
+#: one set, so the eval output cache (keyed on weights, prompts and generation parameters) serves the second file
+EVAL_PROMPTS = dict(n=4, max_output_tokens=16, max_input_tokens=96, concurrency=4)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -62,6 +65,32 @@ def _calibration_batches(tokenizer, n: int, seq_len: int) -> list:
     return [ids[i * seq_len : (i + 1) * seq_len].unsqueeze(0) for i in range(n)]
 
 
+def save_fakequant_reference(model, path: Path) -> None:
+    """Write ModelOpt's fake-quant *effective* weight of every enabled weight quantizer of ``model`` to ``path``
+    (``<module>.weight`` → ``weight_quantizer(weight)``, times the input ``pre_quant_scale`` when there is one), after
+    the export's own pre-processing (:func:`requantize_resmooth_fused_llm_layers`, idempotent) and before
+    ``export_hf_checkpoint`` packs the weights in place."""
+    import torch
+    from modelopt.torch.export.unified_export_hf import (
+        requantize_resmooth_fused_llm_layers,
+    )
+    from safetensors.torch import save_file
+
+    with torch.no_grad():
+        requantize_resmooth_fused_llm_layers(model)  # what the export does first (idempotent)
+        ref = {}
+        for name, mod in model.named_modules():
+            wq = getattr(mod, "weight_quantizer", None)
+            if wq is None or not getattr(wq, "is_enabled", False):
+                continue
+            w = wq(mod.weight).float()
+            pqs = getattr(getattr(mod, "input_quantizer", None), "pre_quant_scale", None)
+            if pqs is not None:
+                w = w * pqs.float().reshape(1, -1)
+            ref[f"{name}.weight"] = w.contiguous()
+    save_file(ref, str(path))
+
+
 def quantized_stage(
     cache_root: Path,
     qformat: str = "fp8",
@@ -91,10 +120,6 @@ def quantized_stage(
     import modelopt.torch.quantization as mtq
     import torch
     from modelopt.torch.export import export_hf_checkpoint
-    from modelopt.torch.export.unified_export_hf import (
-        requantize_resmooth_fused_llm_layers,
-    )
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.quantize.ptq import quant_config
@@ -112,18 +137,7 @@ def quantized_stage(
 
             with torch.no_grad():
                 model = mtq.quantize(model, cfg, forward_loop)
-                requantize_resmooth_fused_llm_layers(model)  # what the export does first (idempotent)
-                ref = {}
-                for name, mod in model.named_modules():
-                    wq = getattr(mod, "weight_quantizer", None)
-                    if wq is None or not getattr(wq, "is_enabled", False):
-                        continue
-                    w = wq(mod.weight).float()
-                    pqs = getattr(getattr(mod, "input_quantizer", None), "pre_quant_scale", None)
-                    if pqs is not None:
-                        w = w * pqs.float().reshape(1, -1)
-                    ref[f"{name}.weight"] = w.contiguous()
-                save_file(ref, str(tmp / "reference.safetensors"))
+            save_fakequant_reference(model, tmp / "reference.safetensors")
         with torch.no_grad():
             export_hf_checkpoint(model, export_dir=tmp / "hf_ckpt")
         tok.save_pretrained(tmp / "hf_ckpt")

@@ -39,16 +39,17 @@ def fp8_export() -> QuantizeResult:
     return quantized_stage(FIXTURES, "fp8", kv_cache_dtype="fp8")
 
 
-def _assert_matches_fakequant(export: QuantizeResult, step_of) -> None:
+def _assert_matches_fakequant(export: QuantizeResult, step_of, reference: Path | None = None) -> None:
     """Every dequantized Linear equals ModelOpt's fake-quant weight, except at rounding ties.
 
     ModelOpt's fake-quant kernels round halfway cases away from zero; the export's torch casts
     round half to even. SmolLM2 comes from a Q4_1 GGUF, so exact ties are common (~0.2 %). A
-    mismatch must therefore be (a) rare and (b) exactly one quantization step (``step_of``).
+    mismatch must therefore be (a) rare and (b) exactly one quantization step (``step_of``). ``reference``: the
+    fake-quant weights (default: the export's ``reference.safetensors``).
     """
     from safetensors.torch import load_file
 
-    ref = load_file(str(export.path / "reference.safetensors"))
+    ref = load_file(str(reference or export.path / "reference.safetensors"))
     got = dequant.dequantize_checkpoint(export.path / "hf_ckpt")
     assert len(ref) >= 7 * 30, f"only {len(ref)} quantized Linear weights in the reference"
     for name, r in ref.items():
@@ -112,8 +113,10 @@ def test_dequant_int8_and_errors() -> None:
 
 
 @pytest.mark.slow
-def test_dequant_int4_awq_matches_modelopt_fakequant() -> None:
-    export = quantized_stage(FIXTURES, "int4_awq", kv_cache_dtype="fp8", awq_block_size=64, calib_size=4)
+def test_dequant_int4_awq_matches_modelopt_fakequant(int4_awq) -> None:
+    """The quantize stage's own INT4 AWQ hf_ckpt (the session's run of the shipped recipe, tests/conftest.py),
+    dequantized, equals ModelOpt's fake-quant weights of that run up to one step at rounding ties."""
+    export = int4_awq.quantized
     info = dequant.read_quant_info(export.path / "hf_ckpt")
     assert info["quant_algo"] == "W4A16_AWQ"
     from safetensors import safe_open
@@ -129,7 +132,7 @@ def test_dequant_int4_awq_matches_modelopt_fakequant() -> None:
             step = step * h.get_tensor(base + "pre_quant_scale").float()[None, :]
         return step
 
-    _assert_matches_fakequant(export, int4_step)
+    _assert_matches_fakequant(export, int4_step, int4_awq.reference)
 
 
 # ---------------------------------------------------------------------------------------- the stage

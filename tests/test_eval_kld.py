@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import EVAL_PROMPTS
 
 from pipeline.eval import kld, stats
 from pipeline.recipe import load_recipe
@@ -118,7 +119,7 @@ def test_cli_refuses_a_bad_limit_with_one_line(tmp_path: Path):
 
 
 # ---------------------------------------------------------------------- the real gate (CPU default)
-KLD_OPTS = dict(rule="kld", n=4, max_output_tokens=16, max_input_tokens=96, concurrency=4, resamples=500)
+KLD_OPTS = dict(rule="kld", resamples=500, **EVAL_PROMPTS)  # tests/test_eval.py's prompts: their outputs are cached
 
 
 def _run(candidate: Path, baseline: Path | None, out: Path, **kw):
@@ -188,14 +189,15 @@ def test_a_damaged_build_fails_the_kld_gate(fp8_kld, cpu_build: Path, tmp_path: 
 
 @pytest.mark.triton
 @pytest.mark.slow
-def test_int4_awq_is_further_from_the_baseline_than_fp8(fp8_kld, cpu_build: Path, tmp_path: Path):
-    """INT4 AWQ (block 64, as tunes/smollm2_cpu.yaml) built next to the FP8 build: a larger mean KLD than FP8's."""
+def test_int4_awq_is_further_from_the_baseline_than_fp8(fp8_kld, cpu_build: Path, int4_awq, tmp_path: Path):
+    """INT4 AWQ (block 64, as tunes/smollm2_cpu.yaml): the session's INT4 quantize stage (tests/conftest.py) built on
+    into a CPU engine and a repository, gated against the FP8 build's baseline: a larger mean KLD than FP8's."""
     from pipeline.build import stage as build
+    from pipeline.core import artifacts
 
-    recipe = load_recipe(CPU_RECIPE, ["quantization.qformat=int4_awq", "quantization.awq_block_size=64",
-                                      "quantization.calibration.size=16", "quantization.calibration.max_seq_length=128"])
-    out = cpu_build.parent / "smollm2_135m_cpu_int4_awq"
-    build.run(recipe, out, recipe_dir=CPU_RECIPE.parent)
-    res = _run(out, cpu_build.parent / f"{cpu_build.name}-baseline", tmp_path / "int4")
+    with artifacts.last_build_kept():
+        built = build.run(int4_awq.recipe, int4_awq.root, recipe_dir=int4_awq.recipe_dir)
+    assert built.quantize.cached  # the shared calibration, not a second one
+    res = _run(int4_awq.root, cpu_build.parent / f"{cpu_build.name}-baseline", tmp_path / "int4")
     assert res.means["kld"]["mean_kld"]["value"] > fp8_kld.means["kld"]["mean_kld"]["value"]
     assert res.means["kld"]["limits"]["kld_max"] == 0.031046

@@ -213,11 +213,11 @@ def test_quant_config_copies_modelopt_constants() -> None:
 
 
 @pytest.mark.slow
-def test_int4_awq_quantize_and_export(tmp_path: Path, original, quant_one_thread) -> None:
-    recipe = load_recipe(RECIPES / "smollm2_135m_cpu_int4_awq.yaml", [
-        "quantization.calibration.size=4", "quantization.calibration.max_seq_length=64",
-        "quantization.calibration.batch_size=4", "quantization.calibration.eval_samples=2"])
-    res = quantize.run(recipe, BuildLayout(tmp_path), recipe_dir=RECIPES)
+def test_int4_awq_quantize_and_export(int4_awq) -> None:
+    """The shipped INT4 AWQ recipe through the stage (the session's run, tests/conftest.py): W4A16_AWQ with group size
+    64 and pre-quant scales in the TensorRT-LLM checkpoint, packed INT4 with per-group scales in hf_ckpt."""
+    res = int4_awq.quantized
+    assert res.manifest["calibration"]["calib_samples"] == 4 and res.manifest["exported"]["quant_algo"] == "W4A16_AWQ"
     cfg = json.loads((res.path / "trtllm_ckpt" / "config.json").read_text())["quantization"]
     assert cfg["quant_algo"] == "W4A16_AWQ" and cfg["group_size"] == 64 and cfg["pre_quant_scale"] is True
     w = _tensors(res.path / "hf_ckpt" / "model.safetensors")

@@ -295,8 +295,8 @@ class StreamClient:
             its last one, or, before its first, when no stream of this client got one for this long (a request
             queued behind others that progress is not stalled). ``None``: only ``timeout_s``.
         max_streams: the most streams in flight at once (sizes the channel pool).
-        keep_text: also keep every ``text_output`` piece in ``rec.response_text`` when the token count
-            comes as ``num_output_tokens`` (``trtpipe eval`` needs the text; the bench does not).
+        keep_text: kept for callers that need the text (``trtpipe eval``): every ``text_output`` piece is in
+            ``rec.response_text`` once in every case (the bench re-tokenizes it for its osl check).
     """
 
     def __init__(self, url: str, info: ModelInfo, *, timeout_s: float, max_streams: int = 1, keep_text: bool = False,
@@ -417,10 +417,6 @@ class StreamClient:
                 n = int.from_bytes(ir.raw_output_contents[names.index("sequence_length")][:4], "little", signed=True)
                 rec.server_tokens = (rec.server_tokens or 0) + n
             return int(shape[-1]) if shape else 0
-        if self._keep_text and "text_output" in names and "num_output_tokens" in names:
-            if rec.response_text is None:
-                rec.response_text = []
-            rec.response_text.append(ir.raw_output_contents[names.index("text_output")][4:])
         if "num_output_tokens" in names:
             i = names.index("num_output_tokens")
             if "text_output" in names:  # keep the text too: re-tokenized after the run (osl_check)
