@@ -295,11 +295,9 @@ class StreamClient:
             its last one, or, before its first, when no stream of this client got one for this long (a request
             queued behind others that progress is not stalled). ``None``: only ``timeout_s``.
         max_streams: the most streams in flight at once (sizes the channel pool).
-        keep_text: kept for callers that need the text (``trtpipe eval``): every ``text_output`` piece is in
-            ``rec.response_text`` once in every case (the bench re-tokenizes it for its osl check).
     """
 
-    def __init__(self, url: str, info: ModelInfo, *, timeout_s: float, max_streams: int = 1, keep_text: bool = False,
+    def __init__(self, url: str, info: ModelInfo, *, timeout_s: float, max_streams: int = 1,
                  stall_s: float | None = None) -> None:
         self.info = info
         self.timeout_s = timeout_s
@@ -314,7 +312,6 @@ class StreamClient:
         self._stopping = False
         self._tokens = info.interface == "tokens"
         self._cumulative = info.interface == "llmapi"
-        self._keep_text = keep_text
 
     async def stream(self, request: service_pb2.ModelInferRequest, rec: RequestRecord) -> None:
         """Send ``request`` and record every response into ``rec``; never raises for request

@@ -42,8 +42,9 @@ from pipeline.eval import scores as sc
 from pipeline.eval import stats, tasks
 from pipeline.recipe.eval import EvalSpec
 
-#: bump when the generation request or the cached-output format changes
-GEN_VERSION = 1
+#: bump when the generation request or the cached-output format changes (2: outputs cached before 2026-11-27 held
+#: every streamed text piece twice, a client bug; they are not reused)
+GEN_VERSION = 2
 EVAL_JSON, SAMPLES_JSONL = "eval.json", "samples.jsonl"
 BASELINE_SUFFIX = "-baseline"
 #: per-request deadline in seconds (the CPU engine makes ~10 tokens/s per request at concurrency 1)
@@ -219,7 +220,7 @@ async def _generate_async(url: str, model: str, prompts: list[str], spec: EvalSp
     if info.interface != "text":
         raise UserError(f"model {model!r} at {url} has the {info.interface} interface; trtpipe eval uses the text "
                         "interface (ensemble or tensorrt_llm_bls)")
-    client = bclient.StreamClient(url, info, timeout_s=REQUEST_TIMEOUT_S, max_streams=spec.concurrency, keep_text=True)
+    client = bclient.StreamClient(url, info, timeout_s=REQUEST_TIMEOUT_S, max_streams=spec.concurrency)
     sem = asyncio.Semaphore(spec.concurrency)
     records = [RequestRecord("eval", f"c{spec.concurrency}", i, False, 0, spec.max_output_tokens) for i in range(len(prompts))]
 
