@@ -86,10 +86,15 @@ def test_export_carries_the_source_geometry(tiny_models, tmp_path, quant_one_thr
     recipe = _recipe(tmp_path, source, qformat)
     if name == "qwen25" and version("nvidia-modelopt").startswith("0.37."):
         # ModelOpt 0.37 (TensorRT-LLM 1.2.1's pin) refuses a Qwen2 TensorRT-LLM checkpoint (its
-        # tensorrt_llm_utils.py: "not supported by TensorRT-LLM yet ... deploy with the pytorch backend"):
-        # the stage must say so in one line rather than write a checkpoint
+        # tensorrt_llm_utils.py: "not supported by TensorRT-LLM yet ... deploy with the pytorch backend"). This
+        # recipe's engine reads the unified HF checkpoint: the stage keeps it, writes no TensorRT-LLM checkpoint and
+        # says why in its manifest; a tensorrt-engine recipe is refused in one line (pipeline/quantize/stage.py)
+        res = quantize.run(recipe, BuildLayout(tmp_path / "b"), recipe_dir=tmp_path)
+        assert "not supported by TensorRT-LLM" in res.manifest["trtllm_ckpt_skipped"], res.manifest
+        assert not res.trtllm_ckpt.exists() and (res.hf_ckpt / "config.json").is_file()
         with pytest.raises(StageError, match="not supported by TensorRT-LLM"):
-            quantize.run(recipe, BuildLayout(tmp_path / "b"), recipe_dir=tmp_path)
+            quantize.run(recipe.model_copy(update={"build": recipe.build.model_copy(update={"engine": "tensorrt"})}),
+                         BuildLayout(tmp_path / "t"), recipe_dir=tmp_path)
         return
     res = quantize.run(recipe, BuildLayout(tmp_path / "b"), recipe_dir=tmp_path)
     ckpt = json.loads((res.trtllm_ckpt / "config.json").read_text())

