@@ -51,9 +51,10 @@ def _tree(pid: int) -> list[int]:
 
 def _active(metrics_port: int) -> int:
     """Requests in the engine's KV slots: the CPU model's ``nv_trt_llm_request_metrics{request_type="active"}``."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
-               if line.startswith("nv_trt_llm_request_metrics{") and 'request_type="active"' in line)
+    from pipeline.bench.server_metrics import scrape
+
+    return int(sum(v for (name, labels), v in scrape(f"http://127.0.0.1:{metrics_port}/metrics").items()
+                   if name == "nv_trt_llm_request_metrics" and ("request_type", "active") in labels))
 
 
 def _cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:

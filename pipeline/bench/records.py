@@ -71,8 +71,8 @@ class RequestRecord:
         server: server-reported perf timestamps when returned (ns since epoch), else ``None``.
         server_tokens: output tokens as the server reported them besides ``output_ids``: the sum of the
             ``sequence_length`` of every streamed response (token interface; each is that response's token
-            count, tensorrtllm_backend ``model_instance_state.cc@c2e65b88d852:1059-1099``), else ``None``. On the text interface the
-            client count already is the server's (Σ ``num_output_tokens``).
+            count, tensorrtllm_backend ``model_instance_state.cc@c2e65b88d852:1059-1099``), else ``None``.
+            On the text interface the client count already is the server's (Σ ``num_output_tokens``).
         text_tokens: output tokens by re-tokenizing the returned text after the run (text
             interfaces with a tokenizer), else ``None``.
     """
