@@ -4,6 +4,7 @@ add + RMSNorm against the torch ops they replace; the build cache; the torch fal
 
 from __future__ import annotations
 
+import ctypes
 import math
 import shutil
 
@@ -177,9 +178,15 @@ def _cpu_has(flag: str) -> bool:
     return flag in native._cpu_flags().split()
 
 
+def _gemm_capable(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this CPU has the GEMM kernel's instructions in ``dtype`` (AVX-512; AVX512_BF16 for bfloat16): the
+    kernel's own rule (``linear_packed_*`` return -2 without them, kernels/decoder.c)."""
+    return _cpu_has("avx512f") and (dtype != torch.bfloat16 or _cpu_has("avx512_bf16"))
+
+
 def _gemm_kernels(dtype: torch.dtype = torch.float32) -> native.Kernels:
     """The kernels, or a skip where the CPU cannot run the GEMM kernel in ``dtype``."""
-    if not _cpu_has("avx512f") or (dtype == torch.bfloat16 and not _cpu_has("avx512_bf16")):
+    if not _gemm_capable(dtype):
         pytest.skip("the GEMM kernel needs AVX-512 (and AVX512_BF16 for bfloat16)")
     return native.kernels("native")
 
@@ -187,34 +194,111 @@ def _gemm_kernels(dtype: torch.dtype = torch.float32) -> native.Kernels:
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
 
 
+def _kernel_layout(w: torch.Tensor) -> torch.Tensor:
+    """``w`` ``[N, K]`` (N a multiple of 64; K even in bfloat16) laid out as the GEMM kernel reads it, written from the
+    layout the kernel's source documents (``linear_packed_*`` in kernels/decoder.c), not from oneDNN:
+    float32 ``W[o, k]`` at ``(o / 64)·K·64 + k·64 + o % 64``; bfloat16 at ``(o / 64)·K·64 + (k / 2)·128 + (o % 64)·2 + k % 2``."""
+    n, k = w.shape
+    if w.dtype == torch.bfloat16:
+        return w.reshape(n // 64, 64, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    return w.reshape(n // 64, 64, k).permute(0, 2, 1).contiguous()
+
+
+def _onednn_bytes(packed: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of a oneDNN tensor (a ``_reorder_linear_weight`` result), as uint8."""
+    out = torch.empty(torch.ops.mkldnn._nbytes(packed), dtype=torch.uint8)
+    ctypes.memmove(out.data_ptr(), torch.ops.mkldnn.data_ptr(packed), out.numel())
+    return out
+
+
+def _same_bytes(a: torch.Tensor, kernel_layout: torch.Tensor) -> bool:
+    """Whether oneDNN's packed ``a`` holds exactly the kernel's layout (:func:`_kernel_layout`)."""
+    b = kernel_layout.view(-1).view(torch.uint8)
+    got = _onednn_bytes(a)
+    return got.numel() == b.numel() and torch.equal(got, b)
+
+
+def _bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x·Wᵀ (+ b) in float64 of the (rounded) inputs and its error bound: γ_K·Σ|x||w| for float32 accumulation in
+    any order (+ half an ulp of the bfloat16 output)."""
+    k = x.shape[1]
+    want = x.double() @ w.double().T + (0 if b is None else b.double())
+    bound = k * 2**-24 / (1 - k * 2**-24) * ((x.double().abs() @ w.double().abs().T) + (0 if b is None else b.double().abs()))
+    if dtype == torch.bfloat16:
+        bound = bound * (1 + 2**-8) + want.abs() * 2**-8
+    return want, bound
+
+
+SHAPES = [(960, 576, False), (576, 1536, True), (128, 96, True), (320, 64, True)]
+
+
 @needs_cc
-@needs_mkldnn
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("n", "k", "bias"), [(960, 576, False), (576, 1536, True), (128, 96, True), (320, 64, True)])
-def test_packed_linear_matches_float64(dtype: torch.dtype, n: int, k: int, bias: bool) -> None:
-    """The few-row GEMM on oneDNN's packed weight against x·Wᵀ (+ b) in float64 of the same (rounded) inputs, for
-    1 row to past several row blocks; bound: γ_K·Σ|x||w| for float32 accumulation in any order (+ half an ulp of
-    the bfloat16 output)."""
-    kn = _gemm_kernels(dtype)
+@pytest.mark.parametrize(("n", "k", "bias"), SHAPES)
+def test_kernel_linear_matches_float64(dtype: torch.dtype, n: int, k: int, bias: bool) -> None:
+    """The few-row GEMM on a weight in the layout it documents (packed here, independently of oneDNN, so this runs
+    on every CPU that has the kernel's instructions whatever oneDNN picks there) against x·Wᵀ (+ b) in float64, for
+    1 row to past several row blocks; every thread split gives the same bits. A CPU without the instructions: the
+    kernel declines (the engine then keeps oneDNN: test_engine_linear_takes_the_kernel_only_on_the_layout_it_reads)."""
+    kn = native.kernels("native")
     g = torch.Generator().manual_seed(n + k)
     w = (torch.randn(n, k, generator=g) * 0.05).to(dtype)
     b = torch.randn(n, generator=g).to(dtype) if bias else None
-    packed = torch.ops.mkldnn._reorder_linear_weight(w, 64)
-    assert kn.packed_layout_ok(packed, n, k, dtype, b)
-    ptr = torch.ops.mkldnn.data_ptr(packed)
+    wk = _kernel_layout(w)
+    if not _gemm_capable(dtype):
+        with pytest.raises(RuntimeError):
+            kn.linear(torch.randn(2, k).to(dtype), wk.data_ptr(), n, k, b, threads=1)
+        return
     for rows in (1, 5, 6, 7, 16, 128):
         x = torch.randn(rows, k, generator=g).to(dtype)
-        got = kn.linear(x, ptr, n, k, b, threads=2)
+        got = kn.linear(x, wk.data_ptr(), n, k, b, threads=2)
         assert got.dtype == dtype and got.shape == (rows, n)
-        want = x.double() @ w.double().T + (0 if b is None else b.double())
-        bound = k * 2**-24 / (1 - k * 2**-24) * ((x.double().abs() @ w.double().abs().T) + (0 if b is None else b.double().abs()))
-        if dtype == torch.bfloat16:
-            bound = bound * (1 + 2**-8) + want.abs() * 2**-8
+        want, bound = _bound(x, w, b, dtype)
         err = (got.double() - want).abs()
         assert (err <= bound).all(), (rows, (err - bound).max().item())
         # the split over threads (whole blocks and, where they do not divide evenly, half blocks) changes no sum
         for threads in (1, 3):
-            assert torch.equal(kn.linear(x, ptr, n, k, b, threads=threads), got), threads
+            assert torch.equal(kn.linear(x, wk.data_ptr(), n, k, b, threads=threads), got), threads
+
+
+@needs_cc
+@needs_mkldnn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("n", "k", "bias"), SHAPES)
+@pytest.mark.parametrize("onednn_layout", ["this-cpu", "plain"])
+def test_engine_linear_takes_the_kernel_only_on_the_layout_it_reads(dtype: torch.dtype, n: int, k: int,
+                                                                    bias: bool, onednn_layout: str,
+                                                                    monkeypatch) -> None:
+    """The product's rule on whatever layout oneDNN picks on this CPU (with AMX it packs bfloat16 otherwise):
+    the layout check accepts oneDNN's packed weight exactly when its bytes are the kernel's layout; the engine's
+    ``Linear`` then runs the kernel, else falls back to oneDNN for every size — and either way its few-row
+    outputs are within the float64 bound. ``plain``: oneDNN handed a layout the kernel does not read (its plain
+    ``[out, in]`` one, as many bytes), so the fallback runs on every host, not only where oneDNN packs otherwise."""
+    from pipeline.cpu_runtime.linear import Linear
+
+    kn = native.kernels("native")
+    if onednn_layout == "plain":
+        monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", lambda w, batch_hint: w.to_mkldnn())
+    g = torch.Generator().manual_seed(n * k)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    lin = Linear(w, b, packed=True)
+    same = _same_bytes(lin.weight, _kernel_layout(w))
+    if onednn_layout == "plain":
+        assert not same
+    readable = same and _gemm_capable(dtype)  # the kernel reads it, and this CPU can run the kernel
+    assert kn.packed_layout_ok(lin.weight, n, k, dtype, b) == readable
+    assert lin.use_native(kn) == readable
+    for rows in (1, 7):
+        x = torch.randn(rows, k, generator=g).to(dtype)
+        got = lin(x)
+        onednn = torch.ops.mkldnn._linear_pointwise(x, lin.weight, b, "none", [], "")
+        if readable:
+            assert torch.equal(got, kn.linear(x, torch.ops.mkldnn.data_ptr(lin.weight), n, k, b, torch.get_num_threads()))
+        else:  # the fallback: oneDNN's own GEMM, bit for bit
+            assert torch.equal(got, onednn)
+        want, bound = _bound(x, w, b, dtype)
+        assert ((got.double() - want).abs() <= bound).all()
 
 
 @needs_cc
@@ -222,7 +306,8 @@ def test_packed_linear_matches_float64(dtype: torch.dtype, n: int, k: int, bias:
 def test_packed_layout_check_refuses_what_the_kernel_would_misread() -> None:
     kn = _gemm_kernels()
     w = torch.randn(576, 1536)
-    assert kn.packed_layout_ok(torch.ops.mkldnn._reorder_linear_weight(w, 64), 576, 1536, torch.float32, None)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, 64)
+    assert kn.packed_layout_ok(packed, 576, 1536, torch.float32, None) == _same_bytes(packed, _kernel_layout(w))
     # the same weight as a oneDNN tensor in its plain [out, in] layout: as many bytes, other places (oneDNN
     # itself reads it right)
     plain = w.to_mkldnn()
@@ -260,7 +345,11 @@ def test_engine_linear_runs_the_kernel_up_to_its_row_limit_and_onednn_above() ->
 
     kn = _gemm_kernels()
     g = torch.Generator().manual_seed(11)
-    lin = Linear(torch.randn(192, 256, generator=g), None, packed=True)
+    w = torch.randn(192, 256, generator=g)
+    lin = Linear(w, None, packed=True)
+    if not _same_bytes(lin.weight, _kernel_layout(w)):  # the rule itself: test_engine_linear_takes_the_kernel_only_...
+        assert not lin.use_native(kn)
+        pytest.skip("oneDNN packs this weight in another layout on this CPU: the engine keeps oneDNN for every size")
     assert lin.use_native(kn)
     ptr = torch.ops.mkldnn.data_ptr(lin.weight)
     for rows in (1, NATIVE_GEMM_MAX_ROWS):
