@@ -97,6 +97,65 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+#: the module that holds the serving-path table (its comparisons are the dispatch itself, not branches)
+DISPATCH_TABLE = "pipeline/recipe/serving_path.py"
+_ENGINE_KINDS = {"tensorrt", "pytorch", "cpu"}
+_FRONTENDS = {"triton", "trtllm-serve"}
+_FRONTEND_NAMES = {"TRITON", "TRTLLM_SERVE", "FRONTEND"}
+
+
+def _operand_kind(node: ast.AST) -> str | None:
+    """``engine`` / ``frontend`` / ``cpu`` when ``node`` is a constant (or a tuple of constants) of that axis."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts:
+        kinds = {_operand_kind(e) for e in node.elts}
+        return kinds.pop() if len(kinds) == 1 else None
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        if node.value in _FRONTENDS:
+            return "frontend"
+        return "engine" if node.value in _ENGINE_KINDS else None
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+    if name in _FRONTEND_NAMES:
+        return "frontend"
+    return "cpu" if name == "CPU_TARGET" else None
+
+
+def dispatch_branches(roots: list[Path]) -> dict[str, list[str]]:
+    """``{"engine_kind" | "frontend" | "cpu_target": ["file:line: source", …]}``: the comparisons that decide a
+    serving path outside :data:`DISPATCH_TABLE` (read with ``ast``).
+
+    * engine kind: a comparison with ``"tensorrt"``/``"pytorch"``/``"cpu"`` (or a tuple of them) whose other side
+      names an engine or a kind (``recipe.build.engine``, ``engine_kind``, ``kind``), not Triton's install kind;
+    * frontend: a comparison with ``"triton"``/``"trtllm-serve"`` or a ``TRITON``/``TRTLLM_SERVE``/``FRONTEND``
+      constant whose other side names a frontend;
+    * cpu target: ``… == CPU_TARGET``, ``target.gpu == "cpu"`` and ``recipe.gpu is None`` / ``is not None``.
+    """
+    import re
+
+    out: dict[str, list[str]] = {"engine_kind": [], "frontend": [], "cpu_target": []}
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root.parent).as_posix()
+            if "__pycache__" in path.parts or rel == DISPATCH_TABLE:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Compare):
+                    continue
+                operands = [node.left, *node.comparators]
+                where = f"{rel}:{node.lineno}: {ast.unparse(node)}"
+                kinds = {k for k in map(_operand_kind, operands) if k}
+                others = " ".join(ast.unparse(o) for o in operands if _operand_kind(o) is None)
+                if "engine" in kinds and re.search(r"engine|\bkind\b", others) and "install" not in others:
+                    out["engine_kind"].append(where)
+                elif "frontend" in kinds and "frontend" in others:
+                    out["frontend"].append(where)
+                elif "cpu" in kinds or ("engine" in kinds and re.search(r"\.gpu\b", others)):
+                    out["cpu_target"].append(where)
+                elif (isinstance(node.ops[0], (ast.Is, ast.IsNot)) and isinstance(node.comparators[0], ast.Constant)
+                      and node.comparators[0].value is None and re.search(r"\.gpu$", ast.unparse(node.left))):
+                    out["cpu_target"].append(where)
+    return out
+
+
 def folder_of(module: str) -> str:
     """The folder a module lives in: ``pipeline.engine.tensorrt`` → ``pipeline.engine``; a top-level module
     (``pipeline.cli``) and the package itself are their own folder."""
@@ -154,6 +213,7 @@ def report(roots: list[Path]) -> dict:
         "folder_cycles": _cycles(folders),
         "module_lines": {n: m["lines"] for n, m in modules.items()},
         "largest_functions": funcs[:8],
+        "dispatch_branches": {k: len(v) for k, v in dispatch_branches(roots).items()},
     }
 
 
@@ -174,6 +234,8 @@ def main() -> None:
         print("  folder cycle: " + " <-> ".join(c))
     for n, lines in r["modules_over_400_lines"]:
         print(f"  over 400 lines: {n} ({lines})")
+    print("serving-path branches outside the table: "
+          + ", ".join(f"{k} {n}" for k, n in r["dispatch_branches"].items()))
     print("largest functions:")
     for n, lines in r["largest_functions"]:
         print(f"  {lines:4d}  {n}")

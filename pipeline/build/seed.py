@@ -19,19 +19,19 @@ from typing import Any
 from pipeline.core import artifacts
 from pipeline.core.layout import STAGES
 from pipeline.recipe.consumers import consumed
+from pipeline.recipe.serving_path import serving_path
 
 #: build stages, in order, and the consumer classes (pipeline/recipe/consumers.py) each one hashes, upstream
 #: included; the cpu and pytorch engines also hash the runtime fields (pipeline/engine/cpu.py, pytorch.py:
 #: their engine holds the KV cache / LLM() arguments), the tensorrt engine does not
 STAGE_CONSUMERS = {"quantize": ("quantize",), "engine": ("quantize", "engine", "engine_cpu"),
                    "triton_repo": ("quantize", "engine", "engine_cpu", "runtime")}
-RUNTIME_IN_ENGINE = ("cpu", "pytorch")
 
 
 def stage_inputs(recipe: Any, stage: str) -> dict[str, Any]:
     """The recipe fields that feed ``stage`` (and its upstream stages) for this recipe's engine kind."""
     classes = STAGE_CONSUMERS[stage]
-    if stage == "engine" and recipe.build.engine in RUNTIME_IN_ENGINE:
+    if stage == "engine" and serving_path(recipe).runtime_in_engine:
         classes = (*classes, "runtime")
     return consumed(recipe, *classes)
 

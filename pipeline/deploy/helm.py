@@ -64,7 +64,7 @@ def chart_values(spec: DeploySpec) -> dict[str, Any]:
     for ``serving.frontend: trtllm-serve`` the same with ``trtllmServe`` in place of ``triton``
     (:func:`pipeline.deploy.trtllm_serve.chart_values`)."""
     values = _triton_values(spec)
-    return trtllm_serve.chart_values(spec, values) if spec.frontend == trtllm_serve.FRONTEND else values
+    return trtllm_serve.chart_values(spec, values) if spec.path.trtllm_serve else values
 
 
 def _triton_values(spec: DeploySpec) -> dict[str, Any]:
@@ -150,7 +150,7 @@ def values_schema(spec: DeploySpec) -> dict[str, Any]:
     auto = schema["properties"]["autoscaling"]["properties"]
     auto["metric"]["enum"] = keys
     auto["signals"]["propertyNames"] = {"enum": keys}
-    return trtllm_serve.values_schema(schema) if spec.frontend == trtllm_serve.FRONTEND else schema
+    return trtllm_serve.values_schema(schema) if spec.path.trtllm_serve else schema
 
 
 def grafana_dashboard(spec: DeploySpec) -> dict[str, Any]:
@@ -191,7 +191,7 @@ def write_chart(spec: DeploySpec, out: Path) -> Path:
 
     A trtllm-serve chart has no Grafana dashboard nor prometheus-adapter rules: both are built on Triton's series,
     and no trtllm-serve series is pinned to scale on (docs/deploy-k8s.md)."""
-    triton = spec.frontend != trtllm_serve.FRONTEND
+    triton = not spec.path.trtllm_serve
     chart = out / "chart" / spec.name
     src = resources.files("pipeline.deploy").joinpath("chart/templates")
     with resources.as_file(src) as templates:

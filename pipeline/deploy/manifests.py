@@ -120,7 +120,7 @@ def kserve_objects(spec: DeploySpec) -> list[dict[str, Any]]:
             f"--format kserve: tp_size × pp_size = {spec.world_size} spans {spec.nodes} nodes of {spec.gpus_per_node} "
             "GPUs; the KServe rendering is single-node: use --format helm (LeaderWorkerSet)"
         )
-    if spec.frontend == trtllm_serve.FRONTEND:
+    if spec.path.trtllm_serve:
         serving_runtime = trtllm_serve.kserve_runtime(spec, spec.release.image, KSERVE_PORTS["http"])
         model = {"modelFormat": {"name": trtllm_serve.KSERVE_FORMAT}, "runtime": serving_runtime["metadata"]["name"]}
         return [serving_runtime, _kserve_isvc(spec, model)]

@@ -23,6 +23,7 @@ from pipeline.core.layout import LLMAPI_MODEL_YAML, BuildLayout
 from pipeline.deploy import trtllm_serve
 from pipeline.engine.result import EngineResult
 from pipeline.recipe import Recipe
+from pipeline.recipe.serving_path import ServingPath, serving_path
 from pipeline.serve import stage as _serve_stage
 from pipeline.triton.server import CONTAINER_TRITONSERVER, triton_command
 from pipeline.triton_repo import layouts
@@ -129,6 +130,11 @@ class DeploySpec(BaseModel):
     serve_port: int = PORTS["http"]   # trtllm-serve only: its HTTP port (TCP), the argv's --port
 
     @property
+    def path(self) -> ServingPath:
+        """The recipe's serving path (:func:`pipeline.recipe.serving_path.serving_path`)."""
+        return serving_path(self.recipe)
+
+    @property
     def serve_host(self) -> str:
         """The bind address of the server inside a pod."""
         return POD_HOST
@@ -168,11 +174,11 @@ def _engine_manifest(build: Path) -> dict[str, Any]:
     return engine.manifest if engine is not None else {}
 
 
-def _referenced_build_dir(build: Path, engine: str) -> str | None:
+def _referenced_build_dir(build: Path, path: ServingPath) -> str | None:
     """The absolute build directory the repository's configs point at (engine dir / LLM-API model path)."""
     layout = BuildLayout(build)
     repo = layout.triton_repo
-    if engine == "tensorrt":
+    if not path.llm_api:  # the C++ backend's tensorrt_llm model names the engine directory
         from pipeline.triton.model_config import load_model_config
 
         cfg_path = repo / "tensorrt_llm" / "config.pbtxt"
@@ -222,8 +228,8 @@ def resolve(target: Path, *, overrides: list[str] | None = None, mount_path: str
         recipe, source = load_recipe(target, overrides), "recipe"
     else:
         raise UserError(f"{target}: no such recipe file or build directory")
-    engine = recipe.build.engine
-    if engine == "cpu" or recipe.gpu is None:
+    engine, path = recipe.build.engine, serving_path(recipe)
+    if not path.deployable:
         raise UserError(
             f"{target}: target.gpu is '{recipe.target.gpu}' (engine {engine}): `trtpipe deploy k8s` renders GPU "
             "deployments in the Triton TensorRT-LLM container; use a GPU recipe"
@@ -245,8 +251,8 @@ def resolve(target: Path, *, overrides: list[str] | None = None, mount_path: str
     gpus_per_pod = t.world_size if nodes == 1 else node_gpus
 
     if source == "build":
-        referenced = (trtllm_serve.stored_build_dir(target) if frontend == trtllm_serve.FRONTEND
-                      else _referenced_build_dir(target, engine))
+        referenced = (trtllm_serve.stored_build_dir(target) if path.trtllm_serve
+                      else _referenced_build_dir(target, path))
         build_dir = referenced or str(target.resolve())
         mount = mount_path or str(Path(build_dir).parent)
         if not (build_dir + "/").startswith(mount.rstrip("/") + "/"):
@@ -263,9 +269,10 @@ def resolve(target: Path, *, overrides: list[str] | None = None, mount_path: str
     pod_layout = BuildLayout(Path(build_dir))
     hf_ckpt = str(pod_layout.hf_ckpt)
     engine_args = {k: v for k, v in llm_api_kwargs(recipe, Path(hf_ckpt)).items() if k not in ("model", "tokenizer", "backend")}
-    tokenizer = str(pod_layout.triton_repo / layouts()["tokenizer"]["repo_subdir"]) if engine == "tensorrt" else hf_ckpt
+    repo_tokenizer = path.tokenizer == "repo"
+    tokenizer = str(pod_layout.triton_repo / layouts()["tokenizer"]["repo_subdir"]) if repo_tokenizer else hf_ckpt
     serve_argv: list[str] = []
-    if frontend == trtllm_serve.FRONTEND:
+    if path.trtllm_serve:
         serve_argv = trtllm_serve.pod_argv(recipe, build_dir, host=POD_HOST, build=target if source == "build" else None)
     return DeploySpec(
         recipe=recipe, name=name, source=source, engine=engine, tensorrt_llm=str(trtllm), release=rel,

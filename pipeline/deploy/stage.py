@@ -92,7 +92,7 @@ def run(
     notes: list[str] = []
     image = spec.release.image
     if fmt == "dynamo":
-        if spec.frontend != "triton":
+        if spec.path.trtllm_serve:
             # a DynamoGraphDeployment serves through Dynamo's own Frontend and `python3 -m dynamo.trtllm` worker
             # (ai-dynamo/dynamo examples/backends/trtllm/deploy/agg.yaml@0044eb903566): no trtllm-serve to render
             raise UserError(f"--format dynamo: serving.frontend is '{spec.frontend}', but Dynamo serves with its own "
@@ -104,7 +104,7 @@ def run(
                 f"{spec.tensorrt_llm}; pass --dynamo-image (nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:<a Dynamo "
                 f"release built on TensorRT-LLM {spec.tensorrt_llm}>)"
             )
-        if spec.engine == "tensorrt":
+        if not spec.path.llm_api:
             notes.append("Dynamo serves the LLM-API (PyTorch) engine: the worker loads the build's quantize/hf_ckpt, "
                          "not the TensorRT engine")
     if fmt == "helm":

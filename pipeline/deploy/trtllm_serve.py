@@ -42,13 +42,14 @@ from pipeline.core.errors import StageError, UserError
 from pipeline.core.layout import BuildLayout
 from pipeline.engine.pytorch import SERVE_OPTIONS
 from pipeline.recipe import Recipe
+from pipeline.recipe.serving_path import TRTLLM_SERVE
 from pipeline.serve.frontend import SERVE_COMMAND, trtllm_serve_argv
 from pipeline.trtllm import trtllm_serve
 
 if TYPE_CHECKING:
     from pipeline.deploy.spec import DeploySpec
 
-FRONTEND = "trtllm-serve"
+FRONTEND = TRTLLM_SERVE
 #: the server container's name (the Triton path's is ``triton``)
 CONTAINER = "trtllm-serve"
 #: liveness and readiness route: 200 while the LLM is healthy, 503 otherwise (openai_server.py@00057725d9a6:342,

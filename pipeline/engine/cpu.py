@@ -63,6 +63,7 @@ from pipeline.engine.result import EngineResult
 from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.consumers import consumed
+from pipeline.recipe.serving_path import serving_path
 
 STAGE = EngineResult.STAGE
 ENGINE_CONFIG = "engine_config.json"
@@ -349,13 +350,14 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
                     shutil.copy2(f, tmp / f.name)
             timings["write"] = time.perf_counter() - t
         extra: dict[str, Any] = {}
-        if recipe.build.engine == "pytorch":
+        if serving_path(recipe).llm_api:  # pytorch on the cpu target: the LLM facade's LLM() arguments
             extra = {"llm_api_config": LLM_API_CONFIG, "llm_api_kwargs": _write_llm_api_config(tmp, recipe, out_dir)}
         timings["total"] = time.perf_counter() - t0
         manifest = base_manifest(
             STAGE,
             key,
             engine_kind=recipe.build.engine,
+            serving_path=serving_path(recipe).key,
             runtime=RUNTIME,
             precision=ecfg["precision"],
             status="dry_run" if dry_run else "built",

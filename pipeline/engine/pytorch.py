@@ -38,6 +38,7 @@ from pipeline.engine.result import EngineResult
 from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe
 from pipeline.recipe.consumers import consumed
+from pipeline.recipe.serving_path import serving_path
 from pipeline.trtllm import contract, trtllm_serve
 from pipeline.trtllm.llmapi import check_kwargs, llm_api_kwargs
 
@@ -65,8 +66,8 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
         raise StageError(f"{hf_ckpt}: no unified HF checkpoint (config.json) from the quantize stage")
     kwargs = llm_api_kwargs(recipe, hf_ckpt, draft_dir=None if dry_run else _draft_dir(recipe))
     problems = check_kwargs(kwargs, "pytorch")
-    frontend = recipe.serving.frontend
-    serve_cmd = trtllm_serve.argv(kwargs, str((out_dir / SERVE_OPTIONS).resolve())) if frontend == "trtllm-serve" else None
+    frontend, path = recipe.serving.frontend, serving_path(recipe)
+    serve_cmd = trtllm_serve.argv(kwargs, str((out_dir / SERVE_OPTIONS).resolve())) if path.trtllm_serve else None
     problems += trtllm_serve.argv_problems(serve_cmd) if serve_cmd else []
     if problems:
         raise StageError(f"{out_dir / CONFIG_YAML}: breaks the TensorRT-LLM 1.2.1 LLM-API contract: {problems[0]}"
@@ -81,7 +82,7 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
         if hit:
             return hit
     manifest = base_manifest(
-        EngineResult.STAGE, key, engine_kind="pytorch", status=status, consumed=fields, llm_api_config=CONFIG_YAML, llm_api_kwargs=kwargs,
+        EngineResult.STAGE, key, engine_kind="pytorch", serving_path=path.key, status=status, consumed=fields, llm_api_config=CONFIG_YAML, llm_api_kwargs=kwargs,
         llm_api_kwargs_sha256=stable_hash(kwargs), checkpoint={"path": str(hf_ckpt), "present": present},
         world_size=recipe.target.world_size, frontend=frontend, trtllm_serve=serve_cmd, pins=contract.pins(),
         inputs={"quantize_cache_key": quantized.cache_key}, max_seq_len=kwargs["max_seq_len"], versions=library_versions(),

@@ -4,8 +4,8 @@
 ``LLM()`` kwargs that trtpipe's ``llmapi`` Triton model passes to :class:`pipeline.cpu_runtime.llm.LLM`.
 
 Every builder has the signature ``run(recipe, layout, *, quantized, force, dry_run) -> EngineResult``
-and writes ``layout.engine`` atomically with a manifest (``engine_kind``, ``status``, versions,
-``world_size``, per-file sha256) that ``trtpipe serve`` checks before starting.
+and writes ``layout.engine`` atomically with a manifest (``engine_kind``, ``serving_path``: the key of
+:func:`pipeline.recipe.serving_path.serving_path`, ``status``, versions, ``world_size``, per-file sha256) that ``trtpipe serve`` checks before starting.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pipeline.core.layout import BuildLayout
 from pipeline.engine.result import EngineResult
 from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe
+from pipeline.recipe.serving_path import serving_path
 
 STAGE = EngineResult.STAGE
 
@@ -25,11 +26,8 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
     model cannot take, :class:`~pipeline.core.errors.StageError` for a failed build,
     :class:`~pipeline.core.errors.MissingToolError` when ``trtllm-build`` is absent (after writing the command).
     """
-    kind = recipe.build.engine
-    if kind == "tensorrt":
-        from pipeline.engine import tensorrt as builder
-    elif kind == "pytorch" and recipe.gpu is not None:
-        from pipeline.engine import pytorch as builder
-    else:  # cpu, and pytorch on the cpu target: the CPU engine directory (+ the LLM() kwargs of its LLM facade)
-        from pipeline.engine import cpu as builder
+    import importlib
+
+    # cpu, and pytorch on the cpu target: the CPU engine directory (+ the LLM() kwargs of its LLM facade)
+    builder = importlib.import_module(f"pipeline.engine.{serving_path(recipe).builder}")
     return builder.run(recipe, layout, quantized=quantized, force=force, dry_run=dry_run)

@@ -47,6 +47,7 @@ from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.consumers import consumed
 from pipeline.recipe.eval import needs_context_logits
+from pipeline.recipe.serving_path import serving_path
 from pipeline.trtllm import contract
 from pipeline.trtllm.runtime import (
     BUILD_CONFIG,
@@ -274,7 +275,7 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
                         "first (an engine from --model_config alone would have no weights)")
     status = "dry_run" if dry_run else ("built" if tool else "not_built")
     manifest = base_manifest(
-        EngineResult.STAGE, key, engine_kind="tensorrt", status=status, consumed=fields, engine_dir=ENGINE_DIR, world_size=p["world_size"],
+        EngineResult.STAGE, key, engine_kind="tensorrt", serving_path=serving_path(recipe).key, status=status, consumed=fields, engine_dir=ENGINE_DIR, world_size=p["world_size"],
         tp_size=recipe.target.tp_size, pp_size=recipe.target.pp_size, max_seq_len=p["max_seq_len"],
         command=p["argv"], script=SCRIPT, build_config=BUILD_CONFIG, build_config_sha256=stable_hash(p["build_config"]),
         checkpoint={"source": "synthesized" if p["synthesized"] else "quantize", "path": p["argv"][2],

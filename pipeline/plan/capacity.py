@@ -18,6 +18,7 @@ from pipeline.cpu_runtime.kv import kv_slots
 from pipeline.plan import memory as mem
 from pipeline.plan.result import MemoryPlan
 from pipeline.recipe import BuildSpec, Recipe
+from pipeline.recipe.serving_path import serving_path
 
 #: bytes the CPU engine process needs besides weights/KV/activations: Python, torch, the Triton Python
 #: backend stubs (estimate, not measured per host).
@@ -75,7 +76,7 @@ def gpu_memory(recipe: Recipe, spec: hardware.GpuSpec, geo: ModelGeometry, max_s
     b, q, t = recipe.build, recipe.quantization, recipe.target
     tp, pp = t.tp_size, t.pp_size
     weights = mem.weight_bytes(geo, q.qformat, dtype_bytes, awq_block_size=q.awq_block_size, tp_size=tp, pp_size=pp,
-                               lm_head_copy=b.engine == "tensorrt")
+                               lm_head_copy=serving_path(recipe).lm_head_copy)
     kv_tok = geo.kv_bytes_per_token(1 if q.kv_cache_dtype in ("fp8", "int8") else dtype_bytes, tp_size=tp, pp_size=pp)
     act = mem.activation_bytes(geo, max_num_tokens=b.max_num_tokens, max_batch_size=b.max_batch_size,
                                max_beam_width=b.max_beam_width, act_dtype_bytes=dtype_bytes, tp_size=tp)

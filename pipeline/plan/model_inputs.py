@@ -38,6 +38,7 @@ from pipeline.plan.step import (
 )
 from pipeline.recipe import Recipe
 from pipeline.recipe.quant import FP8_QFORMATS
+from pipeline.recipe.serving_path import serving_path
 
 #: Relative error (1 σ) added in quadrature per uncalibrated condition. Judgment, not fitted:
 #: ``parallelism`` — tp all-reduce times are measured only for H100/H200 SXM at tp 2/4/8 (allreduce_measured.yaml;
@@ -202,7 +203,8 @@ def model_inputs(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, k
     cost, limits = engine_model(recipe, geo, weights, kv_token_bytes, kv_tokens,
                                 gemm_peak=peak_flops(spec, QFORMAT_COMPUTE[recipe.quantization.qformat], dtype_bytes),
                                 bf16_peak=peak_flops(spec, "bf16", dtype_bytes), bandwidth=spec.bandwidth_bytes_per_s, spec=spec)
-    return cost, limits, pytorch_efficiency() if recipe.build.engine == "pytorch" else gpu_efficiency(), None
+    fitted = {"tensorrt": gpu_efficiency, "pytorch": pytorch_efficiency}  # the efficiency model of the path on a GPU
+    return cost, limits, fitted[serving_path(recipe, target="gpu").efficiency](), None
 
 
 def error_terms(recipe: Recipe, spec: hardware.GpuSpec | None) -> dict[str, float]:

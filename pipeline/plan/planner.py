@@ -31,6 +31,7 @@ from pipeline.plan.perf import QFORMAT_COMPUTE, peak_flops
 from pipeline.plan.result import FitVerdict, PlanResult
 from pipeline.plan.scenarios import Target, plan_scenario
 from pipeline.recipe import Recipe, derived
+from pipeline.recipe.serving_path import serving_path
 
 
 def _geometry(recipe: Recipe, recipe_dir: Path | None = None) -> ModelGeometry:
@@ -145,7 +146,7 @@ def plan_recipe(
     return PlanResult(
         recipe=recipe.name or "", model_source=recipe.model.source, target=m.device,
         gpu_name="cpu (host memory)" if spec is None else spec.name,
-        engine="cpu" if on_cpu else ("tensorrt" if b.engine == "cpu" else b.engine), qformat=q.qformat,
+        engine=serving_path(recipe, target="cpu" if on_cpu else "gpu").efficiency, qformat=q.qformat,
         kv_cache_dtype=q.kv_cache_dtype, tp_size=tp, pp_size=pp, compute_dtype=compute,
         peak_tflops=None if peak is None else peak / 1e12, bandwidth_tbs=None if spec is None else spec.memory_bandwidth_tbs,
         geometry=geo, memory=m, scenarios=plans,

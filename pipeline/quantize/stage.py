@@ -41,6 +41,7 @@ from pipeline.quantize import ptq
 from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.consumers import consumed
+from pipeline.recipe.serving_path import serving_path
 from pipeline.trtllm.checkpoint import check_checkpoint_dir
 
 STAGE = QuantizeResult.STAGE
@@ -61,7 +62,7 @@ def cache_key(recipe: Recipe, *, source_hash: str | None, dataset_hash: str | No
 def consumed_fields(recipe: Recipe) -> dict[str, Any]:
     """The recipe fields this stage consumes (:mod:`pipeline.recipe.consumers`), plus whether the target is the
     CPU (it decides the export dtype of an fp32 checkpoint: :func:`pipeline.recipe.derived.model_dtype`)."""
-    return {**consumed(recipe, "quantize"), "target.is_cpu": recipe.target.gpu == "cpu"}
+    return {**consumed(recipe, "quantize"), "target.is_cpu": serving_path(recipe).on_cpu}
 
 
 def recipe_hash(recipe: Recipe) -> str:
@@ -170,7 +171,7 @@ def _quantize(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_dir: Path
                                            inference_tensor_parallel=recipe.target.tp_size,
                                            inference_pipeline_parallel=recipe.target.pp_size)
     except StageError as e:  # e.g. ModelOpt 0.47 exports MoE blocks of llama/dbrx/phi3/deepseek/qwen only, not Qwen3-MoE
-        if recipe.build.engine == "tensorrt":
+        if serving_path(recipe).reads_trtllm_checkpoint:
             raise
         trt_skipped = f"{e}; only build.engine: tensorrt reads it, this recipe's engine reads hf_ckpt"
         shutil.rmtree(trt_dir, ignore_errors=True)

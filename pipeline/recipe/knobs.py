@@ -12,11 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.core import engine_paths
+from pipeline.recipe.serving_path import PYTORCH_ONLY_KNOBS, TRT_ONLY_KNOBS, path_problem, unread_knobs
 
-#: Recipe knobs that only ``trtllm-build`` reads (TensorRT engine build; no PyTorch-backend equivalent).
-TRT_ONLY_KNOBS = ("build.plugins", "build.kv_cache_type", "build.workers", "build.opt_num_tokens")
-#: Recipe knobs that only the PyTorch LLM-API backend reads.
-PYTORCH_ONLY_KNOBS = ("build.pytorch",)
+__all__ = ["PYTORCH_ONLY_KNOBS", "TRT_ONLY_KNOBS", "knob_problems"]
 
 
 def _differs(build: Any, knob: str) -> bool:
@@ -38,15 +36,14 @@ def knob_problems(recipe: Any) -> list[tuple[str, str]]:
     without the TensorRT-engine path (:func:`pipeline.core.engine_paths.engine_path_problem`).
     """
     b, engine = recipe.build, recipe.build.engine
-    out: list[tuple[str, str]] = []
-    if engine == "pytorch":
-        out += [(k, "a TensorRT engine-build knob: the PyTorch LLM-API backend has no such setting; remove it (or use build.engine: tensorrt)")
-                for k in TRT_ONLY_KNOBS if _differs(b, k)]
-    else:
-        out += [(k, f"PyTorch LLM-API backend knobs, but build.engine is '{engine}': remove them (or use build.engine: pytorch)")
-                for k in PYTORCH_ONLY_KNOBS if _differs(b, k)]
-    if recipe.serving.frontend == "trtllm-serve" and engine != "pytorch":  # on the cpu target: trtpipe's CPU stand-in
-        out.append(("serving.frontend", f"trtllm-serve serves only build.engine: pytorch, not build.engine '{engine}'; use frontend triton"))
+    messages = {k: "a TensorRT engine-build knob: the PyTorch LLM-API backend has no such setting; remove it (or use build.engine: tensorrt)"
+                for k in TRT_ONLY_KNOBS}
+    messages.update({k: f"PyTorch LLM-API backend knobs, but build.engine is '{engine}': remove them (or use build.engine: pytorch)"
+                     for k in PYTORCH_ONLY_KNOBS})
+    out = [(k, messages[k]) for k in unread_knobs(engine, recipe.target.gpu) if _differs(b, k)]
+    # a frontend that does not serve the engine (on the cpu target trtllm-serve is trtpipe's CPU stand-in)
+    problem = path_problem(engine, recipe.target.gpu, recipe.serving.frontend)
+    out += [problem] if problem is not None else []
     problem = engine_paths.engine_path_problem(engine, recipe.target.tensorrt_llm)
     if problem:
         out.append(("target.tensorrt_llm", problem))

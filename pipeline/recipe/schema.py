@@ -16,6 +16,7 @@ from pipeline.recipe.model import ModelSpec, TargetSpec
 from pipeline.recipe.moe import moe_problems
 from pipeline.recipe.quant import BLOCK_QFORMATS, QuantSpec
 from pipeline.recipe.serve import ServingSpec
+from pipeline.recipe.serving_path import TRITON, path_problem
 from pipeline.recipe.speculative import draft_source, speculative_problems
 
 
@@ -107,13 +108,10 @@ class Recipe(StrictModel):
         if t != hardware.CPU_TARGET and hardware.lookup(t) is None:
             known = ", ".join(sorted(hardware.catalog()))
             raise RecipeCheckError("target.gpu", f"'{t}' is not in the GPU catalog ({known}) nor 'cpu'")
-        # pytorch on the cpu target: the LLM-API Triton model over the CPU engine's LLM facade (pipeline/cpu_runtime/llm.py)
-        if (t == hardware.CPU_TARGET and engine == "tensorrt") or (t != hardware.CPU_TARGET and engine == "cpu"):
-            raise RecipeCheckError(
-                "build.engine",
-                f"engine '{engine}' does not run on target '{t}': use engine cpu or pytorch with target cpu, "
-                "and tensorrt or pytorch with a GPU",
-            )
+        # the engine × target rows of pipeline/recipe/serving_path.py (the frontend is checked with the knobs)
+        problem = path_problem(engine, t, TRITON)
+        if problem is not None:
+            raise RecipeCheckError(*problem)
 
     def _check_formats(self) -> None:
         q = self.quantization

@@ -18,6 +18,7 @@ from pipeline.core import artifacts
 from pipeline.core.errors import IncompatibleArtifactError, UserError
 from pipeline.core.layout import BuildLayout
 from pipeline.engine.result import EngineResult
+from pipeline.recipe.serving_path import path_of_engine
 from pipeline.triton.server import TritonInstall
 
 _TRTLLM_BACKEND = re.compile(r'^\s*backend\s*:\s*"tensorrtllm"', re.M)
@@ -97,7 +98,7 @@ def served_files(layout: BuildLayout) -> list[tuple[Path, dict[str, str]]]:
         out.append((engine.path, m["files"]))
     if m.get("engine_files"):
         out.append((engine.path / m.get("engine_dir", "."), m["engine_files"]))
-    checkpoint = (m.get("checkpoint") or {}).get("path") if engine.engine_kind == "pytorch" else None
+    checkpoint = (m.get("checkpoint") or {}).get("path") if path_of_engine(m).loads_checkpoint_at_start else None
     if checkpoint:  # the LLM API loads it at start (a TensorRT engine's manifest names the checkpoint it was built from)
         ckpt = Path(checkpoint)
         recorded = ((artifacts.read_manifest(ckpt.parent) or {}).get("outputs") or {}).get(ckpt.name)

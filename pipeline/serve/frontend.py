@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import MissingToolError, StageError
+from pipeline.recipe import serving_path
 from pipeline.serve.compat import ServeTarget, check_files
 
 SERVE_COMMAND = "trtllm_serve.json"  # written by pipeline.engine.pytorch
 CPU_OPTIONS = "llm_api_config.yaml"  # written by pipeline.engine.cpu for build.engine: pytorch on the cpu target
-TRTLLM_SERVE = "trtllm-serve"
+TRTLLM_SERVE = serving_path.TRTLLM_SERVE
 #: the log of a trtllm-serve build's server: ``<build>/trtllm_serve-<port>.log``
 LOG_NAME = "trtllm_serve-{port}.log"
 
@@ -32,22 +33,28 @@ LOG_NAME = "trtllm_serve-{port}.log"
 def trtllm_serve_spec(target: ServeTarget) -> dict[str, Any] | None:
     """``{"argv", "options", "cpu"}`` of ``target``'s trtllm-serve build; ``None``: the build's frontend is Triton.
 
-    GPU targets: the engine stage's ``trtllm_serve.json`` (``cpu`` false). The cpu target: a ``build.engine: pytorch``
-    CPU engine built with ``serving.frontend: trtllm-serve`` (its manifest's consumed recipe fields say so) gets
-    :func:`pipeline.trtllm.trtllm_serve.cpu_argv` with its ``llm_api_config.yaml`` (``cpu`` true)."""
+    The build's serving path is its engine manifest's (:func:`pipeline.recipe.serving_path.path_of_engine`). GPU
+    targets: the engine stage's ``trtllm_serve.json`` (``cpu`` false). The cpu target (trtpipe's CPU stand-in):
+    :func:`pipeline.trtllm.trtllm_serve.cpu_argv` with the CPU engine's ``llm_api_config.yaml`` (``cpu`` true).
+
+    Raises:
+        StageError: a trtllm-serve build without its command (``trtllm_serve.json``) or CPU options file.
+    """
     if target.layout is None:
         return None
-    path = Path(target.layout.engine) / SERVE_COMMAND
-    if path.is_file():
-        return {**json.loads(path.read_text()), "cpu": False}
     from pipeline.engine.result import EngineResult
+    from pipeline.recipe.serving_path import path_of_engine
     from pipeline.trtllm import trtllm_serve
 
     engine = EngineResult.load(target.layout.engine)
-    if engine is None or engine.manifest.get("runtime") != "trtpipe-torch" or engine.engine_kind != "pytorch":
+    path = path_of_engine(engine.manifest) if engine is not None else None
+    if path is None or not path.trtllm_serve:
         return None
-    if (engine.manifest.get("consumed") or {}).get("serving.frontend") != TRTLLM_SERVE:
-        return None
+    if not path.on_cpu:
+        stored = engine.path / SERVE_COMMAND
+        if not stored.is_file():
+            raise StageError(f"{engine.path}: no {SERVE_COMMAND} for trtllm-serve: rebuild the engine stage (trtpipe build --force)")
+        return {**json.loads(stored.read_text()), "cpu": False}
     options = engine.path / CPU_OPTIONS
     kwargs = engine.manifest.get("llm_api_kwargs") or {}
     if not kwargs or not options.is_file():

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core import artifacts
+from pipeline.recipe.serving_path import TRITON, TRTLLM_SERVE
 from pipeline.triton.process import http_ok, shm_regions, terminate_tree
 
 if TYPE_CHECKING:
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     from pipeline.triton.server import TritonServer
 
 STATE_FILE = "serve.json"
-TRITON, TRTLLM_SERVE = "triton", "trtllm-serve"
 
 
 def state_path(root: Path = artifacts.DEFAULT_ARTIFACTS_ROOT) -> Path:

@@ -3,8 +3,9 @@
 The repository stage (:mod:`.stage`, ``run()``; its result :mod:`.result`) renders them
 (:mod:`.render`). Layout of this package (shipped as package data):
 
-- ``layouts.yaml``: which models each ``build.engine`` kind puts in a repository, and the fixed
-  values (container paths, tokenizer file names) — no such string lives in Python code.
+- ``layouts.yaml``: the fixed values of a repository (container paths, tokenizer file names) — no such string
+  lives in Python code; which models each serving path puts in a repository is
+  :data:`pipeline.recipe.serving_path.PATHS`.
 - ``templates/*.pbtxt.j2``: jinja2 templates of every ``config.pbtxt`` (rendered with
   ``StrictUndefined`` and parsed into ``ModelConfig`` so an unknown field fails at generation time).
 - ``models/<name>/model.py``: the python-backend models (preprocessing, postprocessing,
@@ -26,7 +27,7 @@ LAYOUTS_FILE = PACKAGE_DIR / "layouts.yaml"
 
 @functools.cache
 def layouts() -> dict[str, Any]:
-    """The parsed ``layouts.yaml`` (models per engine kind and fixed values)."""
+    """The parsed ``layouts.yaml`` (the fixed values of a generated repository)."""
     return yaml.safe_load(LAYOUTS_FILE.read_text())
 
 

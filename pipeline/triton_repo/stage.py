@@ -49,6 +49,7 @@ from pipeline.engine.result import EngineResult
 from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe
 from pipeline.recipe.consumers import consumed
+from pipeline.recipe.serving_path import serving_path
 from pipeline.triton.model_config import write_model_config
 from pipeline.triton_repo import PACKAGE_DIR, layouts
 from pipeline.triton_repo.render import render_model_config
@@ -65,7 +66,7 @@ def _bool(value: bool) -> str:
 
 def _engine_writes_text(recipe: Recipe) -> bool:
     """The CPU ``tensorrt_llm`` model writes ``text_output`` and the ensemble skips postprocessing."""
-    return recipe.build.engine == "cpu" and recipe.build.cpu.detokenize == "engine"
+    return serving_path(recipe).tensorrt_llm_model == "cpu" and recipe.build.cpu.detokenize == "engine"
 
 
 def tokenizer_info_path(repo_dir: Path | None) -> str:
@@ -109,7 +110,7 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
     b, s, kv = recipe.build, recipe.serving, recipe.build.kv_cache_config
     guided = {"guided_decoding_backend": b.guided_decoding_backend or "",
               "xgrammar_tokenizer_info_path": tokenizer_info_path(repo_dir) if b.guided_decoding_backend else ""}
-    if b.engine == "cpu":  # exactly what triton_repo/models/tensorrt_llm_cpu/model.py reads
+    if serving_path(recipe).tensorrt_llm_model == "cpu":  # exactly what triton_repo/models/tensorrt_llm_cpu/model.py reads
         params = {
             "gpt_model_path": str(Path(engine_dir).resolve()),
             "max_beam_width": str(b.max_beam_width),
@@ -167,8 +168,7 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
                   repo_dir: Path | None = None) -> dict[str, Any]:
     """``{model name: ModelConfig}`` of every model the repository for ``recipe`` contains
     (``paged_context_fmha``, ``repo_dir``: see :func:`tensorrt_llm_parameters`)."""
-    s, lay = recipe.serving, layouts()
-    kind = recipe.build.engine
+    s, lay, path = recipe.serving, layouts(), serving_path(recipe)
     common = dict(
         max_batch_size=recipe.triton_max_batch_size,
         decoupled=s.decoupled_mode,
@@ -176,13 +176,13 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
         max_queue_size=s.max_queue_size,
         logits_datatype=lay["logits_datatype"],
     )
-    if lay["layouts"][kind]["tensorrt_llm"] == "llmapi":
-        runtime = lay["llmapi"]["llm_runtime"]["cpu" if recipe.gpu is None else "gpu"]
+    if path.llm_api:
+        runtime = lay["llmapi"]["llm_runtime"][path.target]
         ctx = dict(common, max_batch_size=lay["llmapi"]["triton_max_batch_size"], llm_runtime=runtime)
         return {"tensorrt_llm": render_model_config("llmapi_tensorrt_llm", **ctx)}
     tok = lay["tokenizer"]["param_value"]
     post_count = lay["streaming_postprocessing_instance_count"] if s.decoupled_mode else s.postprocessing_instance_count
-    backend = lay["cpp"]["triton_backend"] if kind == "tensorrt" else "python"
+    backend = lay["cpp"]["triton_backend"] if path.tensorrt_llm_model == "cpp" else "python"
     engine_text = _engine_writes_text(recipe)
     return {
         "ensemble": render_model_config("ensemble", **common, engine_text=engine_text),
@@ -341,7 +341,7 @@ def run(
     kind = recipe.build.engine
     lay = layouts()
     configs = model_configs(recipe, engine.path, paged_context_fmha=engine.paged_context_fmha, repo_dir=out_dir)
-    impl = lay["layouts"][kind]["tensorrt_llm"]
+    impl = serving_path(recipe).tensorrt_llm_model
     problems = repository_problems(configs, impl)
     if problems:  # would not load (or would answer wrong) under the upstream backend / model
         raise StageError("generated model repository breaks the upstream contract "

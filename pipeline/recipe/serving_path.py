@@ -1,0 +1,241 @@
+"""The serving path of a recipe: ``build.engine`` × target (GPU | CPU) × ``serving.frontend`` (× modality), one row
+of a small frozen table, resolved once (issue #45 item 1).
+
+Every stage that used to branch on the engine kind, the frontend or "target is CPU" reads the row instead:
+:func:`serving_path` is the one dispatch from a recipe, :func:`path_of_engine` the one from a built engine's
+``manifest.json`` (the engine stage writes the row's key there as ``serving_path``; a manifest written before that
+key existed is read by the one fallback in :func:`path_of_engine`). A combination not in :data:`PATHS` is refused
+with one line naming the field at fault (:func:`path_problem`).
+
+The rows (``engine/target/frontend``, modality ``text``):
+
+=============================  ==========  ==============================================================
+key                            builder     serves with
+=============================  ==========  ==============================================================
+``tensorrt/gpu/triton``        tensorrt    Triton, the C++ ``tensorrtllm`` backend (inflight_batcher_llm)
+``pytorch/gpu/triton``         pytorch     Triton, trtpipe's ``llmapi`` python model (``tensorrt_llm.LLM``)
+``pytorch/gpu/trtllm-serve``   pytorch     TensorRT-LLM's ``trtllm-serve`` (the engine stage's argv)
+``cpu/cpu/triton``             cpu         Triton, trtpipe's CPU ``tensorrt_llm`` python model
+``pytorch/cpu/triton``         cpu         Triton, the ``llmapi`` model over the CPU engine's LLM facade
+``pytorch/cpu/trtllm-serve``   cpu         trtpipe's CPU stand-in for trtllm-serve (pipeline.serve.openai_cpu)
+=============================  ==========  ==============================================================
+
+The repository layouts (which Triton models, which ``tensorrt_llm`` implementation) were ``layouts:`` of
+``pipeline/triton_repo/layouts.yaml`` (docs/reference/triton-model-repository.md §3); the fixed values of a
+repository (container paths, tokenizer file names) stay there. This module imports nothing of trtpipe but
+:mod:`pipeline.core.hardware`, so every stage may read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from pipeline.core import hardware
+from pipeline.core.errors import IncompatibleArtifactError
+
+#: the ``serving.frontend`` names: the one spelling of each
+TRITON = "triton"
+TRTLLM_SERVE = "trtllm-serve"
+FRONTENDS = (TRITON, TRTLLM_SERVE)
+#: the ``modality`` column: ``text`` only for now (vision-language models add rows, not branches)
+TEXT = "text"
+
+#: the ensemble layout of the C++ backend and the CPU engine (docs/reference/triton-model-repository.md §3.1)
+ENSEMBLE_MODELS = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
+#: the LLM-API layout: one python model configured by 1/model.yaml (§3.7)
+LLMAPI_MODELS = ("tensorrt_llm",)
+#: recipe knobs only ``trtllm-build`` reads (no PyTorch-backend equivalent: the LLM API has no plugins, KV-cache
+#: type, build workers nor opt_num_tokens; pipeline/data/trtllm_1.2.1_llmapi_contract.yaml lists every LLM() argument)
+TRT_ONLY_KNOBS = ("build.plugins", "build.kv_cache_type", "build.workers", "build.opt_num_tokens")
+#: recipe knobs only the PyTorch LLM-API backend reads
+PYTORCH_ONLY_KNOBS = ("build.pytorch",)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingPath:
+    """One real way trtpipe builds and serves a model; every field is what some stage used to branch on.
+
+    Attributes:
+        engine: ``build.engine`` (``tensorrt`` | ``pytorch`` | ``cpu``).
+        target: ``gpu`` | ``cpu`` (``target.gpu`` is ``cpu`` or a GPU of the catalog).
+        frontend: ``serving.frontend`` (:data:`TRITON` | :data:`TRTLLM_SERVE`).
+        builder: the engine-stage module under ``pipeline.engine`` that builds it (``tensorrt`` | ``pytorch`` | ``cpu``).
+        repo_models: the Triton models of its repository.
+        tensorrt_llm_model: the implementation of the repository's ``tensorrt_llm`` model: ``cpp`` (the C++
+            ``tensorrtllm`` backend), ``cpu`` (trtpipe's CPU-engine python model), ``llmapi`` (trtpipe's LLM-API model).
+        reads_trtllm_checkpoint: the engine is built from the quantize stage's TensorRT-LLM checkpoint (else the
+            unified HF checkpoint).
+        loads_checkpoint_at_start: the server loads the quantize stage's HF checkpoint when it starts (its hashes
+            are then checked before serving).
+        runtime_in_engine: the engine directory holds the runtime (KV cache, scheduler, ``LLM()`` arguments), so the
+            engine stage hashes the recipe's runtime fields.
+        server: the process that serves it: ``tritonserver`` | ``trtllm-serve`` | ``trtllm-serve-cpu`` (trtpipe's
+            CPU stand-in).
+        deployable: ``trtpipe deploy k8s`` renders it (GPU paths).
+        tokenizer: where a client's tokenizer lives: ``repo`` (the repository's ``preprocessing/tokenizer``) or
+            ``hf_ckpt`` (the quantize stage's checkpoint).
+        efficiency: the planner's efficiency model on this path's own target: ``tensorrt`` (fitted on NVIDIA's
+            TensorRT-LLM numbers), ``pytorch`` (the PyTorch-backend fit), ``cpu`` (the host's measured rates).
+        unread_knobs: recipe knobs this path never reads (refused when they differ from their defaults).
+        lm_head_copy: the engine holds a tied ``lm_head`` as its own copy (a TensorRT engine; the planner counts it).
+        twin: the key of the same engine/frontend on the other target (what ``trtpipe plan --gpu`` plans).
+        modality: ``text`` (the modality column; vision-language rows come next).
+    """
+
+    engine: Literal["tensorrt", "pytorch", "cpu"]
+    target: Literal["gpu", "cpu"]
+    frontend: str
+    builder: str
+    repo_models: tuple[str, ...]
+    tensorrt_llm_model: Literal["cpp", "cpu", "llmapi"]
+    reads_trtllm_checkpoint: bool
+    loads_checkpoint_at_start: bool
+    runtime_in_engine: bool
+    server: Literal["tritonserver", "trtllm-serve", "trtllm-serve-cpu"]
+    deployable: bool
+    tokenizer: Literal["repo", "hf_ckpt"]
+    efficiency: Literal["tensorrt", "pytorch", "cpu"]
+    unread_knobs: tuple[str, ...]
+    lm_head_copy: bool
+    twin: str
+    modality: str = TEXT
+
+    @property
+    def key(self) -> str:
+        """``engine/target/frontend`` (with ``/modality`` for a modality other than text): written into the engine
+        stage's manifest as ``serving_path``."""
+        base = f"{self.engine}/{self.target}/{self.frontend}"
+        return base if self.modality == TEXT else f"{base}/{self.modality}"
+
+    @property
+    def on_cpu(self) -> bool:
+        """True on the cpu target (the CPU engine runs it on this host)."""
+        return self.target == hardware.CPU_TARGET
+
+    @property
+    def trtllm_serve(self) -> bool:
+        """True when trtllm-serve (or trtpipe's CPU stand-in for it) serves it instead of Triton."""
+        return self.server != "tritonserver"
+
+    @property
+    def llm_api(self) -> bool:
+        """True when the engine is configured by ``LLM()`` keyword arguments (the ``llmapi`` model or trtllm-serve)."""
+        return self.tensorrt_llm_model == "llmapi"
+
+    @property
+    def ensemble(self) -> bool:
+        """True for the ensemble repository layout (preprocessing → tensorrt_llm → postprocessing, BLS)."""
+        return self.tensorrt_llm_model != "llmapi"
+
+    def on(self, target: str) -> ServingPath:
+        """This path on ``target`` (``gpu`` | ``cpu``): itself, or its :attr:`twin` (a cpu recipe planned on a GPU
+        is planned as ``tensorrt``, a GPU one on the host as the CPU engine)."""
+        return self if target == self.target else PATHS[self.twin]
+
+
+def _row(engine: str, target: str, frontend: str, *, builder: str, twin: str, **kw: Any) -> ServingPath:
+    ensemble = kw["tensorrt_llm_model"] != "llmapi"
+    return ServingPath(engine=engine, target=target, frontend=frontend, builder=builder, twin=twin,  # type: ignore[arg-type]
+                       repo_models=ENSEMBLE_MODELS if ensemble else LLMAPI_MODELS, **kw)
+
+
+_TRT = dict(reads_trtllm_checkpoint=True, loads_checkpoint_at_start=False, runtime_in_engine=False, deployable=True,
+            tokenizer="repo", efficiency="tensorrt", unread_knobs=PYTORCH_ONLY_KNOBS, tensorrt_llm_model="cpp",
+            lm_head_copy=True)
+_TORCH_GPU = dict(reads_trtllm_checkpoint=False, loads_checkpoint_at_start=True, runtime_in_engine=True, deployable=True,
+                  tokenizer="hf_ckpt", efficiency="pytorch", unread_knobs=TRT_ONLY_KNOBS, tensorrt_llm_model="llmapi",
+                  lm_head_copy=False)
+_CPU = dict(reads_trtllm_checkpoint=False, loads_checkpoint_at_start=False, runtime_in_engine=True, deployable=False,
+            tokenizer="repo", efficiency="cpu", unread_knobs=PYTORCH_ONLY_KNOBS, tensorrt_llm_model="cpu",
+            lm_head_copy=False)
+_TORCH_CPU = dict(_CPU, tokenizer="hf_ckpt", unread_knobs=TRT_ONLY_KNOBS, tensorrt_llm_model="llmapi")
+
+#: every real serving path by its :attr:`ServingPath.key`
+PATHS: dict[str, ServingPath] = {p.key: p for p in (
+    _row("tensorrt", "gpu", TRITON, builder="tensorrt", server="tritonserver", twin="cpu/cpu/triton", **_TRT),
+    _row("pytorch", "gpu", TRITON, builder="pytorch", server="tritonserver", twin="pytorch/cpu/triton", **_TORCH_GPU),
+    _row("pytorch", "gpu", TRTLLM_SERVE, builder="pytorch", server="trtllm-serve", twin="pytorch/cpu/trtllm-serve",
+         **_TORCH_GPU),
+    _row("cpu", "cpu", TRITON, builder="cpu", server="tritonserver", twin="tensorrt/gpu/triton", **_CPU),
+    _row("pytorch", "cpu", TRITON, builder="cpu", server="tritonserver", twin="pytorch/gpu/triton", **_TORCH_CPU),
+    _row("pytorch", "cpu", TRTLLM_SERVE, builder="cpu", server="trtllm-serve-cpu", twin="pytorch/gpu/trtllm-serve",
+         **_TORCH_CPU),
+)}
+
+
+class ServingPathError(ValueError):
+    """A recipe combination with no row in :data:`PATHS`; ``loc`` is the field at fault, ``message`` one line."""
+
+    def __init__(self, loc: str, message: str):
+        super().__init__(f"{loc}: {message}")
+        self.loc = loc
+        self.message = message
+
+
+def _target_of(gpu: str) -> str:
+    return "cpu" if gpu == hardware.CPU_TARGET else "gpu"
+
+
+def path_problem(engine: str, gpu: str, frontend: str, modality: str = TEXT) -> tuple[str, str] | None:
+    """``(field, message)`` when ``build.engine`` × ``target.gpu`` × ``serving.frontend`` has no row in :data:`PATHS`
+    (``None``: it has one). The engine that does not run on the target is named first (``build.engine``), then a
+    frontend that does not serve that engine (``serving.frontend``)."""
+    target = _target_of(gpu)
+    rows = [p for p in PATHS.values() if p.modality == modality]
+    if not any(p.engine == engine and p.target == target for p in rows):
+        return ("build.engine", f"engine '{engine}' does not run on target '{gpu}': use engine cpu or pytorch with "
+                "target cpu, and tensorrt or pytorch with a GPU")
+    if not any(p.engine == engine and p.target == target and p.frontend == frontend for p in rows):
+        engines = sorted({p.engine for p in rows if p.frontend == frontend})
+        return ("serving.frontend", f"{frontend} serves only build.engine: {', '.join(engines)}, not build.engine "
+                f"'{engine}'; use frontend {TRITON}")
+    return None
+
+
+def unread_knobs(engine: str, gpu: str) -> tuple[str, ...]:
+    """The recipe knobs that ``build.engine`` never reads on ``target.gpu`` (the same for every frontend; empty
+    when the engine does not run there)."""
+    target = _target_of(gpu)
+    return next((p.unread_knobs for p in PATHS.values() if (p.engine, p.target) == (engine, target)), ())
+
+
+def serving_path(recipe: Any, *, target: str | None = None) -> ServingPath:
+    """The row of :data:`PATHS` for ``recipe`` (a :class:`pipeline.recipe.Recipe`); with ``target`` (``gpu`` |
+    ``cpu``), the same engine and frontend on that target (:meth:`ServingPath.on`).
+
+    Raises:
+        ServingPathError: the combination has no row (a validated recipe always has one).
+    """
+    engine, gpu, frontend = recipe.build.engine, recipe.target.gpu, recipe.serving.frontend
+    problem = path_problem(engine, gpu, frontend)
+    if problem:
+        raise ServingPathError(*problem)
+    path = PATHS[f"{engine}/{_target_of(gpu)}/{frontend}"]
+    return path if target is None else path.on(target)
+
+
+def path_of_engine(manifest: dict[str, Any]) -> ServingPath | None:
+    """The serving path an engine stage's ``manifest.json`` was built for; ``None`` for an empty manifest.
+
+    The engine stage writes its key as ``serving_path``. Manifests written before that key existed (the one fallback):
+    the engine kind is ``engine_kind``, the target is ``cpu`` when the CPU engine wrote it (``runtime``
+    ``trtpipe-torch``), and the frontend is the manifest's ``frontend`` (the GPU PyTorch builder wrote it) or its
+    consumed ``serving.frontend`` (the CPU builder), else ``triton``.
+
+    Raises:
+        IncompatibleArtifactError: a key or combination that is not a row of :data:`PATHS` (a manifest of another
+            trtpipe).
+    """
+    if not manifest:
+        return None
+    key = manifest.get("serving_path")
+    if key is None:  # written before the engine stage recorded its path
+        engine = str(manifest.get("engine_kind"))
+        target = "cpu" if manifest.get("runtime") == "trtpipe-torch" or engine == "cpu" else "gpu"
+        frontend = manifest.get("frontend") or (manifest.get("consumed") or {}).get("serving.frontend") or TRITON
+        key = f"{engine}/{target}/{frontend}"
+    if key not in PATHS:
+        raise IncompatibleArtifactError(f"engine manifest: serving_path '{key}' is not a serving path of this trtpipe "
+                                        f"({', '.join(PATHS)}): rebuild with `trtpipe build RECIPE --force`")
+    return PATHS[key]
