@@ -106,6 +106,9 @@ _FRONTEND_NAMES = {"TRITON", "TRTLLM_SERVE", "FRONTEND"}
 
 def _operand_kind(node: ast.AST) -> str | None:
     """``engine`` / ``frontend`` / ``cpu`` when ``node`` is a constant (or a tuple of constants) of that axis."""
+    if isinstance(node, ast.IfExp):  # ("tensorrt", "pytorch") if fitted else ("tensorrt",)
+        kinds = {_operand_kind(node.body), _operand_kind(node.orelse)}
+        return kinds.pop() if len(kinds) == 1 else None
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts:
         kinds = {_operand_kind(e) for e in node.elts}
         return kinds.pop() if len(kinds) == 1 else None
@@ -148,10 +151,9 @@ def dispatch_branches(roots: list[Path]) -> dict[str, list[str]]:
                     out["engine_kind"].append(where)
                 elif "frontend" in kinds and "frontend" in others:
                     out["frontend"].append(where)
-                elif "cpu" in kinds or ("engine" in kinds and re.search(r"\.gpu\b", others)):
-                    out["cpu_target"].append(where)
-                elif (isinstance(node.ops[0], (ast.Is, ast.IsNot)) and isinstance(node.comparators[0], ast.Constant)
-                      and node.comparators[0].value is None and re.search(r"\.gpu$", ast.unparse(node.left))):
+                elif ("cpu" in kinds or ("engine" in kinds and re.search(r"\.gpu\b", others))
+                      or (isinstance(node.ops[0], (ast.Is, ast.IsNot)) and isinstance(node.comparators[0], ast.Constant)
+                          and node.comparators[0].value is None and re.search(r"\.gpu$", ast.unparse(node.left)))):
                     out["cpu_target"].append(where)
     return out
 

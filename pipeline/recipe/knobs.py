@@ -12,7 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.core import engine_paths
-from pipeline.recipe.serving_path import PYTORCH_ONLY_KNOBS, TRT_ONLY_KNOBS, path_problem, unread_knobs
+from pipeline.recipe.serving_path import (
+    PYTORCH_ONLY_KNOBS,
+    TRT_ONLY_KNOBS,
+    path_problem,
+    unread_knobs,
+)
 
 __all__ = ["PYTORCH_ONLY_KNOBS", "TRT_ONLY_KNOBS", "knob_problems"]
 

@@ -134,34 +134,37 @@ class ServingPath:
         return self if target == self.target else PATHS[self.twin]
 
 
-def _row(engine: str, target: str, frontend: str, *, builder: str, twin: str, **kw: Any) -> ServingPath:
-    ensemble = kw["tensorrt_llm_model"] != "llmapi"
-    return ServingPath(engine=engine, target=target, frontend=frontend, builder=builder, twin=twin,  # type: ignore[arg-type]
-                       repo_models=ENSEMBLE_MODELS if ensemble else LLMAPI_MODELS, **kw)
+_T, _F = True, False
+#: the table: one row per real path; columns in :data:`_COLUMNS` order (repo_models follows tensorrt_llm_model)
+_COLUMNS = ("engine", "target", "frontend", "builder", "tensorrt_llm_model", "reads_trtllm_checkpoint",
+            "loads_checkpoint_at_start", "runtime_in_engine", "lm_head_copy", "deployable", "server", "tokenizer",
+            "efficiency", "unread_knobs", "twin")
+_ROWS = (
+    # engine   target frontend      builder     trtllm    trt_ckpt  at_start  rt_in_eng lm_head deploy server
+    #   tokenizer  efficiency  unread knobs         twin
+    ("tensorrt", "gpu", TRITON, "tensorrt", "cpp", _T, _F, _F, _T, _T, "tritonserver",
+     "repo", "tensorrt", PYTORCH_ONLY_KNOBS, "cpu/cpu/triton"),
+    ("pytorch", "gpu", TRITON, "pytorch", "llmapi", _F, _T, _T, _F, _T, "tritonserver",
+     "hf_ckpt", "pytorch", TRT_ONLY_KNOBS, "pytorch/cpu/triton"),
+    ("pytorch", "gpu", TRTLLM_SERVE, "pytorch", "llmapi", _F, _T, _T, _F, _T, "trtllm-serve",
+     "hf_ckpt", "pytorch", TRT_ONLY_KNOBS, "pytorch/cpu/trtllm-serve"),
+    ("cpu", "cpu", TRITON, "cpu", "cpu", _F, _F, _T, _F, _F, "tritonserver",
+     "repo", "cpu", PYTORCH_ONLY_KNOBS, "tensorrt/gpu/triton"),
+    ("pytorch", "cpu", TRITON, "cpu", "llmapi", _F, _F, _T, _F, _F, "tritonserver",
+     "hf_ckpt", "cpu", TRT_ONLY_KNOBS, "pytorch/gpu/triton"),
+    ("pytorch", "cpu", TRTLLM_SERVE, "cpu", "llmapi", _F, _F, _T, _F, _F, "trtllm-serve-cpu",
+     "hf_ckpt", "cpu", TRT_ONLY_KNOBS, "pytorch/gpu/trtllm-serve"),
+)
 
 
-_TRT = dict(reads_trtllm_checkpoint=True, loads_checkpoint_at_start=False, runtime_in_engine=False, deployable=True,
-            tokenizer="repo", efficiency="tensorrt", unread_knobs=PYTORCH_ONLY_KNOBS, tensorrt_llm_model="cpp",
-            lm_head_copy=True)
-_TORCH_GPU = dict(reads_trtllm_checkpoint=False, loads_checkpoint_at_start=True, runtime_in_engine=True, deployable=True,
-                  tokenizer="hf_ckpt", efficiency="pytorch", unread_knobs=TRT_ONLY_KNOBS, tensorrt_llm_model="llmapi",
-                  lm_head_copy=False)
-_CPU = dict(reads_trtllm_checkpoint=False, loads_checkpoint_at_start=False, runtime_in_engine=True, deployable=False,
-            tokenizer="repo", efficiency="cpu", unread_knobs=PYTORCH_ONLY_KNOBS, tensorrt_llm_model="cpu",
-            lm_head_copy=False)
-_TORCH_CPU = dict(_CPU, tokenizer="hf_ckpt", unread_knobs=TRT_ONLY_KNOBS, tensorrt_llm_model="llmapi")
+def _path(row: tuple[Any, ...]) -> ServingPath:
+    cols = dict(zip(_COLUMNS, row, strict=True))
+    models = LLMAPI_MODELS if cols["tensorrt_llm_model"] == "llmapi" else ENSEMBLE_MODELS
+    return ServingPath(repo_models=models, **cols)
+
 
 #: every real serving path by its :attr:`ServingPath.key`
-PATHS: dict[str, ServingPath] = {p.key: p for p in (
-    _row("tensorrt", "gpu", TRITON, builder="tensorrt", server="tritonserver", twin="cpu/cpu/triton", **_TRT),
-    _row("pytorch", "gpu", TRITON, builder="pytorch", server="tritonserver", twin="pytorch/cpu/triton", **_TORCH_GPU),
-    _row("pytorch", "gpu", TRTLLM_SERVE, builder="pytorch", server="trtllm-serve", twin="pytorch/cpu/trtllm-serve",
-         **_TORCH_GPU),
-    _row("cpu", "cpu", TRITON, builder="cpu", server="tritonserver", twin="tensorrt/gpu/triton", **_CPU),
-    _row("pytorch", "cpu", TRITON, builder="cpu", server="tritonserver", twin="pytorch/gpu/triton", **_TORCH_CPU),
-    _row("pytorch", "cpu", TRTLLM_SERVE, builder="cpu", server="trtllm-serve-cpu", twin="pytorch/gpu/trtllm-serve",
-         **_TORCH_CPU),
-)}
+PATHS: dict[str, ServingPath] = {p.key: p for p in map(_path, _ROWS)}
 
 
 class ServingPathError(ValueError):
@@ -184,12 +187,12 @@ def path_problem(engine: str, gpu: str, frontend: str, modality: str = TEXT) -> 
     target = _target_of(gpu)
     rows = [p for p in PATHS.values() if p.modality == modality]
     if not any(p.engine == engine and p.target == target for p in rows):
-        return ("build.engine", f"engine '{engine}' does not run on target '{gpu}': use engine cpu or pytorch with "
-                "target cpu, and tensorrt or pytorch with a GPU")
+        return ("build.engine", (f"engine '{engine}' does not run on target '{gpu}': use engine cpu or pytorch with "
+                                 "target cpu, and tensorrt or pytorch with a GPU"))
     if not any(p.engine == engine and p.target == target and p.frontend == frontend for p in rows):
         engines = sorted({p.engine for p in rows if p.frontend == frontend})
-        return ("serving.frontend", f"{frontend} serves only build.engine: {', '.join(engines)}, not build.engine "
-                f"'{engine}'; use frontend {TRITON}")
+        return ("serving.frontend", (f"{frontend} serves only build.engine: {', '.join(engines)}, not build.engine "
+                                     f"'{engine}'; use frontend {TRITON}"))
     return None
 
 
