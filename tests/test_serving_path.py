@@ -149,6 +149,10 @@ def test_serve_learns_the_frontend_from_the_manifest_only(dry_builds, key, tmp_p
     assert (spec is not None) == path.trtllm_serve
     if spec is not None:
         assert spec["cpu"] == path.on_cpu and "--host" in spec["argv"] and Path(spec["options"]).is_file()
+    manifest = layout.engine / "manifest.json"
+    old = {k: v for k, v in json.loads(manifest.read_text()).items() if k != "serving_path"}
+    manifest.write_text(json.dumps(old))  # a build made before the engine stage recorded its path
+    assert trtllm_serve_spec(ServeTarget(layout.triton_repo, layout)) == spec
     (layout.engine / "trtllm_serve.json").write_text(json.dumps({"argv": ["trtllm-serve", "--host", "h", "--port", "1"]}))
     assert (trtllm_serve_spec(ServeTarget(layout.triton_repo, layout)) is not None) == path.trtllm_serve
 
