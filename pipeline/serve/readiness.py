@@ -14,8 +14,9 @@ path and model size.
 * the size term: the bytes the server reads at start (the build's recorded served files:
   :func:`pipeline.serve.compat.served_files`; a TensorRT engine's ``rank*.engine``, the PyTorch path's HF checkpoint,
   the CPU engine's weights) at :data:`SECONDS_PER_GIB` (10 s per GiB, about 100 MiB/s: a cold read from a network
-  volume; trtpipe's assumption, not a measurement). A 70B FP8 checkpoint (~70 GiB) gets 600 + 700 s; a later copy
-  of upstream's harness raises its own wait to 7200 s "for LLM models weight loading".
+  volume; trtpipe's assumption, not a measurement). A 70B FP8 checkpoint (~70 GiB) gets 600 + 700 s. A later copy
+  of upstream's harness raises its own wait to 7200 s "for LLM models weight loading" (search-index copy of the same
+  file, its commit not returned), so the wait upstream needs grows with the model.
 
 The wait is an upper bound: a server that is ready returns at once, so a generous bound only delays the report of a
 server that hangs. ``trtpipe serve --timeout S`` (``ServeOptions.ready_timeout_s``) replaces the rule.
