@@ -6,7 +6,9 @@ folders), largest functions. ``tests/test_structure.py`` holds the package to it
 
 Used to measure a restructuring before and after (lines are physical lines, blank and comment lines
 included; a function's size is its span from ``def`` to its last line; an import arrow is a module-level
-or function-level ``import``/``from … import`` of another module of the same packages).
+or function-level ``import``/``from … import`` of another module of the same packages). ``import_cycles`` counts
+the arrows that run; ``import_cycles_typing`` counts those inside ``if TYPE_CHECKING:`` blocks too (a circle a
+type annotation hides is still a circle between the two modules' ideas: issue #45).
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return out
 
 
-def _imports(tree: ast.AST, name: str, is_pkg: bool, modules: set[str]) -> set[str]:
-    """Modules ``name`` imports at run time; ``from pkg import sub`` is an arrow to ``pkg.sub`` only."""
+def _imports(tree: ast.AST, name: str, is_pkg: bool, modules: set[str], *, type_checking: bool = False) -> set[str]:
+    """Modules ``name`` imports at run time (with ``type_checking``: also inside ``if TYPE_CHECKING:``);
+    ``from pkg import sub`` is an arrow to ``pkg.sub`` only."""
     out: set[str] = set()
-    skip = _type_checking_nodes(tree)
+    skip = set() if type_checking else _type_checking_nodes(tree)
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
@@ -165,6 +168,22 @@ def folder_of(module: str) -> str:
     return ".".join(parts[:2])
 
 
+def _graph(trees: dict[str, tuple[ast.AST, bool]], modules: set[str], *, type_checking: bool) -> dict[str, set[str]]:
+    """module → the package modules it imports (the longest known module name each import names)."""
+    graph: dict[str, set[str]] = {}
+    for name, (tree, is_pkg) in trees.items():
+        targets = set()
+        for imp in _imports(tree, name, is_pkg, modules, type_checking=type_checking):
+            parts = imp.split(".")
+            for k in range(len(parts), 0, -1):
+                cand = ".".join(parts[:k])
+                if cand in modules and cand != name:
+                    targets.add(cand)
+                    break
+        graph[name] = targets
+    return graph
+
+
 def report(roots: list[Path]) -> dict:
     modules: dict[str, dict] = {}
     trees: dict[str, tuple[ast.AST, bool]] = {}
@@ -182,18 +201,8 @@ def report(roots: list[Path]) -> dict:
                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
             ]
             modules[name] = {"path": str(path), "lines": len(text.splitlines()), "functions": funcs}
-    graph: dict[str, set[str]] = {}
-    for name, (tree, is_pkg) in trees.items():
-        targets = set()
-        for imp in _imports(tree, name, is_pkg, set(modules)):
-            # the longest known module name that the import names
-            parts = imp.split(".")
-            for k in range(len(parts), 0, -1):
-                cand = ".".join(parts[:k])
-                if cand in modules and cand != name:
-                    targets.add(cand)
-                    break
-        graph[name] = targets
+    graph = _graph(trees, set(modules), type_checking=False)
+    typing_graph = _graph(trees, set(modules), type_checking=True)
     folders: dict[str, set[str]] = {}
     for src, dsts in graph.items():
         for dst in dsts:
@@ -211,6 +220,7 @@ def report(roots: list[Path]) -> dict:
         "largest_function": funcs[0] if funcs else ("", 0),
         "import_arrows": sum(len(v) for v in graph.values()),
         "import_cycles": _cycles(graph),
+        "import_cycles_typing": _cycles(typing_graph),
         "folder_arrows": {k: sorted(v) for k, v in sorted(folders.items())},
         "folder_cycles": _cycles(folders),
         "module_lines": {n: m["lines"] for n, m in modules.items()},
@@ -229,9 +239,13 @@ def main() -> None:
         print(json.dumps(r, indent=2))
         return
     print(f"modules {r['modules']}, lines {r['lines_total']} (max {r['lines_max']}, median {r['lines_median']})")
-    print(f"internal import arrows {r['import_arrows']}, cycles {len(r['import_cycles'])}, folder cycles {len(r['folder_cycles'])}")
+    print(f"internal import arrows {r['import_arrows']}, cycles {len(r['import_cycles'])} "
+          f"({len(r['import_cycles_typing'])} counting TYPE_CHECKING imports), folder cycles {len(r['folder_cycles'])}")
     for c in r["import_cycles"]:
         print("  cycle: " + " <-> ".join(c))
+    for c in r["import_cycles_typing"]:
+        if c not in r["import_cycles"]:
+            print("  cycle (TYPE_CHECKING): " + " <-> ".join(c))
     for c in r["folder_cycles"]:
         print("  folder cycle: " + " <-> ".join(c))
     for n, lines in r["modules_over_400_lines"]:

@@ -67,7 +67,8 @@ def test_generated_kwargs_pass_and_carry_the_published_cuda_graph_settings(tmp_p
     kw = good_kwargs(tmp_path)
     assert llmapi.check_kwargs(kw) == []
     assert kw["cuda_graph_config"]["enable_padding"] is True
-    assert kw["cuda_graph_config"]["batch_sizes"] == [2**i for i in range(14)]  # 1 … 8192, perf-overview's llm_options.yml
+    # perf-overview's llm_options.yml (1 … 8192) ended at the recipe's max_batch_size 2048 (the ceiling of captured graphs)
+    assert kw["cuda_graph_config"]["batch_sizes"] == [2**i for i in range(12)]
     assert kw["disable_overlap_scheduler"] is False and kw["attn_backend"] == "TRTLLM" and kw["stream_interval"] == 1
 
 

@@ -2,7 +2,8 @@
 lines, CLI command modules ≤ 150 lines, no Python under scripts/, stages in their own folders.
 
 The import graph is read from the source with ``tests/structure.py`` (``ast``: module-level and function-level
-imports alike, ``TYPE_CHECKING`` blocks excluded), so a lazy import inside a function still counts.
+imports alike), so a lazy import inside a function still counts; the module-circle check counts the imports inside
+``if TYPE_CHECKING:`` blocks too (issue #45: "no import circle (TYPE_CHECKING included)").
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ def shape() -> dict:
 
 def test_no_import_cycle_between_modules(shape):
     assert shape["import_cycles"] == []
+
+
+def test_no_import_cycle_between_modules_counting_type_checking_imports(shape):
+    """A circle kept alive by an ``if TYPE_CHECKING:`` import is a circle too (deploy/spec ↔ deploy/trtllm_serve was one)."""
+    assert shape["import_cycles_typing"] == []
 
 
 def test_no_import_cycle_between_folders(shape):
@@ -59,6 +65,18 @@ def test_every_stage_has_one_home():
     for stage in STAGES:
         assert (ROOT / "pipeline" / stage / "stage.py").is_file(), stage
     assert not (ROOT / "pipeline" / "stages").exists()
+
+
+def test_the_type_checking_count_sees_what_the_run_time_count_skips(tmp_path):
+    """Two real modules, one importing the other at run time and the other importing it back for typing only: a circle
+    for ``import_cycles_typing``, none for ``import_cycles``."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from pkg.a import X\n")
+    r = report([pkg])
+    assert r["import_cycles"] == [] and r["import_cycles_typing"] == [["pkg.a", "pkg.b"]]
 
 
 def test_the_checks_catch_a_cycle():

@@ -28,7 +28,7 @@ def serve(
     metrics_port: Annotated[int, typer.Option("--metrics-port", help="Prometheus metrics port.")] = 8002,
     host: Annotated[str, typer.Option("--host", help="Bind address of all endpoints (0.0.0.0 exposes them; then --admin-key is required).")] = "127.0.0.1",
     admin_key: Annotated[str | None, typer.Option("--admin-key", envvar="TRTPIPE_ADMIN_KEY", show_envvar=True, help="Off loopback: Triton's model-repository, shared-memory, logging and trace APIs answer only requests with the key (HTTP header triton-admin-key, gRPC metadata triton-grpc-protocol-triton-admin-key).")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the server to be ready (trtllm-serve: GET /health is 200).")] = 120.0,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds to wait for the server to be ready (trtllm-serve: GET /health is 200). Default: by path and size, 600 s (GPU build) or 120 s (CPU) + 10 s per GiB of weights.")] = None,
     exit_timeout: Annotated[int, typer.Option("--exit-timeout", help="Seconds Triton waits for in-flight requests on stop.")] = 5,
     log_file: Annotated[Path | None, typer.Option("--log-file", help="Server log (default: <build dir>/triton_server-<grpc port>.log, a build keeps its newest 8; trtllm-serve: <build dir>/trtllm_serve-<http port>.log).")] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Run in the background once ready (state in artifacts/serve.json).")] = False,
@@ -82,7 +82,7 @@ def serve(
                       highlight=False, soft_wrap=True)
 
     def started(server) -> None:  # noqa: ANN001
-        console.print(f"[bold]trtpipe serve[/] {resolved.repo}  ({server.install.kind} Triton, log {server.log_file})",
+        console.print(f"[bold]trtpipe serve[/] {resolved.repo}  ({server.install.kind} Triton, log {server.log_file}; ready wait ≤ {server.ready_timeout_s:g} s)",
                       highlight=False, soft_wrap=True)
 
     previous = srv.raise_on_sigterm()

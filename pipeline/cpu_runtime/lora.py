@@ -189,7 +189,7 @@ def selected(lora: LoraSet | None, task_id: int | None) -> Adapter | None:
 
 @dataclass(slots=True)
 class LoRARequest:
-    """A request's adapter, as ``tensorrt_llm.executor.request.LoRARequest`` (request.py@08c3313049a8:20-37): a peft
+    """A request's adapter, as ``tensorrt_llm.executor.request.LoRARequest`` (request.py@4ce835a571f8:23-53): a peft
     LoRA directory ``lora_path`` held under ``lora_int_id``; raises ValueError when the path does not exist."""
 
     lora_name: str

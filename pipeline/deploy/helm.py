@@ -62,9 +62,9 @@ def _image(ref: str) -> dict[str, str]:
 def chart_values(spec: DeploySpec) -> dict[str, Any]:
     """The chart's default ``values.yaml`` for ``spec`` (every key documented in docs/deploy-k8s.md): Triton's, or
     for ``serving.frontend: trtllm-serve`` the same with ``trtllmServe`` in place of ``triton``
-    (:func:`pipeline.deploy.trtllm_serve.chart_values`)."""
+    (:func:`trtllm_serve_values`)."""
     values = _triton_values(spec)
-    return trtllm_serve.chart_values(spec, values) if spec.path.trtllm_serve else values
+    return trtllm_serve_values(spec, values) if spec.path.trtllm_serve else values
 
 
 def _triton_values(spec: DeploySpec) -> dict[str, Any]:
@@ -144,13 +144,55 @@ def _load_json(name: str) -> dict[str, Any]:
 
 def values_schema(spec: DeploySpec) -> dict[str, Any]:
     """``values.schema.json``: the package's schema with the backend's autoscaling signals as the metric enum
-    (trtllm-serve: :func:`pipeline.deploy.trtllm_serve.values_schema`)."""
+    (trtllm-serve: :func:`trtllm_serve_schema`)."""
     schema = _load_json("chart/values.schema.json")
     keys = sorted(metrics.signals_for(spec.engine))
     auto = schema["properties"]["autoscaling"]["properties"]
     auto["metric"]["enum"] = keys
     auto["signals"]["propertyNames"] = {"enum": keys}
-    return trtllm_serve.values_schema(schema) if spec.path.trtllm_serve else schema
+    return trtllm_serve_schema(schema) if spec.path.trtllm_serve else schema
+
+
+def trtllm_serve_values(spec: DeploySpec, values: dict[str, Any]) -> dict[str, Any]:
+    """The chart values of a trtllm-serve deployment: Triton's ``values`` with ``triton`` replaced by
+    ``trtllmServe`` (argv, port, health and metrics routes), the served model name, and no autoscaling (no
+    TensorRT-LLM 1.2.1 Prometheus series is pinned here to scale on; docs/deploy-k8s.md)."""
+    out = {k: v for k, v in values.items() if k != "triton"}
+    out["model"] = {**values["model"], "servedModel": Path(spec.hf_ckpt).name}
+    metrics_path = trtllm_serve.PROMETHEUS_PATH if spec.perf_metrics else ""
+    serve = {"argv": list(spec.serve_argv), "port": spec.serve_port, "healthPath": trtllm_serve.HEALTH_PATH,
+             "metricsPath": metrics_path}
+    keys = list(out)
+    at = keys.index("service") + 1
+    out = {**{k: out[k] for k in keys[:at]}, "trtllmServe": serve, **{k: out[k] for k in keys[at:]}}
+    out["autoscaling"] = {**values["autoscaling"], "enabled": False, "metric": "", "signals": {}}
+    out["monitoring"] = {"podMonitor": {**values["monitoring"]["podMonitor"], "enabled": spec.perf_metrics},
+                         "prometheusRule": {**values["monitoring"]["prometheusRule"], "enabled": False}}
+    return out
+
+
+def trtllm_serve_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``values.schema.json`` for trtllm-serve: no ``triton`` key, a required ``trtllmServe``, autoscaling and the
+    PrometheusRule pinned off (Helm refuses ``--set autoscaling.enabled=true`` with the field's name)."""
+    props = schema["properties"]
+    props.pop("triton", None)
+    schema["required"] = ["trtllmServe" if k == "triton" else k for k in schema["required"]]
+    props["trtllmServe"] = {
+        "type": "object", "additionalProperties": False, "required": ["argv", "port", "healthPath", "metricsPath"],
+        "properties": {
+            "argv": {"type": "array", "minItems": 2, "items": {"type": "string", "minLength": 1},
+                     "contains": {"const": "--port"}},
+            "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+            "healthPath": {"type": "string", "pattern": "^/"},
+            "metricsPath": {"type": "string", "pattern": "^(/.*)?$"},
+        },
+    }
+    auto = props["autoscaling"]["properties"]
+    auto["enabled"] = {"const": False, "description": "trtllm-serve: no autoscaling signal (docs/deploy-k8s.md)"}
+    auto["metric"] = {"const": ""}
+    auto["signals"] = {"type": "object", "maxProperties": 0}
+    props["monitoring"]["properties"]["prometheusRule"]["properties"]["enabled"] = {"const": False}
+    return schema
 
 
 def grafana_dashboard(spec: DeploySpec) -> dict[str, Any]:

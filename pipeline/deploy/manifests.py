@@ -20,6 +20,7 @@ from pipeline.deploy.spec import (
     DeploySpec,
     shm_size,
 )
+from pipeline.serve.frontend import trtllm_serve_argv
 
 #: PVC the manifests mount (the chart's default ``modelRepository.pvc.claimName``)
 CLAIM = "trtpipe-builds"
@@ -110,7 +111,7 @@ def kserve_objects(spec: DeploySpec) -> list[dict[str, Any]]:
     """A namespaced Triton ``ServingRuntime`` (the release-matrix image, trtpipe's Triton argv on KServe's ports)
     and an ``InferenceService`` whose predictor mounts the build volume at the build's own path. For
     ``serving.frontend: trtllm-serve`` the runtime runs the build's trtllm-serve command on KServe's HTTP port
-    (:func:`pipeline.deploy.trtllm_serve.kserve_runtime`) and the predictor names its model format.
+    (:func:`trtllm_serve_runtime`) and the predictor names its model format.
 
     Raises:
         UserError: the instance spans nodes (KServe's multi-node worker spec targets vLLM/Ray, not MPI ranks).
@@ -121,7 +122,7 @@ def kserve_objects(spec: DeploySpec) -> list[dict[str, Any]]:
             "GPUs; the KServe rendering is single-node: use --format helm (LeaderWorkerSet)"
         )
     if spec.path.trtllm_serve:
-        serving_runtime = trtllm_serve.kserve_runtime(spec, spec.release.image, KSERVE_PORTS["http"])
+        serving_runtime = trtllm_serve_runtime(spec, spec.release.image, KSERVE_PORTS["http"])
         model = {"modelFormat": {"name": trtllm_serve.KSERVE_FORMAT}, "runtime": serving_runtime["metadata"]["name"]}
         return [serving_runtime, _kserve_isvc(spec, model)]
     runtime = f"{spec.name}-triton"
@@ -185,3 +186,38 @@ def _kserve_isvc(spec: DeploySpec, model: dict[str, Any]) -> dict[str, Any]:
 def dump(objs: list[dict[str, Any]]) -> str:
     """Objects as one multi-document YAML stream."""
     return "---\n".join(yaml.safe_dump(o, sort_keys=False, width=120) for o in objs)
+
+
+def trtllm_serve_runtime(spec: DeploySpec, image: str, port: int) -> dict[str, Any]:
+    """A namespaced ``ServingRuntime`` running ``trtllm-serve`` on KServe's HTTP port ``port``.
+
+    Shaped after KServe's own OpenAI-server runtime (kserve config/runtimes/kserve-vllmserver.yaml@1fb781055dd1:
+    8-10 Prometheus annotations, 16-29 one ``kserve-container`` running the server with ``--port=8080``, 52-69
+    readiness/startup probes): no ``protocolVersions``, which KServe then does not check
+    (pkg/apis/serving/v1alpha1/servingruntime_types.go@1fb781055dd1:304-307). The Prometheus annotations are
+    set only where the route exists (``return_perf_metrics``).
+    """
+    argv = trtllm_serve_argv({"argv": list(spec.serve_argv)}, spec.serve_host, port)
+    def probe(period_s: int, failures: int) -> dict[str, Any]:
+        return {"httpGet": {"path": trtllm_serve.HEALTH_PATH, "port": port}, "periodSeconds": period_s, "failureThreshold": failures}
+
+    runtime_spec: dict[str, Any] = {}
+    if spec.perf_metrics:
+        runtime_spec["annotations"] = {"prometheus.kserve.io/port": str(port), "prometheus.kserve.io/path": trtllm_serve.PROMETHEUS_PATH}
+    runtime_spec["supportedModelFormats"] = [{"name": trtllm_serve.KSERVE_FORMAT, "autoSelect": False}]
+    runtime_spec["containers"] = [{
+        "name": "kserve-container",
+        "image": image,
+        "command": argv,
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        # the Triton runtime's periods and budget (:func:`kserve_objects`); /health for all three
+        "readinessProbe": probe(5, 3),
+        "livenessProbe": probe(10, 3),
+        "startupProbe": probe(10, 180),
+    }]
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1",
+        "kind": "ServingRuntime",
+        "metadata": {"name": f"{spec.name}-{trtllm_serve.FRONTEND}", "labels": {"trtpipe.dev/recipe": spec.recipe.name}},
+        "spec": runtime_spec,
+    }

@@ -1,6 +1,9 @@
 """``serving.frontend: trtllm-serve`` in the Kubernetes outputs: the server's command line inside the pods, the
-facts about its HTTP server that the probes and the monitoring rely on, its multi-node launcher, and the pieces
-of the Helm values, the values schema and the KServe runtime that differ from Triton's.
+facts about its HTTP server that the probes and the monitoring rely on, and its multi-node launcher. The pieces of
+the Helm values and values schema that differ from Triton's are rendered by :mod:`pipeline.deploy.helm`
+(``trtllm_serve_values`` / ``trtllm_serve_schema``), its KServe runtime by :mod:`pipeline.deploy.manifests`
+(``trtllm_serve_runtime``): this module knows nothing of :class:`~pipeline.deploy.spec.DeploySpec`, which
+imports it.
 
 The command line is never spelled here: a build directory's is the one its engine stage wrote
 (``<build>/engine/trtllm_serve.json``, :mod:`pipeline.engine.pytorch`), with ``--host``/``--port`` set by
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.core.errors import StageError, UserError
 from pipeline.core.layout import BuildLayout
@@ -45,9 +48,6 @@ from pipeline.recipe import Recipe
 from pipeline.recipe.serving_path import TRTLLM_SERVE
 from pipeline.serve.frontend import SERVE_COMMAND, trtllm_serve_argv
 from pipeline.trtllm import trtllm_serve
-
-if TYPE_CHECKING:
-    from pipeline.deploy.spec import DeploySpec
 
 FRONTEND = TRTLLM_SERVE
 #: the server container's name (the Triton path's is ``triton``)
@@ -121,80 +121,3 @@ def _stored(build: Path) -> dict[str, Any]:
         raise UserError(f"{build}: serving.frontend is '{FRONTEND}' but the engine stage wrote no {SERVE_COMMAND}: "
                         f"rebuild with --set serving.frontend={FRONTEND}")
     return json.loads(path.read_text())
-
-
-def chart_values(spec: DeploySpec, values: dict[str, Any]) -> dict[str, Any]:
-    """The chart values of a trtllm-serve deployment: Triton's ``values`` with ``triton`` replaced by
-    ``trtllmServe`` (argv, port, health and metrics routes), the served model name, and no autoscaling (no
-    TensorRT-LLM 1.2.1 Prometheus series is pinned here to scale on; docs/deploy-k8s.md)."""
-    out = {k: v for k, v in values.items() if k != "triton"}
-    out["model"] = {**values["model"], "servedModel": Path(spec.hf_ckpt).name}
-    metrics_path = PROMETHEUS_PATH if spec.perf_metrics else ""
-    serve = {"argv": list(spec.serve_argv), "port": spec.serve_port, "healthPath": HEALTH_PATH,
-             "metricsPath": metrics_path}
-    keys = list(out)
-    at = keys.index("service") + 1
-    out = {**{k: out[k] for k in keys[:at]}, "trtllmServe": serve, **{k: out[k] for k in keys[at:]}}
-    out["autoscaling"] = {**values["autoscaling"], "enabled": False, "metric": "", "signals": {}}
-    out["monitoring"] = {"podMonitor": {**values["monitoring"]["podMonitor"], "enabled": spec.perf_metrics},
-                         "prometheusRule": {**values["monitoring"]["prometheusRule"], "enabled": False}}
-    return out
-
-
-def values_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """``values.schema.json`` for trtllm-serve: no ``triton`` key, a required ``trtllmServe``, autoscaling and the
-    PrometheusRule pinned off (Helm refuses ``--set autoscaling.enabled=true`` with the field's name)."""
-    props = schema["properties"]
-    props.pop("triton", None)
-    schema["required"] = ["trtllmServe" if k == "triton" else k for k in schema["required"]]
-    props["trtllmServe"] = {
-        "type": "object", "additionalProperties": False, "required": ["argv", "port", "healthPath", "metricsPath"],
-        "properties": {
-            "argv": {"type": "array", "minItems": 2, "items": {"type": "string", "minLength": 1},
-                     "contains": {"const": "--port"}},
-            "port": {"type": "integer", "minimum": 1, "maximum": 65535},
-            "healthPath": {"type": "string", "pattern": "^/"},
-            "metricsPath": {"type": "string", "pattern": "^(/.*)?$"},
-        },
-    }
-    auto = props["autoscaling"]["properties"]
-    auto["enabled"] = {"const": False, "description": "trtllm-serve: no autoscaling signal (docs/deploy-k8s.md)"}
-    auto["metric"] = {"const": ""}
-    auto["signals"] = {"type": "object", "maxProperties": 0}
-    props["monitoring"]["properties"]["prometheusRule"]["properties"]["enabled"] = {"const": False}
-    return schema
-
-
-def kserve_runtime(spec: DeploySpec, image: str, port: int) -> dict[str, Any]:
-    """A namespaced ``ServingRuntime`` running ``trtllm-serve`` on KServe's HTTP port ``port``.
-
-    Shaped after KServe's own OpenAI-server runtime (kserve config/runtimes/kserve-vllmserver.yaml@1fb781055dd1:
-    8-10 Prometheus annotations, 16-29 one ``kserve-container`` running the server with ``--port=8080``, 52-69
-    readiness/startup probes): no ``protocolVersions``, which KServe then does not check
-    (pkg/apis/serving/v1alpha1/servingruntime_types.go@1fb781055dd1:304-307). The Prometheus annotations are
-    set only where the route exists (``return_perf_metrics``).
-    """
-    argv = trtllm_serve_argv({"argv": list(spec.serve_argv)}, spec.serve_host, port)
-    def probe(period_s: int, failures: int) -> dict[str, Any]:
-        return {"httpGet": {"path": HEALTH_PATH, "port": port}, "periodSeconds": period_s, "failureThreshold": failures}
-
-    runtime_spec: dict[str, Any] = {}
-    if spec.perf_metrics:
-        runtime_spec["annotations"] = {"prometheus.kserve.io/port": str(port), "prometheus.kserve.io/path": PROMETHEUS_PATH}
-    runtime_spec["supportedModelFormats"] = [{"name": KSERVE_FORMAT, "autoSelect": False}]
-    runtime_spec["containers"] = [{
-        "name": "kserve-container",
-        "image": image,
-        "command": argv,
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
-        # the Triton runtime's periods and budget (manifests.kserve_objects); /health for all three
-        "readinessProbe": probe(5, 3),
-        "livenessProbe": probe(10, 3),
-        "startupProbe": probe(10, 180),
-    }]
-    return {
-        "apiVersion": "serving.kserve.io/v1alpha1",
-        "kind": "ServingRuntime",
-        "metadata": {"name": f"{spec.name}-{FRONTEND}", "labels": {"trtpipe.dev/recipe": spec.recipe.name}},
-        "spec": runtime_spec,
-    }

@@ -74,8 +74,9 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
                          + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
     status = "built" if present else "dry_run"
     fields = consumed(recipe, "engine", "runtime")  # the LLM() arguments hold the KV/scheduler knobs too
+    serve_key = [serve_cmd, trtllm_serve.extra_options(kwargs)] if serve_cmd else None  # the YAML is derived
     key = stable_hash({"recipe": fields,
-                       "quantize": quantized.cache_key, "kwargs": kwargs, "status": status, "serve": serve_cmd,
+                       "quantize": quantized.cache_key, "kwargs": kwargs, "status": status, "serve": serve_key,
                        "pins": contract.pins()})
     if not force:
         hit = EngineResult.load(out_dir, key)

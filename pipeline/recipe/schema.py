@@ -92,6 +92,10 @@ class Recipe(StrictModel):
                 "quantization.calibration.max_seq_length",
                 f"{c.max_seq_length} exceeds the model's max_position_embeddings {geo.max_position_embeddings}: lower it",
             )
+        if self.target.gpu != hardware.CPU_TARGET:  # CUDA-graph sizes above the largest decode batch (derived.py)
+            problems = derived.cuda_graph_problems(b)
+            if problems:
+                raise RecipeCheckError(*problems[0])
         if b.workers > self.target.world_size:
             raise RecipeCheckError(
                 "build.workers", f"{b.workers} build processes for {self.target.world_size} rank(s) (tp × pp): lower it "

@@ -117,7 +117,8 @@ def _runnable(spec: dict[str, Any], host: str, port: int) -> list[str]:
 def serve_trtllm(target: ServeTarget, options: Any, *, detach: bool, state_file: Path,
                  say: Callable[[str], None]) -> None:
     """Serve ``target``'s trtllm-serve build: start it (log ``options.log_file``, default
-    ``<build>/trtllm_serve-<port>.log``), wait until ``/health`` answers 200 (``options.ready_timeout_s``), then run
+    ``<build>/trtllm_serve-<port>.log``), wait until ``/health`` answers 200 (``options.ready_timeout_s``; ``None``:
+    :func:`pipeline.serve.readiness.default_ready_timeout_s`, by path and model size), then run
     in the foreground until Ctrl-C / SIGTERM (stopped cleanly), or with ``detach`` record it in ``state_file`` and
     return. ``say`` prints one status message.
 
@@ -128,6 +129,7 @@ def serve_trtllm(target: ServeTarget, options: Any, *, detach: bool, state_file:
         StageError: the build has no trtllm-serve command; the server exited or was not ready in time (one line
             naming ``/health`` and the log; it is stopped); it exited on its own in the foreground.
     """
+    from pipeline.serve.readiness import ready_timeout_s
     from pipeline.serve.registry import trtllm_serve_record, write_state
     from pipeline.serve.trtllm_process import TrtllmServeProcess
 
@@ -135,6 +137,7 @@ def serve_trtllm(target: ServeTarget, options: Any, *, detach: bool, state_file:
     if spec is None:
         raise StageError(f"{target.layout}: no {SERVE_COMMAND}: the build's frontend is triton")
     check_files(target)
+    wait_s = ready_timeout_s(target, options.ready_timeout_s)
     argv = _runnable(spec, options.host, options.http_port)
     root = target.layout.root if target.layout is not None else target.repo.parent
     log_file = options.log_file or Path(root) / LOG_NAME.format(port=options.http_port)
@@ -145,8 +148,8 @@ def serve_trtllm(target: ServeTarget, options: Any, *, detach: bool, state_file:
     if options.log_file is None:  # this server's log is now the newest
         prune_logs(Path(root))
     try:
-        say(f"[bold]trtpipe serve[/] {root}  ({what}, pid {proc.pid}, log {log_file})")
-        ready_s = proc.wait_ready(options.ready_timeout_s)
+        say(f"[bold]trtpipe serve[/] {root}  ({what}, pid {proc.pid}, log {log_file}; ready wait ≤ {wait_s:g} s)")
+        ready_s = proc.wait_ready(wait_s)
         say(f"  OpenAI  {proc.openai_url}\n  health  {proc.health_url}")
         say(f"[bold green]ready[/] in {ready_s:.1f} s (pid {proc.pid}, RSS {proc.rss_bytes() / 2**20:.0f} MiB)")
         if detach:

@@ -21,6 +21,7 @@ from typing import Any
 from pipeline.core import artifacts
 from pipeline.core.errors import UserError
 from pipeline.core.layout import BuildLayout
+from pipeline.serve import readiness
 from pipeline.serve.compat import ServeTarget, check_runtime
 from pipeline.serve.registry import triton_record, write_state
 from pipeline.triton.server import TritonInstall, TritonServer, find_triton
@@ -46,7 +47,8 @@ class ServeOptions:
     """How to run the server (run-time choices, not recipe knobs).
 
     Ports ``None`` are picked free at start. ``exit_timeout_s`` is Triton's ``--exit-timeout-secs``
-    (how long it waits for in-flight requests on stop); ``ready_timeout_s`` bounds the readiness wait.
+    (how long it waits for in-flight requests on stop); ``ready_timeout_s`` bounds the readiness wait (``None``: by
+    serving path and model size, :func:`pipeline.serve.readiness.default_ready_timeout_s`).
     ``log_file`` defaults to ``<build>/triton_server-<grpc port>.log`` (the build keeps the newest
     :data:`SERVER_LOGS_KEPT` of those: :func:`prune_server_logs`). ``admin_key``: on a non-loopback
     ``host`` Triton's administrative APIs (:data:`ADMIN_APIS`) answer only requests carrying this key in the
@@ -57,7 +59,7 @@ class ServeOptions:
     grpc_port: int | None = 8001
     metrics_port: int | None = 8002
     host: str = "127.0.0.1"
-    ready_timeout_s: float = 120.0
+    ready_timeout_s: float | None = None
     exit_timeout_s: int = 5
     log_file: Path | None = None
     admin_key: str | None = None
@@ -165,16 +167,18 @@ def run(
         IncompatibleArtifactError: the artifacts cannot run on this Triton (e.g. a GPU engine on CPU), or a file the
             server loads no longer has the sha256 its build recorded (:func:`~pipeline.serve.compat.check_files`).
         MissingToolError: no ``tritonserver`` here.
-        StageError: the server exited or was not ready within ``options.ready_timeout_s`` (it is killed).
+        StageError: the server exited or was not ready within ``options.ready_timeout_s`` (``None``: the
+            :mod:`pipeline.serve.readiness` rule) (it is killed).
     """
     resolved = target if isinstance(target, ServeTarget) else ServeTarget.resolve(target, root)
+    ready_timeout_s = readiness.ready_timeout_s(resolved, options.ready_timeout_s)
     extra_args = options.restricted_api_args()
     install = install or find_triton()
     warnings = check_runtime(resolved, install)
     server = TritonServer(
         resolved.repo, http_port=options.http_port, grpc_port=options.grpc_port, metrics_port=options.metrics_port,
         host=options.host, exit_timeout_s=options.exit_timeout_s, world_size=resolved.world_size, install=install,
-        ready_timeout_s=options.ready_timeout_s, die_with_parent=die_with_parent, extra_args=extra_args,
+        ready_timeout_s=ready_timeout_s, die_with_parent=die_with_parent, extra_args=extra_args,
     )
     server.log_file = options.log_file or resolved.log_file(server.grpc_port)
     server.start()  # checks the ports first: nothing is launched when one is taken
@@ -183,7 +187,7 @@ def run(
             prune_server_logs(BuildLayout(server.log_file.parent))
         if on_start is not None:
             on_start(server)
-        ready_s = server.wait_ready(options.ready_timeout_s)
+        ready_s = server.wait_ready(ready_timeout_s)
     except BaseException:
         server.stop(grace_s=0)
         raise

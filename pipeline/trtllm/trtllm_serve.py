@@ -27,10 +27,27 @@ _FLAG_ARGS = {"model": None, "tokenizer": "--tokenizer", "backend": "--backend",
               "pipeline_parallel_size": "--pp_size"}
 
 
+#: trtllm-serve's own ``scheduler_config`` (``get_llm_args``, tensorrt_llm/commands/serve.py@c292b9f997d6:121-128):
+#: GUARANTEED_NO_EVICT with batch-size tuning on. A ``scheduler_config`` in the extra-options YAML replaces this object
+#: whole: ``update_llm_args_with_extra_dict`` builds ``SchedulerConfig(**yaml["scheduler_config"])`` and merges the
+#: top-level dicts (``llm_args | llm_args_dict``, llm_args.py@c292b9f997d6), so a YAML without
+#: ``dynamic_batch_config`` turns the tuning off. DynamicBatchConfig's three fields have no defaults on the 1.2 line.
+SERVE_SCHEDULER_DEFAULT: dict[str, Any] = {
+    "capacity_scheduler_policy": "GUARANTEED_NO_EVICT",
+    "dynamic_batch_config": {"enable_batch_size_tuning": True, "enable_max_num_tokens_tuning": False,
+                             "dynamic_batch_moving_average_window": 128},
+}
+
+
 def extra_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The ``--extra_llm_api_options`` YAML content: ``kwargs`` without the arguments given as flags
-    (``model``, ``tokenizer``, ``backend``, parallel sizes, ``trust_remote_code``)."""
-    return {k: v for k, v in kwargs.items() if k not in _FLAG_ARGS and k != "trust_remote_code"}
+    (``model``, ``tokenizer``, ``backend``, parallel sizes, ``trust_remote_code``). Its ``scheduler_config`` is
+    trtllm-serve's own (:data:`SERVE_SCHEDULER_DEFAULT`) with the recipe's fields over it, so the server keeps its
+    ``dynamic_batch_config`` unless the kwargs set one."""
+    out = {k: v for k, v in kwargs.items() if k not in _FLAG_ARGS and k != "trust_remote_code"}
+    if "scheduler_config" in out:
+        out["scheduler_config"] = {**SERVE_SCHEDULER_DEFAULT, **(out["scheduler_config"] or {})}
+    return out
 
 
 def argv(kwargs: dict[str, Any], options_path: str, *, host: str = "127.0.0.1", port: int = 8000) -> list[str]:
