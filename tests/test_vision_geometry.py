@@ -8,7 +8,6 @@ import pytest
 from pipeline.core.errors import UserError
 from pipeline.vision import geometry as g
 
-
 # --- mllama: encoder length ---------------------------------------------------------------------------------------
 
 def test_mllama_encoder_len_is_upstreams_figure():
@@ -70,7 +69,9 @@ def test_mllama_encoder_len_is_what_the_hf_vision_model_emits_at_560px():
 
 def _qwen2_vl_processor():
     try:  # transformers 5.x: the torch-free one
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil as cls
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil as cls,
+        )
     except ImportError:  # transformers 4.57 (TensorRT-LLM 1.2.1's pin): numpy/PIL already
         from transformers import Qwen2VLImageProcessor as cls
     return cls()
@@ -99,7 +100,9 @@ def test_qwen2_vl_tokens_match_the_processor_on_a_generated_image(width, height)
 
 def test_qwen2_vl_smart_resize_matches_transformers_on_a_grid():
     try:
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            smart_resize,
+        )
     except ImportError:
         from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
     sizes = [1, 13, 28, 29, 41, 56, 100, 333, 560, 999, 1400, 2048, 5000]

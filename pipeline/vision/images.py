@@ -4,7 +4,7 @@ scikit-image ships a few photographs inside its wheel (``skimage/data/*.png``; `
 read them from the installed package, no download). They are real photographs — edges, textures, skin, text —
 which a calibration or parity run wants; the synthetic images give any size deterministically from a seed, as a
 benchmark's image workload needs (AIPerf draws sizes from N(mean, stddev) and sends PNG/JPEG: ai-dynamo/aiperf@db4f6397
-dataset/generator/image.py:29-57, as read in shared/reference/multimodal-vlm.md §5; issue #46 item 6).
+dataset/generator/image.py:29-57, as read in docs/reference/multimodal-vlm.md §5; issue #46 item 6).
 """
 
 from __future__ import annotations

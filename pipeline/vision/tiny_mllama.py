@@ -54,7 +54,9 @@ def image_processor_class() -> type:
     transformers 5.x (its ``MllamaImageProcessor`` needs torchvision there), ``MllamaImageProcessor`` in 4.57 (the
     TensorRT-LLM 1.2.1 pin, where it is the numpy/PIL one)."""
     try:
-        from transformers.models.mllama.image_processing_pil_mllama import MllamaImageProcessorPil
+        from transformers.models.mllama.image_processing_pil_mllama import (
+            MllamaImageProcessorPil,
+        )
 
         return MllamaImageProcessorPil
     except ImportError:  # transformers 4.x
