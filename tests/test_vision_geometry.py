@@ -12,7 +12,10 @@ from pipeline.vision import geometry as g
 
 def test_mllama_encoder_len_is_upstreams_figure():
     """examples/models/core/multimodal/README.md@89fd9b74 §MLLaMA: "for instruct Vision model, please set the
-    `max_encoder_input_len` as `6404`" (560 px tiles); the same README builds the base model with 4100 (448 px)."""
+    `max_encoder_input_len` as `6404`" (560 px tiles; tensorrtllm_backend docs/multimodal.md@efb8a497:169 builds
+    with it). The README's default build line uses 4100 = 4 × 1025, the same rule at 448 px tiles — the size
+    tensorrt_llm/tools/multimodal_builder.py@b35ac1b64368 ``build_mllama_engine`` notes for its traced
+    ``pixel_values`` ([1, 1, 4, 3, 448, 448])."""
     assert g.mllama_encoder_len(images=1, max_tiles=4, tile_size=560, patch_size=14) == 6404
     assert g.mllama_encoder_len(images=1, max_tiles=4, tile_size=448, patch_size=14) == 4100
 
@@ -37,8 +40,9 @@ def test_bad_vision_geometry_is_one_line_naming_the_field(args, field):
 
 
 def test_vision_max_batch_size_is_requests_times_images():
-    """tensorrtllm_backend docs/multimodal.md@efb8a497:171: ``--max_batch_size 8 # max_batch_size *
-    max_num_images_per_request`` next to a decoder built with ``--max_batch_size 8`` and max_num_images 1."""
+    """tensorrtllm_backend docs/multimodal.md@efb8a497:171: ``--max_batch_size 8 #max_batch_size *
+    max_num_images_per_request``, beside a decoder built with ``--max_batch_size 8`` (:166) and the preprocessing
+    model's ``max_num_images:1`` (:208)."""
     assert g.vision_max_batch_size(8, 1) == 8
     assert g.vision_max_batch_size(4, 2) == 8
     with pytest.raises(UserError):

@@ -106,7 +106,7 @@ def check_max_encoder_input_len(typed: int | None, derived: int, *, field: str =
 
 def vision_max_batch_size(max_batch_size: int, images_per_request: int) -> int:
     """The vision engine's batch limit: requests × images (tensorrtllm_backend docs/multimodal.md@efb8a497:171,
-    ``--max_batch_size 8 # max_batch_size * max_num_images_per_request``).
+    ``--max_batch_size 8 #max_batch_size * max_num_images_per_request``).
 
     Raises:
         UserError: either argument not a positive integer.
