@@ -13,11 +13,12 @@ kind and busy/quiet, printed and written as JSON (``--out``) with the machine's 
 vector/matrix flags the native kernels use, cores this process may use, kernel, autogroup, load average before).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_contention.py [BUILD_DIR] [--concurrency 1] [--rounds 2]
-        [--window 6] [--threads N] [--hog-session new|same] [--out contention.json]
+        [--window 6] [--threads N] [--hog-session new|same] [--out contention.json] [--before CHECKOUT]
 
 BUILD_DIR defaults to artifacts/smollm2_135m_cpu_fp8 (``trtpipe build recipes/smollm2_135m_cpu_fp8.yaml``). Run it
 with nothing else busy: the hog must be the only neighbour. To compare engine versions with the same method, run this
-file with ``PYTHONPATH`` pointing at the other checkout.
+file with ``PYTHONPATH`` pointing at the other checkout, or pass ``--before CHECKOUT``: that checkout's engine is measured
+first, then this one's, each in a process of its own, and both results go to ``--out``.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from pathlib import Path
 
 
 def release_freed_heap() -> None:
@@ -91,13 +92,15 @@ class CoreShare:
 
     Call :meth:`poll` before each step (on the thread that runs the parallel work) and :meth:`pause` when the engine
     goes idle, so a window never spans an idle engine (the neighbours may use idle cores freely). Where ``/proc/stat``
-    cannot be read (not Linux), :meth:`poll` keeps ``max_threads``.
+    cannot be read (not Linux), :meth:`poll` keeps ``max_threads``. ``cpus`` (default: the affinity mask),
+    ``read_stat`` (``/proc/stat``'s text), ``clock`` (wall seconds) and ``cpu_clock`` (this process's CPU seconds) are
+    there for tests.
     """
 
     def __init__(self, max_threads: int, *, cpus: set[int] | None = None, read_stat=None, clock=None, cpu_clock=None):
         self.max_threads = self.threads = max(1, int(max_threads))
         self.cpus = set(os.sched_getaffinity(0) if cpus is None else cpus)
-        self._read_stat = read_stat or (lambda: open("/proc/stat").read())  # noqa: SIM115 - read whole, closed by GC
+        self._read_stat = read_stat or (lambda: Path("/proc/stat").read_text())
         self._clock, self._cpu_clock = clock or time.monotonic, cpu_clock or time.process_time
         self._hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self.others_busy = 0.0  # cores, last window
