@@ -43,7 +43,7 @@ import torch
 from pipeline.core.geometry import geometry_from_dict
 from pipeline.cpu_runtime.batch import build_step
 from pipeline.cpu_runtime.guided import advance, mask
-from pipeline.cpu_runtime.host import release_freed_heap, release_openmp_pool
+from pipeline.cpu_runtime.host import CoreShare, release_freed_heap, release_openmp_pool
 from pipeline.cpu_runtime.kv import kv_slots
 from pipeline.cpu_runtime.lora import LoraSet, selected, step_for
 from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder
@@ -69,8 +69,9 @@ class CpuEngine:
 
     ``engine_dir`` is the output of the ``build.engine: cpu`` stage (:mod:`pipeline.engine.cpu`).
     Loading maps the weights, packs them for oneDNN, sets ``torch.set_num_threads`` (process wide:
-    ``num_threads`` argument, else engine_config ``num_threads``, else the cores this process may
-    run on), sizes the KV cache (module docstring; ``kv_max_tokens`` / ``kv_free_memory_fraction``
+    ``num_threads`` argument, else engine_config ``num_threads``, both kept as given; else the cores this process may
+    run on, less one for each core other processes keep busy, re-counted every 0.5 s of stepping:
+    :class:`~pipeline.cpu_runtime.host.CoreShare`), sizes the KV cache (module docstring; ``kv_max_tokens`` / ``kv_free_memory_fraction``
     override engine_config's ``kv_cache``, ``enable_chunked_prefill`` its ``enable_chunked_prefill``),
     ``max_queue_size`` (> 0) bounds the requests accepted beyond the KV slots (TensorRT-LLM's executor
     ``max_queue_size``; ``None``/0: unbounded, as upstream), releases the calling thread's OpenMP workers
@@ -101,6 +102,7 @@ class CpuEngine:
             raise ValueError(f"{path}: compute_dtype {compute!r} is not one of {', '.join(COMPUTE_DTYPES)}")
         self.dtype = COMPUTE_DTYPES[compute]
         self.threads = int(num_threads or cfg.get("num_threads") or len(os.sched_getaffinity(0)) or 1)
+        self._share = None if num_threads or cfg.get("num_threads") else CoreShare(self.threads)  # neighbours' cores
         torch.set_num_threads(self.threads)
         kv = cfg.get("kv_cache") or {}
         kv_dtype = kv.get("dtype", "float32")  # engines built before the bfloat16 KV cache kept float32 K/V
@@ -165,10 +167,11 @@ class CpuEngine:
     @property
     def runtime(self) -> dict[str, Any]:
         """What serves: runtime name, GEMM kernels, the other kernels (:attr:`Decoder.kernels`), dtype, KV cache
-        dtype, threads, KV slots × slot length, KV tokens."""
+        dtype, threads (the most; ``threads_now``: beside the current neighbours), KV slots × slot length, KV tokens."""
         return {"runtime": RUNTIME, "gemm": self.model.gemm, "kernels": self.model.kernels,
                 "dtype": str(self.dtype).removeprefix("torch."),
                 "kv_dtype": str(self.model.cache.dtype).removeprefix("torch."), "threads": self.threads,
+                "threads_now": self._share.threads if self._share else self.threads,
                 "kv_slots": self.model.cache.slots, "kv_slot_len": self.model.cache.slot_len, "kv_tokens": self.kv_tokens}
 
     @property
@@ -307,6 +310,8 @@ class CpuEngine:
         while True:
             with self._cv:
                 while not (self._inbox or self._cancels or self._active or self._waiting or self._closed):
+                    if self._share:
+                        self._share.pause()
                     self._cv.wait()
                 if self._closed:
                     return
@@ -349,6 +354,8 @@ class CpuEngine:
 
     def _step(self) -> None:
         t0 = time.perf_counter()
+        if self._share and (n := self._share.poll()):
+            torch.set_num_threads(n)  # this thread's OpenMP team, the kernels' ``threads`` (model.py)
         batch, seqs, ctx_seqs = build_step(self._active, int(self._cfg["max_num_tokens"]), self.chunked)
         if batch.tokens.numel() == 0:
             return

@@ -88,7 +88,7 @@ class CpuEngineSpec(StrictModel):
             "token-identical: gate it with trtpipe eval."
         ),
     )
-    num_threads: int | None = Field(default=None, ge=1, le=MAX_INSTANCES, description="torch threads (default: all cores).")
+    num_threads: int | None = Field(default=None, ge=1, le=MAX_INSTANCES, description="torch threads, kept as given (default: all cores, one fewer per core other processes keep busy, re-counted while it runs).")
     detokenize: Literal["engine", "postprocessing"] = Field(
         default="engine",
         description=(
