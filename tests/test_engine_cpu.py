@@ -153,8 +153,8 @@ def test_stage_writes_engine_dir(fp8_engine: EngineResult, fp8_export: QuantizeR
     assert "quantization_config" not in json.loads((d / "config.json").read_text())
     ec = json.loads((d / "engine_config.json").read_text())
     assert ec["kind"] == "cpu" and ec["qformat"] == "fp8" and ec["kv_cache_dtype"] == "fp8"
-    assert (ec["max_batch_size"], ec["max_input_len"], ec["max_seq_len"], ec["max_num_tokens"]) == (32, 512, 1024, 1024)
-    assert ec["kv_cache"]["max_tokens"] == 16384 and ec["kv_cache"]["free_memory_fraction"] == 0.9
+    assert (ec["max_batch_size"], ec["max_input_len"], ec["max_seq_len"], ec["max_num_tokens"]) == (32, 512, 2304, 1024)
+    assert ec["kv_cache"]["max_tokens"] == 36864 and ec["kv_cache"]["free_memory_fraction"] == 0.9
     assert ec["kv_cache"]["bytes_per_token"] == 2 * 30 * 3 * 64 * 4  # SmolLM2: 30 layers, 3 KV heads × 64, fp32
     assert ec["enable_chunked_prefill"] is False  # the recipe's value (TensorRT-LLM default), honoured by the engine
     m = fp8_engine.manifest

@@ -223,7 +223,7 @@ def execute(spec: BenchSpec, target: BenchTarget, *, on_progress: Progress | Non
     tokenizer = target.tokenizer_dir()
     pre = preflight(spec, url=target.url, api=target.api, openai_endpoint=target.openai_endpoint,
                     served_model=target.served_model, tokenizer=tokenizer, metrics_url=target.metrics_url,
-                    status=on_status or (lambda s: None))
+                    layout=target.layout, status=on_status or (lambda s: None))
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     now = _dt.datetime.now()
     run = BenchResult(pre.spec, started_at=now.astimezone().isoformat(timespec="seconds"), t0_ns=time.perf_counter_ns(),

@@ -61,12 +61,15 @@ def _bench(spec: Any, target: Any) -> None:
 
     with progress_bar(err_console) as start:
         result = stage.run(spec, target, on_progress=start, on_status=lambda s: err_console.print(s, highlight=False))
-    con = _wide(console)
-    for table in scenario_tables(result.load_points, goodput=bool(spec.goodput)):
+    from pipeline.bench.exporters import all_failed
+
+    con, failed = _wide(console), all_failed(result)
+    for table in [] if failed else scenario_tables(result.load_points, goodput=bool(spec.goodput)):
         con.print(table)
     for w in result.warnings:
         err_console.print(f"[yellow]warning:[/] {w}", highlight=False)
-    con.print(f"results: {result.run_dir}", highlight=False)
+    if not failed:  # no results to claim: check_outcome names the directory with the errors
+        con.print(f"results: {result.run_dir}", highlight=False)
     check_outcome(result)
 
 
