@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _trtpipe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([TRTPIPE, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+    return subprocess.run([TRTPIPE, *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
                           env={**os.environ, "COLUMNS": "200"})
 
 
