@@ -220,7 +220,7 @@ def test_a_limits_only_rebuild_links_the_weights(fp8_engine: EngineResult, fp8_e
 
 
 def test_stage_rejects_kv_pool_smaller_than_a_sequence(fp8_export: QuantizeResult, tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="max_tokens 512 is smaller than max_seq_len 1024"):
+    with pytest.raises(UserError, match="max_tokens 512 is smaller than max_seq_len 2304"):
         cpu_stage.run(_recipe("build.kv_cache_config.max_tokens=512"), BuildLayout(tmp_path / "b"), quantized=fp8_export, dry_run=True)
     assert not (tmp_path / "b").exists()
 

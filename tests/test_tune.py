@@ -189,7 +189,7 @@ def test_real_sweep_skips_reuses_resumes_and_tracks(tmp_path):
     assert base["status"] == mbs["status"] == "DONE"
     # the planner refused a KV pool smaller than one sequence, before any build: no build dir, its reason kept
     skipped = points["build.kv_cache_config.max_tokens=512"]
-    assert skipped["status"] == "SKIPPED" and "less than one max_seq_len 1024 sequence" in skipped["reason"]
+    assert skipped["status"] == "SKIPPED" and "less than one max_seq_len 2304 sequence" in skipped["reason"]
     assert not (out / "points" / skipped["id"] / "build").exists()
     assert not (tmp_path / "artifacts" / ".last_build").exists()  # point builds do not become `trtpipe serve`'s default
     # an engine knob reuses the quantized checkpoint (content keys), rebuilds the engine and the repository

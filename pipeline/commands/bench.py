@@ -110,10 +110,11 @@ app.callback(invoke_without_command=True)(bench)
 @app.command("compare")
 @handle_errors
 def compare(
-    run_a: Annotated[Path, typer.Argument(help="Baseline run directory (A).")],
-    run_b: Annotated[Path, typer.Argument(help="New run directory (B).")],
+    run_a: Annotated[Path, typer.Argument(help="Baseline run directory, or a directory of repeated runs (A).")],
+    run_b: Annotated[Path, typer.Argument(help="New run directory, or a directory of repeated runs (B).")],
 ) -> None:
-    """Per scenario × load point: A, B, change in % and better/worse by each metric's direction."""
+    """Per scenario × load point: A, B, change in %, and better/worse only beyond the noise (2+ repeats a side: their
+    95 % bootstrap interval; else a ±10 % band, perf_analyzer's stability criterion)."""
     from pipeline.bench.compare import compare_runs, compare_table
 
     rows = compare_runs(run_a, run_b)
