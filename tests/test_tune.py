@@ -181,6 +181,9 @@ def test_real_sweep_skips_reuses_resumes_and_tracks(tmp_path):
     out = tmp_path / "run"
     res = cli("tune", str(f), "--out", str(out), cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
+    # piped, as in CI or `| tee`: a line per point and stage (#44: 120 s without a line), each build stage's outcome
+    for line in ("base [", ": plan (", ": build (", ": serve (", ": bench 1/2 (", "quantize: built", "engine: built"):
+        assert line in res.stderr, (line, res.stderr[-3000:])
     points = {d["label"]: d for d in (json.loads(p.read_text()) for p in out.glob("points/*/point.json"))}
     # stacked adds "max_batch_size=8 + max_tokens" only when it kept max_batch_size=8 (measured noise decides)
     assert {"base", "build.max_batch_size=8", "build.kv_cache_config.max_tokens=512"} <= set(points)
