@@ -101,7 +101,8 @@ def _run(t: Any, run_dir: Path, mlflow_uri: str | None, no_mlflow: bool) -> None
     progress = Progress(TextColumn("[bold]tune[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err_console,
                         disable=not err_console.is_terminal, transient=False)
-    status = lambda s: progress.console.print(f"  {s}", highlight=False)  # noqa: E731 - on a terminal and piped
+    def status(s: str) -> None:  # on a terminal and piped alike
+        progress.console.print(f"  {s}", highlight=False)
     with progress:
         task = progress.add_task("starting", total=planned_total(t))
 

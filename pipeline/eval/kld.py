@@ -229,13 +229,13 @@ def default_limit_advice(qformat: str | None, summary: dict[str, Any], parameter
         f"{parameters / 1e6:.0f} M parameters" if parameters else "a size not known here")
     khi, tlo = summary["mean_kld"]["ci"][1], summary["same_top1_pct"]["ci"][0]
     return [
-        f"the default limit ({' and '.join(n for n in named if n)}) is what llama.cpp measured for its "
-        f"{'8-bit' if kind == 'q8_0' else '4-bit'} type {kind} on LLaMA-3-8B (Wikitext-2, against FP16; {SOURCE.format(kind=kind)}) — the only published "
-        f"per-format table; no one published what a model of this one's size ({size}) reaches (docs/eval.md: FP8 on "
-        f"SmolLM2-135M measured ~20× q8_0's KLD on LLaMA-3-8B)",
-        f"to gate this model on its own terms: judge its outputs (the agreement scores above, or --rule paired), then "
+        (f"the default limit ({' and '.join(n for n in named if n)}) is what llama.cpp measured for its "
+         f"{'8-bit' if kind == 'q8_0' else '4-bit'} type {kind} on LLaMA-3-8B (Wikitext-2, against FP16; "
+         f"{SOURCE.format(kind=kind)}) — the only published per-format table; no one published what a model of this one's size ({size}) reaches (docs/eval.md: FP8 on "
+        f"SmolLM2-135M measured ~20× q8_0's KLD on LLaMA-3-8B)"),
+        (f"to gate this model on its own terms: judge its outputs (the agreement scores above, or --rule paired), then "
         f"set the limits you accept — --kld-max X --same-top1-min Y here, or eval.kld_max / eval.same_top1_min in the "
-        f"recipe; this run measured mean KLD ≤ {khi:.3g} and same-top-1 ≥ {tlo:.3g} % (upper / lower CI bounds)",
+        f"recipe; this run measured mean KLD ≤ {khi:.3g} and same-top-1 ≥ {tlo:.3g} % (upper / lower CI bounds)"),
     ]
 
 
