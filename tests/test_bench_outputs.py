@@ -71,7 +71,35 @@ def test_compare_reports_direction_aware_deltas(tmp_path):
     assert ttft["change_pct"] == pytest.approx(-50.0) and ttft["verdict"] == "better"
     assert rows[(4, "Output tokens/s/user avg")]["verdict"] == "better"
     same = {r["verdict"] for r in compare_runs(a, a) if r["verdict"] != "n/a"}
-    assert same == {"same"}
+    assert same == {"within noise"}
+
+
+def _repeats(root: Path, scales: list[float]) -> Path:
+    for i, s in enumerate(scales, 1):
+        write_run(root / f"bench-{i}", fake_run(s))
+    return root
+
+
+def test_compare_without_repeats_calls_a_small_change_within_noise(tmp_path):
+    """#44: a 5 % change between two single runs was "better"; their noise is unknown, so it is within the band."""
+    from pipeline.bench.compare import DEFAULT_BAND_PCT
+
+    a, b = write_run(tmp_path / "a", fake_run(1.0)), write_run(tmp_path / "b", fake_run(0.95))
+    ttft = {(r["load"], r["metric"]): r for r in compare_runs(a, b)}[(1, "TTFT avg")]
+    assert ttft["change_pct"] == pytest.approx(-5.0) and abs(ttft["change_pct"]) < DEFAULT_BAND_PCT
+    assert ttft["verdict"] == "within noise" and "no repeats" in ttft["noise"]
+
+
+def test_compare_with_repeats_judges_against_their_measured_noise(tmp_path):
+    """Three repeats a side: a 5 % shift larger than the repeats' spread is "better"; a 0.5 % one inside it is not."""
+    a = _repeats(tmp_path / "a", [1.0, 1.01, 0.99])
+    faster = _repeats(tmp_path / "faster", [0.95, 0.955, 0.945])
+    alike = _repeats(tmp_path / "alike", [0.995, 1.005, 1.0])
+    ttft = {(r["load"], r["metric"]): r for r in compare_runs(a, faster)}[(1, "TTFT avg")]
+    assert ttft["change_pct"] == pytest.approx(-5.0) and ttft["verdict"] == "better"
+    assert "95% CI" in ttft["noise"] and "3+3 repeats" in ttft["noise"]
+    ttft = {(r["load"], r["metric"]): r for r in compare_runs(a, alike)}[(1, "TTFT avg")]
+    assert ttft["verdict"] == "within noise" and "95% CI" in ttft["noise"]
 
 
 def test_cli_compare_prints_the_table(tmp_path):

@@ -298,12 +298,13 @@ def test_server_dying_mid_run_writes_partial_results_and_exits_1(tmp_path):
     assert doc["load_points"][0]["summary"]["counts"]["failed"] >= 4
 
 
-def test_ctrl_c_stops_cleanly_writes_results_and_releases_the_server(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])  # Ctrl-C; `kill` / `timeout` (#44: kept nothing)
+def test_ctrl_c_stops_cleanly_writes_results_and_releases_the_server(tmp_path, sig):
     out = tmp_path / "run"
     with _server(tmp_path / "server.log") as srv:
         proc = _bench_proc(srv.grpc_url, out)
         err_lines = _wait_for_load(proc)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         proc.wait(timeout=30)
         time.sleep(0.2)
         stderr = "".join(err_lines)
@@ -311,6 +312,7 @@ def test_ctrl_c_stops_cleanly_writes_results_and_releases_the_server(tmp_path):
     assert proc.returncode == 130, stderr
     doc = json.loads((out / "bench.json").read_text())
     assert doc["status"]["interrupted"] and doc["load_points"][0]["summary"]["counts"]["requests"] >= 4
+    assert not doc["status"]["complete"] and any(f"interrupted ({sig.name})" in w for w in doc["status"]["warnings"])
     log = (tmp_path / "server.log").read_text()
     assert rc == 0 and re.search(r"Timeout \d+: Found 0 model versions that have in-flight inferences", log), log[-2000:]
     assert not re.search(r"Found [1-9]\d* model versions that have in-flight inferences", log), log[-2000:]

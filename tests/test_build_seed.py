@@ -71,3 +71,30 @@ def test_a_failed_first_build_removes_what_it_linked_in(cpu_build: Path, tmp_pat
         build.run(recipe, tmp_path / "new" / "b", recipe_dir=CPU_RECIPE.parent, donors=[cpu_build])
     assert not (tmp_path / "new").exists()  # nothing behind, not even the links
     assert (cpu_build / "quantize" / artifacts.MANIFEST).is_file() and (cpu_build / "engine" / artifacts.MANIFEST).is_file()
+
+
+def test_seeding_removes_the_temp_dirs_a_killed_build_left(cpu_build: Path, tmp_path: Path):
+    """#44: a killed tune left ``.quantize.tmp-*``; its point's stages were then seeded (never rewritten), so no
+    writer removed it. Seeding now removes the temp dirs of dead processes (a live writer's are kept)."""
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    b = tmp_path / "b"
+    stale = [b / f".quantize.tmp-{gone.pid}-1", b / f".engine.old-{gone.pid}-2", b / f".engine.seed-{gone.pid}"]
+    live = b / f".engine.tmp-{os.getpid()}-3"
+    for d in [*stale, live]:
+        (d / "x").mkdir(parents=True)
+    assert seed_build(b, load_recipe(CPU_RECIPE), [cpu_build]) == {"quantize": cpu_build, "engine": cpu_build}
+    assert not any(d.exists() for d in stale) and live.is_dir()
+
+
+def test_a_tune_point_is_seeded_from_the_users_build_under_artifacts(cpu_build: Path, tmp_path: Path, monkeypatch):
+    """#44: tune's base point re-ran ModelOpt although ``artifacts/`` held the same recipe's quantize stage."""
+    from pipeline.tune.measure import donors
+
+    monkeypatch.chdir(cpu_build.parent.parent)  # the working directory of the user's build (artifacts/ in it)
+    out = tmp_path / "tune"
+    assert cpu_build.resolve() in [d.resolve() for d in donors(out)]
+    build = out / "points" / "base" / "build"
+    assert seed_build(build, load_recipe(CPU_RECIPE), donors(out)) == {"quantize": cpu_build, "engine": cpu_build}
+    assert artifacts.read_manifest(build / "quantize")["cache_key"] == artifacts.read_manifest(cpu_build / "quantize")["cache_key"]
+

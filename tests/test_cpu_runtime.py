@@ -29,7 +29,8 @@ END_ID = 2  # SmolLM2 <|im_end|> (= its eos and pad token)
 @pytest.fixture(scope="module")
 def engine_dir() -> Path:
     q = quantized_stage(FIXTURES, "fp8", kv_cache_dtype="fp8")
-    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.max_batch_size=8"])
+    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.max_batch_size=8", "build.max_seq_len=1024",
+                                                                           "build.kv_cache_config.max_tokens=16384"])
     return cpu_stage.run(recipe, BuildLayout(FIXTURES / "build-fp8-bs8"), quantized=q).path
 
 

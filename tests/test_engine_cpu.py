@@ -153,8 +153,8 @@ def test_stage_writes_engine_dir(fp8_engine: EngineResult, fp8_export: QuantizeR
     assert "quantization_config" not in json.loads((d / "config.json").read_text())
     ec = json.loads((d / "engine_config.json").read_text())
     assert ec["kind"] == "cpu" and ec["qformat"] == "fp8" and ec["kv_cache_dtype"] == "fp8"
-    assert (ec["max_batch_size"], ec["max_input_len"], ec["max_seq_len"], ec["max_num_tokens"]) == (32, 512, 1024, 1024)
-    assert ec["kv_cache"]["max_tokens"] == 16384 and ec["kv_cache"]["free_memory_fraction"] == 0.9
+    assert (ec["max_batch_size"], ec["max_input_len"], ec["max_seq_len"], ec["max_num_tokens"]) == (32, 512, 2304, 1024)
+    assert ec["kv_cache"]["max_tokens"] == 36864 and ec["kv_cache"]["free_memory_fraction"] == 0.9
     assert ec["kv_cache"]["bytes_per_token"] == 2 * 30 * 3 * 64 * 4  # SmolLM2: 30 layers, 3 KV heads × 64, fp32
     assert ec["enable_chunked_prefill"] is False  # the recipe's value (TensorRT-LLM default), honoured by the engine
     m = fp8_engine.manifest
@@ -220,7 +220,7 @@ def test_a_limits_only_rebuild_links_the_weights(fp8_engine: EngineResult, fp8_e
 
 
 def test_stage_rejects_kv_pool_smaller_than_a_sequence(fp8_export: QuantizeResult, tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="max_tokens 512 is smaller than max_seq_len 1024"):
+    with pytest.raises(UserError, match="max_tokens 512 is smaller than max_seq_len 2304"):
         cpu_stage.run(_recipe("build.kv_cache_config.max_tokens=512"), BuildLayout(tmp_path / "b"), quantized=fp8_export, dry_run=True)
     assert not (tmp_path / "b").exists()
 

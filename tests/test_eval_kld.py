@@ -71,6 +71,23 @@ def test_rule_fails_beyond_the_limits_passes_well_inside_and_straddles_inconclus
     assert edge.verdict == stats.INCONCLUSIVE and "straddles" in edge.reasons[0]
 
 
+def test_a_fail_against_the_default_limits_says_where_they_come_from_and_how_to_set_this_models(tmp_path: Path):
+    """#44: the FP8 default FAILed llama.cpp's q8_0 limit with no word on what the limit is or what a user can do."""
+    recipe = load_recipe(CPU_RECIPE)
+    rng = np.random.default_rng(0)
+    seqs = [_seq(40, float(k), 38, 0.01) for k in rng.uniform(0.012, 0.018, 30)]  # ~0.015 nats: as FP8 measured
+    rows = [{"scores": {"agreement": {"rougeL": 0.8}, "candidate": {}, "baseline": {}}} for _ in seqs]
+    rule, summary = kld.judge(EvalSpec(rule="kld", resamples=500), seqs, rows, recipe)
+    assert rule.verdict == stats.FAIL
+    text = "\n".join(rule.reasons)
+    for needed in ("LLaMA-3-8B", "q8_0", "0.000753", "135 M parameters", "--kld-max", "eval.kld_max",
+                   "eval.same_top1_min", f"{summary['mean_kld']['ci'][1]:.3g}"):
+        assert needed in text, (needed, text)
+    # limits the user set for this model: judged against them, and nothing about the defaults
+    own, _ = kld.judge(EvalSpec(rule="kld", resamples=500, kld_max=0.05, same_top1_min=80.0), seqs, rows, recipe)
+    assert own.verdict == stats.PASS and not any("LLaMA-3-8B" in r for r in own.reasons)
+
+
 def test_limits_come_from_the_published_table_by_weight_width():
     def pair(q):
         lim = kld.limits(q)

@@ -176,7 +176,7 @@ def test_mass_cancel_returns_every_kv_block_and_serving_keeps_its_speed(tmp_path
     with TritonServer(_repo(cpu_build, tmp_path), log_file=tmp_path / "triton.log", http_port=http,
                       grpc_port=grpc_port, metrics_port=metrics, ready_timeout_s=240) as server:
         st, _ = _wait(server, lambda s: s.get("kv_max"), 10)
-        assert st == {"kv_max": 16, "kv_free": 16, "kv_used": 0, "kv_tokens_per": 1024, "kv_fraction": 0.0,
+        assert st == {"kv_max": 16, "kv_free": 16, "kv_used": 0, "kv_tokens_per": 2304, "kv_fraction": 0.0,
                       "active": 0, "max": 16, "waiting": 0}, st
         # a fresh server's first bench ran ~5 % slower than the next ones even after 16 warmup requests
         # (docs/robustness.md): twice that before the storm, so a slower "before" cannot hide a slowdown after it

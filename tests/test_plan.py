@@ -213,7 +213,7 @@ def test_tensor_parallel_halves_weights_and_kv():
 
 def test_cpu_target_and_gpu_recipe_on_cpu_do_not_crash():
     cpu = plan_recipe(load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"))
-    assert cpu.target == "host" and cpu.memory.kv_tokens == 16384 and cpu.memory.kv_limited_by == "max_tokens"
+    assert cpu.target == "host" and cpu.memory.kv_tokens == 36864 and cpu.memory.kv_limited_by == "max_tokens"
     assert cpu.scenarios[0].peak_output_tokens_per_s is None  # no throughput estimate on CPU
     # the CPU engine's KV cache is in build.cpu.dtype: SmolLM2's 30 layers × K and V × 3 KV heads × 64 × 4 / 2 bytes
     assert cpu.memory.kv_token_bytes == 30 * 2 * 3 * 64 * 4

@@ -229,7 +229,27 @@ def test_int4_awq_quantize_and_export(int4_awq) -> None:
     assert 0.3 < q["top1_agreement"] <= 1.0 and q["kl_mean_nats"] > 0 and q["ppl_quantized"] < 1000
 
 
-def test_full_prec_still_exports_both_checkpoints(tmp_path: Path, original, quant_one_thread) -> None:
+def test_calibration_shows_progress_when_piped(capfd) -> None:
+    """#44: piped, the stage's rich bar draws nothing and quantize was silent for minutes: a line per tenth."""
+    from pipeline.quantize import ptq
+
+    class Body(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+            self.seen: list[int] = []
+
+        def forward(self, input_ids: torch.Tensor, use_cache: bool) -> None:
+            self.seen.append(int(input_ids[0, 0]))
+
+    model = Body()
+    ptq.forward_loop(model, [{"input_ids": torch.tensor([[i]])} for i in range(20)])
+    assert model.seen == list(range(20))  # every batch forwarded once, in order
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("quantize: calibrate")]
+    assert [ln.split()[2] for ln in lines] == [f"{i}/20" for i in range(2, 21, 2)], lines
+
+
+def test_full_prec_still_exports_both_checkpoints(tmp_path: Path, original, quant_one_thread, capfd) -> None:
     recipe = load_recipe(RECIPES / "smollm2_135m_cpu_fp8.yaml", [
         "quantization.qformat=full_prec", "quantization.kv_cache_dtype=none", "quantization.calibration.size=1", "quantization.calibration.batch_size=1",
         "quantization.calibration.max_seq_length=32", "quantization.calibration.eval_samples=2"])
@@ -238,6 +258,8 @@ def test_full_prec_still_exports_both_checkpoints(tmp_path: Path, original, quan
     assert m["exported"] == {"quant_algo": None, "kv_cache_quant_algo": None}
     assert m["quantizers"]["enabled_total"] == 0 and m["timings_s"]["calibrate"] < 1.0
     assert m["quality"]["kl_mean_nats"] == 0.0 and m["quality"]["top1_agreement"] == 1.0
+    err = capfd.readouterr().err  # a line per phase on stderr, piped as here
+    assert all(f"quantize: {p}" in err for p in ("load embedded:", "evaluate", "export")), err
     w = _tensors(res.path / "hf_ckpt" / "model.safetensors")
     key = "model.layers.3.mlp.down_proj.weight"
     assert w[key].dtype == torch.float32 and torch.equal(w[key], original[key])

@@ -181,6 +181,9 @@ def test_real_sweep_skips_reuses_resumes_and_tracks(tmp_path):
     out = tmp_path / "run"
     res = cli("tune", str(f), "--out", str(out), cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
+    # piped, as in CI or `| tee`: a line per point and stage (#44: 120 s without a line), each build stage's outcome
+    for line in ("base [", ": plan (", ": build (", ": serve (", ": bench 1/2 (", "quantize: built", "engine: built"):
+        assert line in res.stderr, (line, res.stderr[-3000:])
     points = {d["label"]: d for d in (json.loads(p.read_text()) for p in out.glob("points/*/point.json"))}
     # stacked adds "max_batch_size=8 + max_tokens" only when it kept max_batch_size=8 (measured noise decides)
     assert {"base", "build.max_batch_size=8", "build.kv_cache_config.max_tokens=512"} <= set(points)
@@ -189,7 +192,7 @@ def test_real_sweep_skips_reuses_resumes_and_tracks(tmp_path):
     assert base["status"] == mbs["status"] == "DONE"
     # the planner refused a KV pool smaller than one sequence, before any build: no build dir, its reason kept
     skipped = points["build.kv_cache_config.max_tokens=512"]
-    assert skipped["status"] == "SKIPPED" and "less than one max_seq_len 1024 sequence" in skipped["reason"]
+    assert skipped["status"] == "SKIPPED" and "less than one max_seq_len 2304 sequence" in skipped["reason"]
     assert not (out / "points" / skipped["id"] / "build").exists()
     assert not (tmp_path / "artifacts" / ".last_build").exists()  # point builds do not become `trtpipe serve`'s default
     # an engine knob reuses the quantized checkpoint (content keys), rebuilds the engine and the repository

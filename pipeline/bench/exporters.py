@@ -27,7 +27,7 @@ from pipeline.bench.results import BENCH_JSON, BenchResult, LoadPoint
 from pipeline.bench.summary_csv import SUMMARY_CSV, csv_columns, csv_row
 from pipeline.core import artifacts
 
-__all__ = ["BENCH_JSON", "SCHEMA", "run_document", "vllm_block", "write_run"]
+__all__ = ["BENCH_JSON", "SCHEMA", "all_failed", "run_document", "vllm_block", "write_run"]
 
 SCHEMA = "trtpipe.bench/1"
 
@@ -100,8 +100,14 @@ def vllm_block(point: LoadPoint) -> dict[str, Any]:
     return out
 
 
+def all_failed(run: BenchResult) -> bool:
+    """Every measured request of ``run`` failed (and there was at least one)."""
+    return run.total("requests") > 0 and run.total("failed") == run.total("requests")
+
+
 def write_run(out: Path, run: BenchResult) -> Path:
-    """Write ``bench.json``, ``summary.csv`` and the plots into ``out`` (atomically); returns ``out``."""
+    """Write ``bench.json``, ``summary.csv`` and the plots into ``out`` (atomically); returns ``out``. A run whose
+    every measured request failed gets no plots (a warning says so)."""
     from pipeline.bench import aiperf_export, plots
 
     with artifacts.atomic_dir(Path(out)) as tmp:
@@ -113,6 +119,9 @@ def write_run(out: Path, run: BenchResult) -> Path:
             for point in run.load_points:
                 if point.summary is not None:
                     w.writerow(csv_row(point))
+        if all_failed(run):  # plots of nothing but failures would read as results
+            run.warnings.append("no plots: every measured request failed (see bench.json's requests for the errors)")
+            return Path(out)
         try:
             plots.write_plots(tmp)
         except Exception as e:  # noqa: BLE001 - plots are a convenience; the data is already written

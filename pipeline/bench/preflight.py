@@ -15,6 +15,7 @@ from typing import Any
 
 from pipeline.bench.apis import Api
 from pipeline.core.errors import UserError
+from pipeline.core.layout import BuildLayout
 from pipeline.recipe.bench import BenchSpec
 
 
@@ -58,9 +59,64 @@ def _osl_caveats(api: Api, info: Any) -> list[str]:
     return notes
 
 
+@dataclasses.dataclass(frozen=True)
+class BuildLimits:
+    """The sequence limits of the build a server runs (tokens): ``max_input_len`` (longest prompt), ``max_seq_len``
+    (prompt + output) and ``source`` (the file they were read from, named in a refusal)."""
+
+    max_input_len: int | None
+    max_seq_len: int | None
+    source: str
+
+
+def build_limits(layout: BuildLayout | None) -> BuildLimits | None:
+    """The limits of the build at ``layout``: ``max_seq_len`` from its engine manifest (every engine kind records the
+    resolved value), ``max_input_len`` from the manifest's ``engine_config`` (CPU engine), else the build's
+    ``recipe.yaml`` (``build.max_input_len``: trtllm-build's ``--max_input_len`` / the LLM-API's). ``None`` without
+    a build or an engine manifest (nothing to check against)."""
+    from pipeline.bench.target import build_recipe
+    from pipeline.core.artifacts import read_manifest
+
+    if layout is None:
+        return None
+    manifest = read_manifest(layout.engine)
+    if not manifest:
+        return None
+    seq = manifest.get("max_seq_len")
+    inp = (manifest.get("engine_config") or {}).get("max_input_len")
+    if inp is None and (recipe := build_recipe(layout)) is not None:
+        inp = recipe.build.max_input_len
+    return BuildLimits(int(inp) if inp is not None else None, int(seq) if seq is not None else None,
+                       str(layout.engine / "manifest.json"))
+
+
+def check_lengths(spec: BenchSpec, limits: BuildLimits | None) -> None:
+    """Refuse, before any request, a scenario the served build cannot run (every request would fail).
+
+    Raises:
+        UserError: one line naming the scenario, the build's limit (and where it was read) and the fix: an ISL over
+            ``max_input_len``, or ISL + OSL over ``max_seq_len``.
+    """
+    if limits is None:
+        return
+    for s in spec.scenarios:
+        if limits.max_input_len is not None and s.isl > limits.max_input_len:
+            raise UserError(
+                f"ISL {s.isl} exceeds the served build's max_input_len {limits.max_input_len} ({limits.source}): every "
+                f"request would fail — lower --isl to ≤ {limits.max_input_len}, or rebuild with --set "
+                f"build.max_input_len={s.isl} (and build.max_seq_len ≥ {s.isl + s.osl})")
+        if limits.max_seq_len is not None and s.isl + s.osl > limits.max_seq_len:
+            fits = limits.max_seq_len - s.isl
+            lower = f"lower --osl to ≤ {fits}, or " if fits >= 1 else ""
+            raise UserError(
+                f"ISL {s.isl} + OSL {s.osl} = {s.isl + s.osl} tokens exceeds the served build's max_seq_len "
+                f"{limits.max_seq_len} ({limits.source}): every request would fail — {lower}rebuild with --set "
+                f"build.max_seq_len={s.isl + s.osl} (and kv_cache_config.max_tokens to match)")
+
+
 def preflight(spec: BenchSpec, *, url: str | None, api: str = "grpc", openai_endpoint: str = "completions",
               served_model: str | None = None, tokenizer: Path | None = None, metrics_url: str | None = None,
-              metrics: bool = True, status: Callable[[str], None] = lambda s: None) -> Preflight:
+              metrics: bool = True, layout: BuildLayout | None = None, status: Callable[[str], None] = lambda s: None) -> Preflight:
     """Check the server and model before any load (one line per finding on ``status``).
 
     Args:
@@ -70,13 +126,18 @@ def preflight(spec: BenchSpec, *, url: str | None, api: str = "grpc", openai_end
         metrics_url: Triton's Prometheus endpoint; default ``http://<host>:8002/metrics`` when it answers (Triton
             targets only). An explicit endpoint that does not answer is a note, not an error.
         metrics: ``False``: no Prometheus endpoint at all (the soak does not scrape).
+        layout: the build the server runs; its sequence limits are checked before the server is asked anything
+            (:func:`check_lengths`).
 
     Raises:
-        UserError: unreachable server, unknown/not-ready model, a text or LLM-API model without a tokenizer.
+        UserError: a scenario the build cannot run, unreachable server, unknown/not-ready model, a text or LLM-API
+            model without a tokenizer.
     """
     from pipeline.bench.server_metrics import probe
 
     proto = Api.make(api, url, openai_endpoint)
+    if layout is not None and (not proto.is_triton or (layout.triton_repo / spec.model).is_dir()):
+        check_lengths(spec, build_limits(layout))  # (a Triton model not in the build's repository: not its limits)
     info = proto.preflight(served_model if proto.name == "openai" else spec.model)
     if proto.name == "openai":
         spec = spec.model_copy(update={"model": info.name})

@@ -182,6 +182,9 @@ def check_outcome(run: BenchResult, out: Path | None = None) -> None:
     failed = run.total("failed")
     if failed:
         first = next((r.error for r in run.records if r.error and not r.warmup), "?") or "?"
+        if failed == run.total("requests"):
+            raise StageError(f"{failed} request(s) failed — every measured one, no results (first: {first}); the "
+                             f"requests and their errors are in {out}")
         raise StageError(f"{failed} request(s) failed (first: {first}); results in {out}")
     if run.osl_forced and not run.spec.allow_short:
         short = [r for r in run.records if not r.warmup and r.short]

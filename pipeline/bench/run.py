@@ -11,7 +11,8 @@
   process died (:func:`~pipeline.bench.records.server_lost`) stops the run, cancelling the
   streams in flight; partial results are written and
   :func:`~pipeline.bench.results.check_outcome` raises :class:`~pipeline.core.errors.StageError` (exit 1);
-* Ctrl-C cancels the streams in flight, writes what was measured, then ``check_outcome`` raises
+* Ctrl-C or SIGTERM (``kill``, ``timeout``) cancels the streams in flight, writes what was measured (bench.json
+  ``status.complete`` false, ``interrupted`` true, a warning naming the signal), then ``check_outcome`` raises
   ``KeyboardInterrupt`` (exit 130).
 
 On the LLM-API interface (``llmapi``, see :mod:`pipeline.bench.client`) OSL cannot be forced
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
 
 #: client CPU (fraction of one core) above which the result may be client-bound
 CPU_WARN_FRACTION = 0.7
+#: signals that stop a run cleanly (streams cancelled, partial results written): Ctrl-C, and ``kill`` / ``timeout``
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 Progress = Callable[[str, int], Callable[[int], None]]
 
@@ -71,17 +74,20 @@ async def _run_async(run: BenchResult, tokenizer: Any, on_progress: Progress) ->
     max_streams = max(int(v) for m, v in points) if points[0][0] is Schedule.CONCURRENCY else 1024
     client = api.client(info, timeout_s=spec.request_timeout_s, max_streams=max_streams, stall_s=spec.stall_timeout_s)
 
-    def on_sigint() -> None:
-        if run.interrupted:  # second Ctrl-C: give up on a clean stop
+    def on_signal(sig: signal.Signals) -> None:
+        if run.interrupted:  # second Ctrl-C / SIGTERM: give up on a clean stop
             raise KeyboardInterrupt
         run.interrupted = True
+        run.warnings.append(f"interrupted ({sig.name}): partial results — the load points and requests finished "
+                            "before it (the one in progress up to the stop)")
         stop.set()
         client.stop()
 
-    try:
-        loop.add_signal_handler(signal.SIGINT, on_sigint)
-    except (NotImplementedError, RuntimeError):  # not the main thread (tests): no handler
-        pass
+    for sig in STOP_SIGNALS:
+        try:
+            loop.add_signal_handler(sig, on_signal, sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests): no handler
+            pass
     try:
         for isl, osl in run.scenarios:
             most = max(spec.warmup_requests + spec.requests_for(v) for _, v in points)
@@ -95,10 +101,11 @@ async def _run_async(run: BenchResult, tokenizer: Any, on_progress: Progress) ->
                                   request_rate=value if mode is not Schedule.CONCURRENCY else None)
                 await _load_point(run, client, stop, point, value, prompts, requests, on_progress)
     finally:
-        try:
-            loop.remove_signal_handler(signal.SIGINT)
-        except (NotImplementedError, RuntimeError):
-            pass
+        for sig in STOP_SIGNALS:
+            try:
+                loop.remove_signal_handler(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
         await client.close()
 
 
@@ -223,7 +230,7 @@ def execute(spec: BenchSpec, target: BenchTarget, *, on_progress: Progress | Non
     tokenizer = target.tokenizer_dir()
     pre = preflight(spec, url=target.url, api=target.api, openai_endpoint=target.openai_endpoint,
                     served_model=target.served_model, tokenizer=tokenizer, metrics_url=target.metrics_url,
-                    status=on_status or (lambda s: None))
+                    layout=target.layout, status=on_status or (lambda s: None))
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     now = _dt.datetime.now()
     run = BenchResult(pre.spec, started_at=now.astimezone().isoformat(timespec="seconds"), t0_ns=time.perf_counter_ns(),

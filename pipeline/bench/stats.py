@@ -62,3 +62,24 @@ class Stats:
             v = getattr(self, f)
             out[f] = None if math.isnan(v) else v
         return out
+
+
+#: bootstrap settings of :func:`ratio_ci` (tune's speedup intervals and ``bench compare`` with repeats)
+RESAMPLES = 4000
+SEED = 0
+ALPHA = 0.05
+
+
+def ratio_ci(num: Iterable[float], den: Iterable[float], *, alpha: float = ALPHA, resamples: int = RESAMPLES,
+             seed: int = SEED) -> tuple[float, float] | None:
+    """Percentile-bootstrap interval of mean(num)/mean(den): each resample draws ``num``'s and ``den``'s repeats
+    independently with replacement (``resamples`` draws, ``seed``) and takes the ratio of their means; the interval is
+    the (α/2, 1−α/2) percentiles (α = ``alpha``, 95 % by default). ``None`` below 2 repeats a side."""
+    a, b = np.asarray(list(num), dtype=float), np.asarray(list(den), dtype=float)
+    if a.size < 2 or b.size < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    ra = a[rng.integers(0, a.size, (resamples, a.size))].mean(axis=1)
+    rb = b[rng.integers(0, b.size, (resamples, b.size))].mean(axis=1)
+    lo, hi = np.percentile(ra / rb, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    return float(lo), float(hi)

@@ -45,7 +45,14 @@ def seed_build(build_dir: Path, recipe: Any, donors: list[Path], *, until: str =
     same quantize inputs is linked in anyway (not reported as seeded): its content key will not match, so the
     engine stage rebuilds, and the CPU builder keeps that engine's weight files when they come from the same
     checkpoint (pipeline.engine.cpu), so a runtime knob costs no new copy of the weights. A donor on another file
-    system (no hard links) seeds nothing."""
+    system (no hard links) seeds nothing.
+
+    First, the temp directories a killed build left next to each stage (``.<stage>.tmp-<pid>-*``, ``.old-``,
+    ``.seed-``: SIGKILL / SIGTERM skip their cleanup) are removed when their process is gone
+    (:func:`pipeline.core.artifacts.remove_stale_tmp`): a seeded or reused stage is never rewritten, so its writer
+    would not get to them."""
+    for stage in STAGES:
+        artifacts.remove_stale_tmp(Path(build_dir) / stage)
     seeded: dict[str, Path] = {}
     for stage in STAGES[: min(2, STAGES.index(until) + 1)]:
         if (build_dir / stage).exists():

@@ -61,12 +61,15 @@ def _bench(spec: Any, target: Any) -> None:
 
     with progress_bar(err_console) as start:
         result = stage.run(spec, target, on_progress=start, on_status=lambda s: err_console.print(s, highlight=False))
-    con = _wide(console)
-    for table in scenario_tables(result.load_points, goodput=bool(spec.goodput)):
+    from pipeline.bench.exporters import all_failed
+
+    con, failed = _wide(console), all_failed(result)
+    for table in [] if failed else scenario_tables(result.load_points, goodput=bool(spec.goodput)):
         con.print(table)
     for w in result.warnings:
         err_console.print(f"[yellow]warning:[/] {w}", highlight=False)
-    con.print(f"results: {result.run_dir}", highlight=False)
+    if not failed:  # no results to claim: check_outcome names the directory with the errors
+        con.print(f"results: {result.run_dir}", highlight=False)
     check_outcome(result)
 
 
@@ -107,10 +110,11 @@ app.callback(invoke_without_command=True)(bench)
 @app.command("compare")
 @handle_errors
 def compare(
-    run_a: Annotated[Path, typer.Argument(help="Baseline run directory (A).")],
-    run_b: Annotated[Path, typer.Argument(help="New run directory (B).")],
+    run_a: Annotated[Path, typer.Argument(help="Baseline run directory, or a directory of repeated runs (A).")],
+    run_b: Annotated[Path, typer.Argument(help="New run directory, or a directory of repeated runs (B).")],
 ) -> None:
-    """Per scenario × load point: A, B, change in % and better/worse by each metric's direction."""
+    """Per scenario × load point: A, B, change in %, and better/worse only beyond the noise (2+ repeats a side: their
+    95 % bootstrap interval; else a ±10 % band, perf_analyzer's stability criterion)."""
     from pipeline.bench.compare import compare_runs, compare_table
 
     rows = compare_runs(run_a, run_b)

@@ -22,7 +22,7 @@ from pipeline.commands.common import console, err_console, handle_errors
 
 #: EvalSpec field → the flag that overrides it (validation errors name the flag)
 FLAGS = {"task": "--task", "n": "--n", "rule": "--rule", "seed": "--seed", "max_output_tokens": "--max-output-tokens",
-         "concurrency": "--concurrency"}
+         "concurrency": "--concurrency", "kld_max": "--kld-max", "same_top1_min": "--same-top1-min"}
 EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}
 
 
@@ -39,6 +39,8 @@ def eval_cmd(
     max_output_tokens: Annotated[int | None, typer.Option("--max-output-tokens", help="max_tokens per request.")] = None,
     concurrency: Annotated[int | None, typer.Option("--concurrency", help="Requests in flight.")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Sample selection and bootstrap seed.")] = None,
+    kld_max: Annotated[float | None, typer.Option("--kld-max", help="kld rule: largest acceptable mean KLD (nats/token; eval.kld_max).")] = None,
+    same_top1_min: Annotated[float | None, typer.Option("--same-top1-min", help="kld rule: smallest acceptable same-top-1 % (eval.same_top1_min).")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Run directory (default artifacts/eval/<YYYYmmdd-HHMMSS>).")] = None,
 ) -> None:
     """Accuracy gate: generate on the candidate and a baseline, score (ROUGE, agreement), decide PASS/FAIL/INCONCLUSIVE."""
@@ -57,7 +59,7 @@ def eval_cmd(
         raise UserError(f"--reference {reference!r}: known references are {', '.join(PUBLISHED)}")
     layout, recipe, recipe_dir = stage.resolve_candidate(target)
     overrides = {"task": task, "n": n, "rule": rule, "seed": seed, "max_output_tokens": max_output_tokens,
-                 "concurrency": concurrency}
+                 "concurrency": concurrency, "kld_max": kld_max, "same_top1_min": same_top1_min}
     spec = stage.with_overrides(recipe.eval if recipe is not None else EvalSpec(), overrides, flags=FLAGS)
     from pipeline.eval import tasks
 

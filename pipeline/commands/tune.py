@@ -101,12 +101,15 @@ def _run(t: Any, run_dir: Path, mlflow_uri: str | None, no_mlflow: bool) -> None
     progress = Progress(TextColumn("[bold]tune[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err_console,
                         disable=not err_console.is_terminal, transient=False)
-    status = (lambda s: progress.console.print(f"  {s}", highlight=False)) if err_console.is_terminal else (lambda s: None)
+    def status(s: str) -> None:  # on a terminal and piped alike
+        progress.console.print(f"  {s}", highlight=False)
     with progress:
         task = progress.add_task("starting", total=planned_total(t))
 
         def on_point(p: Any, stage: str) -> None:
             progress.update(task, description=f"{p.label} [{p.id}]: {stage}")
+            if not err_console.is_terminal:  # no live bar when piped: a line per stage, so no stage is silent
+                status(f"{p.label} [{p.id}]: {stage} ({time.monotonic() - t0:.0f} s into the tune)")
 
         def on_done(p: Any, d: dict[str, Any]) -> None:
             progress.advance(task)

@@ -214,7 +214,8 @@ def write_atomic(path: Path, data: str | bytes, *, fsync: bool = False) -> Path:
 
 
 def remove_stale_tmp(final: Path) -> list[Path]:
-    """Remove the ``.<name>.tmp-<pid>-*`` / ``.<name>.old-<pid>-*`` dirs next to ``final`` whose process is gone.
+    """Remove the ``.<name>.tmp-<pid>-*`` / ``.<name>.old-<pid>-*`` dirs (and ``.<name>.seed-<pid>``, a seeding's
+    links: :mod:`pipeline.build.seed`) next to ``final`` whose process is gone.
 
     :func:`atomic_dir` removes its temp dir on any exception, but SIGKILL (or a power cut) skips that;
     the next writer of the same directory calls this first. Directories of live processes are kept
@@ -226,7 +227,7 @@ def remove_stale_tmp(final: Path) -> list[Path]:
         return removed
     for p in final.parent.glob(f".{final.name}.*-*"):
         kind, _, rest = p.name[len(final.name) + 2:].partition("-")
-        if kind not in ("tmp", "old"):
+        if kind not in ("tmp", "old", "seed"):
             continue
         try:
             pid = int(rest.split("-")[0])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
+import time
 from typing import Any
 
 from pipeline.recipe.quant import BLOCK_QFORMATS, QuantSpec
@@ -92,9 +94,16 @@ def _weight_quantizer_cfgs(quant_cfg: Any) -> list[dict[str, Any]]:
     return out
 
 
+def phase(message: str) -> None:
+    """One progress line on stderr, ``quantize: <message>``, on a terminal and piped alike (the stage takes minutes
+    on CPU: load, calibrate, evaluate, export each get a line)."""
+    print(f"quantize: {message}", file=sys.stderr, flush=True)
+
+
 def forward_loop(model: Any, batches: list[dict[str, Any]]) -> None:
     """ModelOpt's calibration loop: one no-grad forward of the decoder (lm_head is never
-    quantized, so it is skipped) per batch, with a rich progress bar on stderr."""
+    quantized, so it is skipped) per batch, with a rich progress bar on a terminal's stderr; piped (CI, ``| tee``),
+    where rich draws nothing, a :func:`phase` line every tenth of the batches (``calibrate i/n batches (s)``)."""
     import torch
     from rich.console import Console
     from rich.progress import (
@@ -108,6 +117,14 @@ def forward_loop(model: Any, batches: list[dict[str, Any]]) -> None:
     body = model.get_decoder() if hasattr(model, "get_decoder") else model
     device = next(model.parameters()).device
     cols = (TextColumn("calibrate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    if not sys.stderr.isatty():
+        t0, every = time.monotonic(), max(1, len(batches) // 10)
+        with torch.no_grad():
+            for i, batch in enumerate(batches, 1):
+                body(**{k: v.to(device) for k, v in batch.items()}, use_cache=False)
+                if i % every == 0 or i == len(batches):
+                    phase(f"calibrate {i}/{len(batches)} batches ({time.monotonic() - t0:.0f} s)")
+        return
     with torch.no_grad(), Progress(*cols, console=Console(stderr=True), transient=True) as bar:
         for batch in bar.track(batches):
             body(**{k: v.to(device) for k, v in batch.items()}, use_cache=False)

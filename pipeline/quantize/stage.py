@@ -133,6 +133,7 @@ def _quantize(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_dir: Path
     if len(data.calib) < data.requested:
         _warn(f"{data.source.name}: {len(data.calib)} calibration samples of {data.max_seq_length} tokens "
               f"available, {data.requested} requested")
+    ptq.phase(f"load {recipe.model.source} ({str(calib_dtype).removeprefix('torch.')}, {device})")
     model = AutoModelForCausalLM.from_pretrained(
         source.hf_dir, dtype=calib_dtype, local_files_only=True, trust_remote_code=recipe.model.trust_remote_code,
         **({"device_map": "auto"} if device == "cuda" else {}),
@@ -144,6 +145,8 @@ def _quantize(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_dir: Path
     cfg = ptq.quant_config(recipe.quantization)
     if cfg is not None:
         batches = data.calib_batches(tok)
+        ptq.phase(f"calibrate {q.qformat}: {len(data.calib)} samples of ≤ {data.max_seq_length} tokens, "
+                  f"{len(batches)} batches (load took {time.perf_counter() - t0:.0f} s)")
         try:
             model = mtq.quantize(model, cfg, lambda m: ptq.forward_loop(m, batches))
         except Exception as e:
@@ -151,12 +154,14 @@ def _quantize(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_dir: Path
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    ptq.phase(f"evaluate the quantized model against full precision ({q.calibration.eval_samples} samples)")
     quality = ptq.evaluate(model, data.eval_batches(tok, ptq.EVAL_BATCH))
     timings["evaluate"] = time.perf_counter() - t
 
     model.to(export_dtype)  # cast the WHOLE model (weights, norms, amax buffers) before export
     quantizers = ptq.quantizer_summary(model)
     trt_dir, hf_dir = tmp / TRTLLM_CKPT, tmp / HF_CKPT
+    ptq.phase("export the TensorRT-LLM and HF checkpoints")
     t = time.perf_counter()
     decoder, trt_skipped = None, None
     try:

@@ -18,10 +18,8 @@ from typing import Any
 
 import numpy as np
 
-#: bootstrap settings of the speedup interval (see the module docstring)
-RESAMPLES = 4000
-SEED = 0
-ALPHA = 0.05
+# the speedup interval's bootstrap, shared with `bench compare` (the report names its settings as an.RESAMPLES …)
+from pipeline.bench.stats import ALPHA, RESAMPLES, SEED, ratio_ci  # noqa: F401
 
 
 def flat_metrics(summary: dict[str, Any]) -> dict[str, float]:
@@ -78,20 +76,6 @@ def objective(points: Sequence[dict[str, Any]], metric: str, slos: Sequence[Any]
 def mean(values: Sequence[float]) -> float:
     """Arithmetic mean (NaN for an empty sequence)."""
     return float(np.mean(values)) if len(values) else float("nan")
-
-
-def ratio_ci(num: Sequence[float], den: Sequence[float], *, alpha: float = ALPHA, resamples: int = RESAMPLES,
-             seed: int = SEED) -> tuple[float, float] | None:
-    """Bootstrap interval of mean(num)/mean(den) (see the module docstring); ``None`` below 2 repeats a side."""
-    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
-    if a.size < 2 or b.size < 2:
-        return None
-    rng = np.random.default_rng(seed)
-    ra = a[rng.integers(0, a.size, (resamples, a.size))].mean(axis=1)
-    rb = b[rng.integers(0, b.size, (resamples, b.size))].mean(axis=1)
-    ratios = ra / rb
-    lo, hi = np.percentile(ratios, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    return float(lo), float(hi)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,17 +55,27 @@ def read_point(out: Path, point_id: str) -> dict[str, Any] | None:
 
 
 def donors(out: Path) -> list[Path]:
-    """Build directories of the tune that finished (the baseline included)."""
-    return [p for p in [*sorted((Path(out) / "points").glob("*/build")), Path(out) / "baseline"] if (p / "recipe.yaml").is_file()]
+    """Build directories a point may be seeded from: the tune's that finished (the baseline included), then the
+    user's builds under ``artifacts/`` (:func:`pipeline.build.seed.local_builds`: the last build first), so the base
+    point reuses the quantize stage of the recipe the user already built instead of calibrating again."""
+    from pipeline.build.seed import local_builds
+
+    own = [p for p in [*sorted((Path(out) / "points").glob("*/build")), Path(out) / "baseline"] if (p / "recipe.yaml").is_file()]
+    seen = {p.resolve() for p in own}
+    return [*own, *(p for p in local_builds() if p.resolve() not in seen)]
 
 
 def build_point(recipe: Any, build_dir: Path, recipe_dir: Path, out: Path, status: Callable[[str], None]) -> Any:
-    """Seed then build (``pipeline.build.stage.run``); the user's last build stays recorded as it was."""
+    """Seed then build (``pipeline.build.stage.run``); the user's last build stays recorded as it was. ``status``
+    gets a line per seeded stage and per finished stage (built or reused)."""
     from pipeline.build import stage as build
 
-    seed_build(build_dir, recipe, donors(out))
+    seeded = seed_build(build_dir, recipe, donors(out))
+    for stage, donor in seeded.items():
+        status(f"{stage}: linked in from {donor} (reused if its content key matches)")
     with artifacts.last_build_kept():  # a tune's point builds are not "the last build" of `trtpipe serve` / `bench`
-        return build.run(recipe, build_dir, recipe_dir=recipe_dir, warn=status)
+        return build.run(recipe, build_dir, recipe_dir=recipe_dir, warn=status,
+                         on_stage=lambda name, res, _: status(f"{name}: {'reused' if res.cached else 'built'}"))
 
 
 def baseline_layout(tune: Any, out: Path, status: Callable[[str], None]) -> BuildLayout:
