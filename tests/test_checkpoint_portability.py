@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,10 +98,17 @@ print(json.dumps({"hf_ckpt": str(res.path / "hf_ckpt"), "transformers": transfor
 
 
 @pytest.fixture(scope="module")
-def default_env_checkpoint(tmp_path_factory):
-    """The SmolLM2 FP8 recipe quantized by the default environment (.venv), in a subprocess."""
+def default_env_checkpoint(request, tmp_path_factory):
+    """The SmolLM2 FP8 recipe quantized by the default environment (.venv): when these tests run in it (the default
+    tier), the quantize stage of the session's ``trtpipe build`` of that recipe (``cpu_build``, made by this very
+    environment); otherwise (the parity tier's .venv-parity) quantized in a subprocess of the default environment."""
     if not DEFAULT_PYTHON.is_file():
         pytest.skip(f"no default environment at {DEFAULT_PYTHON}")
+    if Path(sys.prefix).resolve() == DEFAULT_PYTHON.parent.parent.resolve():
+        import transformers
+
+        stage = BuildLayout(request.getfixturevalue("cpu_build")).stage_dir("quantize")
+        return {"hf_ckpt": str(stage / "hf_ckpt"), "transformers": transformers.__version__}
     out = tmp_path_factory.mktemp("default-env-build")
     env = {k: v for k, v in os.environ.items() if k not in ("TRTPIPE_CACHE_DIR", "VIRTUAL_ENV", "PYTHONHOME")}
     env.update(TRTPIPE_NUM_THREADS="1", PYTHONPATH=str(REPO))

@@ -226,20 +226,19 @@ def test_stage_rejects_kv_pool_smaller_than_a_sequence(fp8_export: QuantizeResul
 
 
 @pytest.mark.slow
-def test_stage_on_the_real_quantize_stage_output(tmp_path: Path) -> None:
-    """End to end with the quantize stage itself (pipeline.quantize), small calibration."""
-    from pipeline.quantize import stage as quantize
+def test_stage_on_the_real_quantize_stage_output(cpu_build: Path) -> None:
+    """End to end with the quantize stage itself (pipeline.quantize): the session's ``trtpipe build`` of the shipped
+    recipe ran that stage, then this engine stage on its output."""
+    from pipeline.core.artifacts import read_manifest
 
-    small = ["quantization.calibration.size=8", "quantization.calibration.max_seq_length=64",
-             "quantization.calibration.batch_size=8", "quantization.calibration.eval_samples=2"]
-    recipe = _recipe(*small)
-    q = quantize.run(recipe, BuildLayout(tmp_path), recipe_dir=FP8_RECIPE.parent)
-    e = cpu_stage.run(recipe, BuildLayout(tmp_path), quantized=q)
-    assert e.manifest["inputs"]["quantize_cache_key"] == q.manifest["cache_key"]
+    layout = BuildLayout(cpu_build)
+    q, e = read_manifest(layout.stage_dir("quantize")), read_manifest(layout.stage_dir("engine"))
+    assert q["stage"] == "quantize" and e["engine_kind"] == "cpu"
+    assert e["inputs"]["quantize_cache_key"] == q["cache_key"]
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(e.path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(e.path, local_files_only=True, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(layout.stage_dir("engine"), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(layout.stage_dir("engine"), local_files_only=True, dtype=torch.float32)
     enc = tok("The capital of France is", return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=8, do_sample=False)

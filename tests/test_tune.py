@@ -174,12 +174,21 @@ def _small_tune(tmp_path: Path, knobs: list[dict], extra: dict | None = None) ->
     return f
 
 
-@pytest.mark.triton
-def test_real_sweep_skips_reuses_resumes_and_tracks(tmp_path):
+@pytest.fixture(scope="module")
+def engine_sweep(tmp_path_factory) -> tuple[Path, Path, Path, subprocess.CompletedProcess]:
+    """The engine-knob sweep, run once per module: (its working directory, TUNE.yaml, run directory, the CLI's result).
+    Checked by :func:`test_real_sweep_skips_reuses_resumes_and_tracks`; its finished base point (the same base recipe)
+    is resumed by :func:`test_real_sweep_gates_a_quantized_point` instead of being built, served and benched again."""
+    tmp_path = tmp_path_factory.mktemp("engine-sweep")
     f = _small_tune(tmp_path, [{"field": "build.max_batch_size", "values": [8]},
                                {"field": "build.kv_cache_config.max_tokens", "values": [512]}])  # < one max_seq_len
     out = tmp_path / "run"
-    res = cli("tune", str(f), "--out", str(out), cwd=tmp_path, timeout=600)
+    return tmp_path, f, out, cli("tune", str(f), "--out", str(out), cwd=tmp_path, timeout=600)
+
+
+@pytest.mark.triton
+def test_real_sweep_skips_reuses_resumes_and_tracks(engine_sweep):
+    tmp_path, f, out, res = engine_sweep
     assert res.returncode == 0, res.stderr[-3000:]
     # piped, as in CI or `| tee`: a line per point and stage (#44: 120 s without a line), each build stage's outcome
     for line in ("base [", ": plan (", ": build (", ": serve (", ": bench 1/2 (", "quantize: built", "engine: built"):
@@ -244,9 +253,21 @@ def test_real_sweep_skips_reuses_resumes_and_tracks(tmp_path):
     assert {a.path for a in client.list_artifacts(child.info.run_id)} >= {"recipe.yaml", "point.json", "bench-1"}
 
 
+def _resume_base_point(engine_sweep: tuple, out: Path) -> Path:
+    """Hard-link the engine sweep's finished base point into ``out/points`` (a tune resumes a point whose
+    ``point.json`` is there); returns its ``point.json`` there."""
+    import os
+    import shutil
+
+    assert engine_sweep[3].returncode == 0, engine_sweep[3].stderr[-3000:]
+    src = next(p.parent for p in engine_sweep[2].glob("points/*/point.json") if json.loads(p.read_text())["label"] == "base")
+    shutil.copytree(src, out / "points" / src.name, copy_function=os.link)
+    return out / "points" / src.name / "point.json"
+
+
 @pytest.mark.slow
 @pytest.mark.triton
-def test_real_sweep_gates_a_quantized_point(tmp_path):
+def test_real_sweep_gates_a_quantized_point(tmp_path, engine_sweep):
     """FP8 on a full-precision base changes numerics: the point is built, benched and gated by `trtpipe eval` with the
     kld rule (the point's running server and the baseline answer context logits at once)."""
     f = _small_tune(tmp_path, [{"field": "quantization.qformat", "values": [
@@ -254,8 +275,11 @@ def test_real_sweep_gates_a_quantized_point(tmp_path):
                                   "quantization.calibration.max_seq_length": 64, "quantization.calibration.eval_samples": 2}}]}],
         {"mode": "isolation", "gate": {"n": 4, "max_output_tokens": 8, "rule": "kld"}, "repeats": 1})
     out = tmp_path / "run"
+    base = _resume_base_point(engine_sweep, out)
+    ino = base.stat().st_ino
     res = cli("tune", str(f), "--out", str(out), "--no-mlflow", cwd=tmp_path, timeout=1200)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert base.stat().st_ino == ino  # the base point was resumed (its point.json not rewritten), not measured again
     points = {d["label"]: d for d in (json.loads(p.read_text()) for p in out.glob("points/*/point.json"))}
     fp8 = next(d for k, d in points.items() if k.startswith("quantization.qformat=fp8"))
     assert fp8["numerics_changed"] and fp8["gate"]["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE")

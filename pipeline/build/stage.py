@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pipeline.core import artifacts, lock
 from pipeline.core.errors import UserError
-from pipeline.core.layout import BuildLayout
+from pipeline.core.layout import STAGES, BuildLayout
 from pipeline.core.results import StageResult
 from pipeline.engine.result import EngineResult
 from pipeline.quantize.result import QuantizeResult
@@ -99,6 +99,8 @@ def run(
 
     Another build of the same ``build_dir`` (another terminal, a CI retry) holds the directory's lock
     (:mod:`pipeline.core.lock`): this one waits, telling ``warn`` who holds it, then reuses what the other built.
+    The temp dirs a killed build left next to any stage directory (:func:`pipeline.core.artifacts.remove_stale_tmp`)
+    are removed, also for stages this build reuses.
     """
     from pipeline.plan import check_fits
 
@@ -135,6 +137,8 @@ def run(
 
                 seeded = seed_build(layout.root, recipe, list(donors), until=last)
                 linked = _files(created) if created is not None else set()
+            for stage in STAGES:  # a killed build's temp dirs, also of the stages this one reuses or seeds
+                artifacts.remove_stale_tmp(layout.stage_dir(stage))
             _run_stages(recipe, layout, recipe_dir, last, force, dry_run, results, changes, on_stage)
             _write_final(layout, recipe, record=last == "triton_repo" and not dry_run)
     except BaseException:
