@@ -98,23 +98,33 @@ def image_engines(family: str, tensorrt_llm: str) -> dict[str, bool]:
 
 
 def vision_config_of(source: str, base_dir: Path | None = None) -> tuple[str | None, dict | None]:
-    """``(model_type, vision_config)`` of a recipe source: the known-model table's ``vision`` entry (model_type
-    from its ``architecture``) or a local directory's config.json; ``(None, None)`` when unknown."""
+    """``(model_type, vision_config)`` of a recipe source (:func:`vision_geometry`); ``(None, None)`` when unknown."""
+    g = vision_geometry(source, base_dir)
+    return (None, None) if g is None else (g["model_type"], g["vision_config"])
+
+
+def vision_geometry(source: str, base_dir: Path | None = None) -> dict | None:
+    """``{"model_type", "vision_config", "cross_attention_layers"}`` of a recipe source: the known-model table
+    (pipeline/data/models.yaml ``vision`` / ``cross_attention_layers``; model_type ``text`` for a text model there)
+    or a local directory's config.json (``text_config.cross_attention_layers``); ``None`` when unknown."""
     entry = _known_models().get(source.strip())
     if entry is not None:
         vis = entry.get("vision")
-        return ("mllama" if vis and entry.get("architecture", "").startswith("Mllama") else "text"), vis
+        return {"model_type": "mllama" if vis and entry.get("architecture", "").startswith("Mllama") else "text",
+                "vision_config": vis, "cross_attention_layers": list(entry.get("cross_attention_layers") or [])}
     path = Path(source).expanduser()
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
     cfg_file = path / "config.json"
-    if cfg_file.is_file():
-        try:
-            cfg = json.loads(cfg_file.read_text())
-        except ValueError:
-            return None, None
-        return cfg.get("model_type"), cfg.get("vision_config")
-    return None, None
+    if not cfg_file.is_file():
+        return None
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except ValueError:
+        return None
+    text = cfg.get("text_config") or {}
+    return {"model_type": cfg.get("model_type"), "vision_config": cfg.get("vision_config"),
+            "cross_attention_layers": list(text.get("cross_attention_layers") or [])}
 
 
 def derived_vision(vision: VisionSpec, build_max_batch_size: int) -> VisionDerived:
