@@ -148,13 +148,12 @@ def _release_problem(family: str, engine: str, tensorrt_llm: str) -> tuple[str, 
     engines = image_engines(family, tensorrt_llm)
     if engine in engines:
         return None
-    if engine == "pytorch" and "tensorrt" in engines:
-        return ("build.engine", (f"'pytorch' gives {family} no images on TensorRT-LLM {tensorrt_llm} (its PyTorch model is "
-                "text-only: modeling_mllama.py@000a01de 'TODO: Enable image_inputs'): use build.engine: tensorrt"))
-    if engine == "cpu":
-        return ("build.engine", f"'cpu': the CPU engine has no {family} image path yet (issue #46 item 5)")
-    where = ", ".join(f"build.engine: {e}" for e in engines) or "no engine (the TensorRT-engine multimodal path is end-of-life after 1.2)"
-    return ("target.tensorrt_llm", f"{tensorrt_llm}: {family} takes images there on {where}, not on build.engine: {engine}")
+    if not engines:
+        return ("target.tensorrt_llm", (f"{tensorrt_llm}: no engine feeds {family} images there (the TensorRT-engine "
+                "multimodal path is end-of-life after 1.2; pipeline/data/release_matrix.yaml vision_images)"))
+    why = (_matrix_images().get(family, {}).get(engine) or {}).get("why", "no image path")
+    use = " or ".join(f"build.engine: {e}" for e in engines)
+    return ("build.engine", f"'{engine}' gives {family} no images on TensorRT-LLM {tensorrt_llm} ({why}): use {use}")
 
 
 def vision_problems(recipe: Any, base_dir: Path | None = None) -> list[tuple[str, str]]:
