@@ -138,3 +138,13 @@ def test_cli_plan_json_counts_the_encoder_and_splits_the_kv_pool(path):
     # a smaller cross share leaves more self-attention KV for the rest of the plan
     res = runner.invoke(app, ["plan", str(path), "--json", "--set", "vision.cross_kv_cache_fraction=0.25"])
     assert json.loads(res.stdout)["memory"]["kv_tokens"] > m["kv_tokens"]
+
+
+def test_build_refuses_a_vision_recipe_in_one_line(tmp_path):
+    from pipeline.build.stage import run as run_build
+    from pipeline.core.errors import UserError
+
+    with pytest.raises(UserError) as e:
+        run_build(load_recipe(R11), tmp_path / "build", recipe_dir=R11.parent, dry_run=True, warn=lambda _m: None)
+    assert str(e.value).startswith("vision:") and "not implemented yet" in str(e.value)
+    assert not (tmp_path / "build").exists()  # nothing half-written
