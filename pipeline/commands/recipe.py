@@ -23,6 +23,7 @@ def validate(
     from pipeline.core.errors import RecipeError
     from pipeline.plan import check_fits
     from pipeline.recipe import load_recipe
+    from pipeline.recipe.vision import vision_notes
 
     bad = 0
     for f in files:
@@ -44,6 +45,8 @@ def validate(
             f"qformat {q.qformat}, kv_cache_dtype {q.kv_cache_dtype}",
             highlight=False,
         )
+        for note in vision_notes(r):  # the vision engine path's end-of-life (pipeline/recipe/vision.py)
+            console.print(f"  note: {note}", highlight=False, soft_wrap=True)
     if bad:
         raise typer.Exit(2)
 

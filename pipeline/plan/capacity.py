@@ -17,6 +17,7 @@ from pipeline.core.geometry import ModelGeometry
 from pipeline.cpu_runtime.kv import kv_slots
 from pipeline.plan import memory as mem
 from pipeline.plan.result import MemoryPlan
+from pipeline.plan.vision import split_kv_pool, vision_reserve
 from pipeline.recipe import BuildSpec, Recipe
 from pipeline.recipe.serving_path import serving_path
 
@@ -81,9 +82,11 @@ def gpu_memory(recipe: Recipe, spec: hardware.GpuSpec, geo: ModelGeometry, max_s
     act = mem.activation_bytes(geo, max_num_tokens=b.max_num_tokens, max_batch_size=b.max_batch_size,
                                max_beam_width=b.max_beam_width, act_dtype_bytes=dtype_bytes, tp_size=tp)
     overhead = mem.fixed_overhead_bytes(t.world_size)
+    vis = vision_reserve(recipe, geo)  # vision encoder + multimodal pool on GPU 0; KV split (pipeline/plan/vision.py)
+    overhead += vis[1] if vis else 0
     total = spec.memory_bytes
     free = total - weights.per_gpu_bytes - act - overhead
-    frac = b.kv_cache_config.free_gpu_memory_fraction
+    frac = b.kv_cache_config.free_gpu_memory_fraction * (1 - recipe.vision.cross_kv_cache_fraction if vis else 1)
     by_fraction, _ = mem.kv_capacity_tokens(free, frac, kv_tok, b.tokens_per_block)
     kv_tokens, _ = mem.kv_capacity_tokens(free, frac, kv_tok, b.tokens_per_block, b.kv_cache_config.max_tokens)
     if free <= 0:
@@ -97,9 +100,24 @@ def gpu_memory(recipe: Recipe, spec: hardware.GpuSpec, geo: ModelGeometry, max_s
         f"runtime reserve are estimates ({gib(act)} + {gib(overhead)}); 'bound' figures are datasheet-peak rooflines, "
         "'predicted' ones the achievable-throughput model calibrated on published TensorRT-LLM throughput"
     )
-    return _memory_plan(b, device=spec.key, total=total, weights=weights, act=act, overhead=overhead, kv_tok=kv_tok,
+    plan = _memory_plan(b, device=spec.key, total=total, weights=weights, act=act, overhead=overhead, kv_tok=kv_tok,
                         kv_tokens=kv_tokens, by_fraction=by_fraction,
                         limited_by="max_tokens" if kv_tokens < by_fraction else "fraction", max_seq_len=max_seq_len)
+    if vis is None:
+        return plan
+    vm = split_kv_pool(vis[0], free=free, fraction=b.kv_cache_config.free_gpu_memory_fraction, kv_token_bytes=kv_tok,
+                       tokens_per_block=b.tokens_per_block)
+    out.notes.append(f"vision ({vm.family}): encoder + projector {gib(vm.encoder_bytes)} in {vm.encoder_dtype} + multimodal "
+                     f"pool {gib(vm.multimodal_pool_bytes)} in GPU 0's reserve; {vm.formula}; {vm.cross_kv_tokens} cross-attention KV tokens "
+                     f"hold {vm.image_requests_in_cross_pool} requests with images; the throughput figures leave out the vision encoder "
+                     f"({vm.encoder_gflops_per_image:,.0f} GFLOP per image) and cross-attention compute")
+    if free > 0 and vm.image_requests_in_cross_pool < 1:
+        out.errors.append(f"the cross-attention KV pool ({vm.cross_kv_tokens} tokens) holds no request with an image "
+                          f"({vm.max_encoder_input_len} encoder tokens): raise vision.cross_kv_cache_fraction")
+    elif free > 0 and vm.image_requests_in_cross_pool < b.max_batch_size:
+        out.warnings.append(f"the cross-attention KV pool holds {vm.image_requests_in_cross_pool} requests with images "
+                            f"at once, below build.max_batch_size {b.max_batch_size}")
+    return plan.model_copy(update={"vision": vm, "unused_bytes": max(plan.unused_bytes - vm.cross_kv_pool_bytes, 0)})
 
 
 def cpu_memory(recipe: Recipe, geo: ModelGeometry, max_seq_len: int, dtype_bytes: int, out: Findings) -> MemoryPlan:

@@ -32,6 +32,7 @@ from pipeline.plan.result import FitVerdict, PlanResult
 from pipeline.plan.scenarios import Target, plan_scenario
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.serving_path import serving_path
+from pipeline.recipe.vision import vision_notes
 
 
 def _geometry(recipe: Recipe, recipe_dir: Path | None = None) -> ModelGeometry:
@@ -125,6 +126,7 @@ def plan_recipe(
     dtype_b = _dtype_bytes(recipe, geo, on_cpu)
     tp, pp = (1, 1) if on_cpu else (t.tp_size, t.pp_size)
     out = cap.Findings()
+    out.notes += vision_notes(recipe)  # the engine-path end-of-life (pipeline/recipe/vision.py)
     if spec is None:
         m = cap.cpu_memory(recipe, geo, max_seq_len, dtype_b, out)
     else:

@@ -13,6 +13,7 @@ from pipeline.core.geometry import ModelGeometry
 from pipeline.plan.achievable import Prediction, SchedulerLimits, SloAnswer
 from pipeline.plan.memory import WeightBytes
 from pipeline.plan.step import Efficiency, StepCost
+from pipeline.plan.vision import VisionMemory
 
 
 class FitVerdict(BaseModel):
@@ -77,6 +78,8 @@ class MemoryPlan(BaseModel):
     tokens_per_block: int
     max_seq_len: int
     full_sequences_at_max_seq_len: int
+    vision: VisionMemory | None = Field(default=None, description="Vision-language terms (recipe vision section): encoder "
+                                        "weights, multimodal pool, the cross-attention share of the KV pool.")
 
 
 class PlanResult(BaseModel):

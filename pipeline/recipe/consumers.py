@@ -58,6 +58,20 @@ CONSUMERS: dict[str, str] = {
     "serving": "runtime",
     "bench": "bench",
     "eval": "eval",
+    # the vision section (pipeline/recipe/vision.py). Its absence (a text recipe: the leaf "vision" = None) is hashed by
+    # no stage, so text recipes keep their cache keys; each field is classified below.
+    "vision": "plan",
+    "vision.family": "engine",                  # the vision engine and the decoder's cross-attention shapes
+    "vision.tile_size": "engine",
+    "vision.patch_size": "engine",
+    "vision.max_tiles": "engine",
+    "vision.max_images_per_request": "engine",  # → max_encoder_input_len (trtllm-build) and the vision batch
+    "vision.encoder_dtype": "engine",
+    "vision.max_batch_size": "engine",
+    "vision.max_encoder_input_len": "engine",
+    "vision.encoder_input_features_data_type": "runtime",  # Triton parameters / launch flag (docs/multimodal.md)
+    "vision.cross_kv_cache_fraction": "runtime",
+    "vision.multimodal_gpu0_cuda_mem_pool_bytes": "runtime",
 }
 
 

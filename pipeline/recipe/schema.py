@@ -18,6 +18,7 @@ from pipeline.recipe.quant import BLOCK_QFORMATS, QuantSpec
 from pipeline.recipe.serve import ServingSpec
 from pipeline.recipe.serving_path import TRITON, path_problem
 from pipeline.recipe.speculative import draft_source, speculative_problems
+from pipeline.recipe.vision import VisionSpec, vision_problems
 
 
 class RecipeCheckError(ValueError):
@@ -41,6 +42,7 @@ class Recipe(StrictModel):
     serving: ServingSpec = Field(default_factory=ServingSpec, description="Triton model-repository parameters.")
     bench: BenchSpec = Field(default_factory=BenchSpec, description="Default ISL/OSL scenarios and load points of `trtpipe bench`.")
     eval: EvalSpec = Field(default_factory=EvalSpec, description="Accuracy gate of `trtpipe eval`: task, sample size, rule.")
+    vision: VisionSpec | None = Field(default=None, description="Vision-language image path (mllama): tiles, images per request, encoder, Triton multimodal knobs; absent = text-only.")
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -56,6 +58,9 @@ class Recipe(StrictModel):
     # ------------------------------------------------------------------ cross-field checks
     @model_validator(mode="after")
     def _check(self) -> "Recipe":
+        problems = vision_problems(self)  # the vision section's rules first (pipeline/recipe/vision.py)
+        if problems:
+            raise RecipeCheckError(*problems[0])
         for check in (self._check_target, self._check_formats, self._check_lengths, self._check_parallel, self._check_awq,
                       self._check_counts, self._check_knobs, self._check_features):
             check()
