@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from pipeline.commands.common import console, err_console, handle_errors
 
@@ -23,13 +24,20 @@ def validate(
     from pipeline.core.errors import RecipeError
     from pipeline.plan import check_fits
     from pipeline.recipe import load_recipe
+    from pipeline.recipe.paths import describe, local_path_problems
 
     bad = 0
     for f in files:
         try:
             r = load_recipe(f, set_)
         except RecipeError as e:
-            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            bad += 1
+            continue
+        missing = local_path_problems(r, f.resolve().parent)  # local files the build would read
+        if missing:
+            err_console.print(f"[bold red]error:[/] {escape(describe(f, missing))}",
+                              highlight=False, soft_wrap=True)
             bad += 1
             continue
         verdict = check_fits(r, recipe_dir=f.resolve().parent)  # the planner's memory fit, before any GPU time

@@ -52,9 +52,27 @@ class Recipe(StrictModel):
         """``serving.triton_max_batch_size`` or, when unset, ``build.max_batch_size``."""
         return self.serving.triton_max_batch_size or self.build.max_batch_size
 
+    # ------------------------------------------------------------------ defaults that follow the engine path
+    @model_validator(mode="before")
+    @classmethod
+    def _path_defaults(cls, data: object) -> object:
+        """``bench.model`` left unset follows ``build.engine``: ``tensorrt_llm`` for pytorch (the LLM-API
+        repository's only model), else BenchSpec's ``ensemble``. An explicit value is kept and checked below."""
+        if not isinstance(data, dict):
+            return data
+        build, bench = data.get("build"), data.get("bench")
+        engine = build.get("engine") if isinstance(build, dict) else getattr(build, "engine", None)
+        if engine != "pytorch":
+            return data
+        if bench is None or isinstance(bench, dict) and "model" not in bench:
+            return {**data, "bench": {**(bench or {}), "model": "tensorrt_llm"}}
+        if isinstance(bench, BenchSpec) and "model" not in bench.model_fields_set:
+            return {**data, "bench": bench.model_copy(update={"model": "tensorrt_llm"})}
+        return data
+
     # ------------------------------------------------------------------ cross-field checks
     @model_validator(mode="after")
-    def _check(self) -> "Recipe":
+    def _check(self) -> Recipe:
         for check in (self._check_target, self._check_formats, self._check_lengths, self._check_parallel, self._check_awq,
                       self._check_counts, self._check_knobs, self._check_features):
             check()
