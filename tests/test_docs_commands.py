@@ -117,3 +117,9 @@ def test_the_deploy_extra_holds_what_deploy_imports_and_the_readme_says_how_to_g
     assert "`deploy` extra" in row and "TRTPIPE_EXTRAS=cpu,deploy ./scripts/quickstart.sh" in row
     quickstart = (REPO / "scripts/quickstart.sh").read_text()
     assert 'TRTPIPE_EXTRAS="${TRTPIPE_EXTRAS:-cpu}"' in quickstart  # the documented override reaches setup.sh
+
+
+def test_the_readme_lists_every_shipped_recipe():
+    readme = (REPO / "README.md").read_text()
+    missing = [p.name for p in sorted((REPO / "recipes").glob("*.yaml")) if f"`{p.name}`" not in readme]
+    assert not missing, missing
