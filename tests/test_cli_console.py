@@ -49,3 +49,13 @@ def test_error_lines_are_one_line_when_piped(tmp_path):
     assert res.exit_code == 2
     out = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(out) == 1 and out[0].startswith(f"error: {bad}:") and "quantization.qformat" in out[0], res.output
+
+
+def test_usage_errors_use_the_same_error_prefix_as_every_other_error():
+    """#44 misc: click's usage errors came as a box titled 'Error', trtpipe's own as 'error: …'; one style now."""
+    for args in (["recipe", "validate", "--bogus"], ["plan", "--gpu"], ["serve", "--grpc-port", "x"]):
+        res = CliRunner().invoke(app, args, env=NO_COLUMNS)
+        assert res.exit_code == 2, res.output
+        errors = [ln for ln in res.output.splitlines() if "rror" in ln]
+        assert len(errors) == 1 and errors[0].startswith("error: "), res.output
+        assert "╭" not in res.output and "Error" not in res.output, res.output

@@ -160,3 +160,15 @@ def test_reference_says_trtllm_serve_runs_on_the_cpu_target_too():
     assert "GPU target only" not in desc and "cpu" in desc.lower()
     # and it does: a CPU recipe with trtllm-serve validates (the stand-in serves it: tests/test_trtllm_serve_cpu.py)
     assert load_recipe(CPU_LLMAPI, ["serving.frontend=trtllm-serve"]).serving.frontend == "trtllm-serve"
+
+
+# ------------------------------------------------------------------ an ambiguous GPU alias is said (#44, misc)
+def test_an_ambiguous_gpu_alias_is_named_in_one_line(tmp_path):
+    from pipeline.core.hardware import alias_note, catalog
+
+    res = _validate(str(REPO / "recipes/llama33_70b_h100_fp8_tp2.yaml"), "--set", "target.gpu=H100")
+    assert res.exit_code == 0, res.output
+    notes = [ln for ln in res.output.splitlines() if ln.startswith("note:")]
+    assert len(notes) == 1 and "h100_sxm" in notes[0] and "h100_pcie" in notes[0], res.output
+    assert alias_note("h100_sxm") is None and alias_note("h200-sxm") is None  # a key; an alias of the only h200
+    assert {"h100_sxm", "h100_pcie"} <= set(catalog())

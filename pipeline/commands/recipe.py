@@ -22,6 +22,7 @@ def validate(
 ) -> None:
     """Validate recipe files (schema, cross-field rules, and whether it fits its GPU); one line per file. Exit 2 if any is invalid."""
     from pipeline.core.errors import RecipeError
+    from pipeline.core.hardware import alias_note
     from pipeline.plan import check_fits
     from pipeline.recipe import load_recipe
     from pipeline.recipe.paths import describe, local_path_problems
@@ -47,6 +48,9 @@ def validate(
             bad += 1
             continue
         q = r.quantization
+        note = alias_note(r.target.gpu)
+        if note:
+            err_console.print(f"[yellow]note:[/] {f}: {escape(note)}", highlight=False, soft_wrap=True)
         console.print(
             f"[green]ok[/] {f}: {r.model.source} → {r.target.gpu} ({r.build.engine} engine), "
             f"qformat {q.qformat}, kv_cache_dtype {q.kv_cache_dtype}",
