@@ -7,7 +7,9 @@ codes in :func:`pipeline.commands.common.handle_errors` (user mistakes: 2, no tr
 
 from __future__ import annotations
 
+import click
 import typer
+from typer import rich_utils
 
 from pipeline import __version__
 from pipeline.commands import bench as bench_cmd
@@ -19,6 +21,22 @@ from pipeline.commands import recipe as recipe_cmd
 from pipeline.commands import release as release_cmd
 from pipeline.commands import serve as serve_cmd
 from pipeline.commands import tune as tune_cmd
+
+
+def _usage_error(exc: click.ClickException) -> None:
+    """Click's usage errors (unknown option, bad value) in trtpipe's one style: the usage line, then
+    ``error: <what>`` on stderr, as :func:`pipeline.commands.common.handle_errors` prints every other error (typer's
+    default is a box titled ``Error``)."""
+    if exc.__class__.__name__ == "NoArgsIsHelpError":
+        return
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        click.echo(ctx.get_usage(), err=True)
+        click.echo(f"Try '{ctx.command_path} {ctx.help_option_names[0]}' for help.", err=True)
+    click.echo(f"error: {exc.format_message()}", err=True)
+
+
+rich_utils.rich_format_error = _usage_error  # typer.core calls it through the module: one error style
 
 app = typer.Typer(
     name="trtpipe",

@@ -37,6 +37,12 @@ def test_dry_run_build_of_every_gpu_recipe(path: Path, tmp_path: Path):
         bin_dir.mkdir()
         (bin_dir / "trtllm-build").symlink_to(FAKES / "fake_trtllm_build")
         env = dict(os.environ, PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), "/usr/bin", "/bin"]))
+        # the chain (#44 item 3): the script reads the checkpoint quantize_command.sh writes; stand in its config
+        ckpt = build / "quantize" / "trtllm_ckpt"
+        ckpt.mkdir()
+        (ckpt / "config.json").write_text((engine / "checkpoint_config.json").read_text())
+        for r in range(recipe.target.world_size):
+            (ckpt / f"rank{r}.safetensors").write_bytes(b"placeholder weights")
         res = subprocess.run(["bash", str(engine / "trtllm_build.sh")], env=env, capture_output=True, text=True, timeout=60)
         assert res.returncode == 0, res.stderr
         built = json.loads((engine / "config.json").read_text())

@@ -131,14 +131,22 @@ def test_run_with_fake_builds_engine_matching_recipe(path, tmp_path, fake_tools)
 
 
 @pytest.mark.parametrize("path", GPU_RECIPES, ids=IDS)
-def test_dry_run_script_passes_fake_via_model_config(path, tmp_path, fake_tools):
+def test_dry_run_script_reads_the_quantize_scripts_checkpoint(path, tmp_path, fake_tools):
+    """#44 item 3: the dry-run script builds from ``--checkpoint_dir <quantize>/trtllm_ckpt`` (what
+    quantize_command.sh writes), not ``--model_config`` (a config without weights); the predicted checkpoint config
+    is kept in checkpoint_config.json. Once a checkpoint with that config is there, the fake builds from it."""
     recipe = load_recipe(path)
-    res = trt.run(recipe, BuildLayout(tmp_path), quantized=quantized(tmp_path, recipe, with_checkpoint=False), dry_run=True)
+    q = quantized(tmp_path, recipe, with_checkpoint=False)
+    res = trt.run(recipe, BuildLayout(tmp_path), quantized=q, dry_run=True)
     assert res.manifest["status"] == "dry_run"
-    assert res.manifest["command"][1:3] == ["--model_config", trt.MODEL_CONFIG]
+    assert res.manifest["command"][1:3] == ["--checkpoint_dir", str(q.trtllm_ckpt.resolve())]
     ckpt_cfg = json.loads((res.path / trt.MODEL_CONFIG).read_text())
     assert set(ckpt_cfg["quantization"]) <= set(contract.contract()["quant_config"]["fields"])
     assert contract.checkpoint_config_problems(ckpt_cfg, recipe) == []
+    q.trtllm_ckpt.mkdir(parents=True)  # what quantize_command.sh leaves there (config; the fake reads no weights)
+    (q.trtllm_ckpt / "config.json").write_text(json.dumps(ckpt_cfg))
+    for r in range(recipe.target.world_size):
+        (q.trtllm_ckpt / f"rank{r}.safetensors").write_bytes(b"placeholder weights")
     out = run_fake(["bash", str(res.path / trt.SCRIPT)], cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert (res.path / "rank0.engine").read_bytes().startswith(b"FAKE TensorRT engine")

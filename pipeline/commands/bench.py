@@ -34,12 +34,8 @@ app = typer.Typer(
 
 
 def _wide(con: Any) -> Any:
-    """``con`` on a terminal; else a 200-column console, so piped tables are not squeezed to 80."""
-    if con.is_terminal:
-        return con
-    from rich.console import Console
-
-    return Console(width=200)
+    """``con``: every command's console is already wide off a TTY (:mod:`pipeline.core.console`)."""
+    return con
 
 
 def _signature() -> inspect.Signature:

@@ -34,6 +34,10 @@ def build(
         f"qformat {recipe.quantization.qformat}, engine {recipe.build.engine}{', dry run' if dry_run else ''})",
         highlight=False,
     )
+    from pipeline.core.hardware import alias_note
+
+    if note := alias_note(recipe.target.gpu):
+        console.print(f"  [yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     t0 = time.perf_counter()
 
     def on_stage(name: str, res: StageResult, changes: list[str]) -> None:

@@ -7,14 +7,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from pipeline.core.console import make_console
 from pipeline.core.errors import TrtpipeError
 from pipeline.core.quiet import debug_enabled
 
-console = Console()
-err_console = Console(stderr=True)
+console = make_console()  # wide and unwrapped off a TTY (pipeline.core.console): one setting for every command
+err_console = make_console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -24,6 +24,10 @@ def k8s(
 ) -> None:
     """Render a Kubernetes deployment of the same build; every object is schema-validated before it is written."""
     from pipeline.core import artifacts
+    from pipeline.core.extras import require
+
+    require("deploy", ("helm_python", "kubernetes_validate", "jsonschema", "referencing") if fmt == "helm"
+            else ("kubernetes_validate", "jsonschema", "referencing"), "trtpipe deploy k8s")  # before any work
     from pipeline.deploy.stage import run
     from pipeline.recipe import load_recipe
 

@@ -89,9 +89,7 @@ def eval_cmd(
 
         result = stage.run(spec, candidate, base_target, recipe=recipe, recipe_dir=recipe_dir, reference=reference,
                            out=out, on_progress=on_progress, on_status=status)
-    from rich.console import Console
-
-    con = console if console.is_terminal else Console(width=160)
+    con = console
     for table in result_tables(result):
         con.print(table)
     for r in result.rule.reasons:

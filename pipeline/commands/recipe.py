@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from pipeline.commands.common import console, err_console, handle_errors
 
@@ -21,8 +22,10 @@ def validate(
 ) -> None:
     """Validate recipe files (schema, cross-field rules, and whether it fits its GPU); one line per file. Exit 2 if any is invalid."""
     from pipeline.core.errors import RecipeError
+    from pipeline.core.hardware import alias_note
     from pipeline.plan import check_fits
     from pipeline.recipe import load_recipe
+    from pipeline.recipe.paths import describe, local_path_problems
     from pipeline.recipe.vision import vision_notes
 
     bad = 0
@@ -30,7 +33,13 @@ def validate(
         try:
             r = load_recipe(f, set_)
         except RecipeError as e:
-            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            bad += 1
+            continue
+        missing = local_path_problems(r, f.resolve().parent)  # local files the build would read
+        if missing:
+            err_console.print(f"[bold red]error:[/] {escape(describe(f, missing))}",
+                              highlight=False, soft_wrap=True)
             bad += 1
             continue
         verdict = check_fits(r, recipe_dir=f.resolve().parent)  # the planner's memory fit, before any GPU time
@@ -40,6 +49,9 @@ def validate(
             bad += 1
             continue
         q = r.quantization
+        note = alias_note(r.target.gpu)
+        if note:
+            err_console.print(f"[yellow]note:[/] {f}: {escape(note)}", highlight=False, soft_wrap=True)
         console.print(
             f"[green]ok[/] {f}: {r.model.source} → {r.target.gpu} ({r.build.engine} engine), "
             f"qformat {q.qformat}, kv_cache_dtype {q.kv_cache_dtype}",

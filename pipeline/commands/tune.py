@@ -60,9 +60,7 @@ def tune(
         from pipeline.tune.stage import dry_run as plan_all
 
         rows = plan_all(t)
-        from rich.console import Console
-
-        con = console if console.is_terminal else Console(width=220)
+        con = console
         con.print(_dry_run_table(t, rows))
         skipped = [r for r in rows if not r["fits"]]
         con.print(f"{len(rows) - len(skipped)} point(s) would be built and measured, {len(skipped)} SKIPPED; "

@@ -110,6 +110,22 @@ def lookup(name: str) -> GpuSpec | None:
     return None
 
 
+def alias_note(name: str) -> str | None:
+    """One line when ``name`` is an alias that picks one of several catalog entries (``h100`` → ``h100_sxm``
+    while ``h100_pcie`` exists; ``a100`` → ``a100_80gb``), naming the entry taken and the others; ``None`` for a
+    key, an unambiguous alias, or an unknown name."""
+    spec = lookup(name)
+    wanted = name.strip().lower()
+    if spec is None or wanted == spec.key:
+        return None
+    stem = wanted.replace("-", "_").split("_")[0]
+    others = sorted(k for k in catalog() if k != spec.key and k.split("_")[0] == stem)
+    if not others:
+        return None
+    return (f"target.gpu {name!r} is taken as {spec.key} ({spec.name}), its alias in pipeline/data/gpus.yaml; "
+            f"write {spec.key} or {', '.join(others)} to say which")
+
+
 class HostSpec(BaseModel):
     """A host's measured rates for the CPU engine (:func:`cpu_host`).
 

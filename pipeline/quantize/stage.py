@@ -37,6 +37,7 @@ from pipeline.core import artifacts
 from pipeline.core.disk import quantize_bytes
 from pipeline.core.errors import StageError, UserError
 from pipeline.core.layout import HF_CKPT, TRTLLM_CKPT, BuildLayout
+from pipeline.core.scripts import save_tokenizer
 from pipeline.quantize import ptq
 from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe, derived
@@ -360,10 +361,21 @@ def _dry_run(recipe: Recipe, out_dir: Path, key: str, recipe_dir: Path) -> Quant
              "--batch_size", str(c.batch_size), "--seed", str(c.seed)]
     if q.qformat in ("int4_awq", "w4a8_awq"):
         args += ["--awq_block_size", str(q.awq_block_size)]
-    args += ["--tp_size", str(t.tp_size), "--pp_size", str(t.pp_size), "--output_dir", f"${{OUT_DIR}}/{TRTLLM_CKPT}"]
+    # build.engine pytorch loads the unified HF checkpoint (quantize/hf_ckpt, as the LLM-API config and trtllm-serve
+    # name it): quantize.py --export_format hf (default tensorrt_llm: quantize.py@059c97c1, docs/reference/quantization.md §2.1)
+    ckpt = TRTLLM_CKPT if serving_path(recipe).reads_trtllm_checkpoint else HF_CKPT
+    args += ["--tp_size", str(t.tp_size), "--pp_size", str(t.pp_size)]
+    args += ["--export_format", "hf"] if ckpt == HF_CKPT else []
+    args += ["--output_dir", f"${{OUT_DIR}}/{ckpt}"]
     quoted = " \\\n    ".join(a if a.startswith(("${", "python3")) else shlex.quote(a) for a in args)
+    if ckpt == HF_CKPT:  # the LLM API and trtllm-serve read the tokenizer from the checkpoint (--tokenizer hf_ckpt)
+        quoted += ("\n# the tokenizer next to the weights: the LLM API / trtllm-serve load it from hf_ckpt (--tokenizer)\n"
+                   + save_tokenizer(model_dir, f"${{OUT_DIR}}/{HF_CKPT}", trust_remote_code=recipe.model.trust_remote_code))
+    nxt = "../engine/trtllm_build.sh" if ckpt == TRTLLM_CKPT else "../triton_repo (or trtpipe serve --print-command)"
+    chain = f"# The chain (run top to bottom in the container): this script writes ${{OUT_DIR}}/{ckpt}/; next: {nxt}.\n"
     note = ("# calibration.dataset is trtpipe's offline 'embedded' text; quantize.py has no equivalent, so its\n"
             "# default cnn_dailymail is used.\n" if c.dataset == "embedded" else "")
+    note = chain + note
     if q.qformat == "int4_wo" and q.awq_block_size != 128:
         note += f"# quantize.py uses group size 128 for int4_wo; trtpipe uses awq_block_size {q.awq_block_size}.\n"
     script = ("#!/usr/bin/env bash\n# The TensorRT-LLM 1.2.1 equivalent of this quantize stage (made by trtpipe, dry run).\n"

@@ -150,7 +150,8 @@ class BenchSpec(StrictModel):
         "the only one GET /v1/models lists)."))] = Field(
         default="ensemble", min_length=1, description=(
             "Triton model to load: `ensemble`/`tensorrt_llm_bls` (text) or `tensorrt_llm` (token ids; with build.engine "
-            "pytorch it is the LLM-API text model); any other decoupled model with one of these interfaces works too."
+            "pytorch it is the LLM-API text model, and the default); any other decoupled model with one of these "
+            "interfaces works too."
         )
     )
     scenarios: Annotated[list[ScenarioSpec], Flag(

@@ -162,7 +162,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
 
     Raises:
         RecipeError: the file is missing/unreadable/not YAML, or a field is invalid; the message
-            is one line ``FILE:LINE field.path: what is wrong``.
+            is one line ``FILE:LINE field.path: what is wrong`` per invalid field, joined by ``; `` (every one
+            shown), with ``: --set KEY=VALUE`` in place of ``:LINE`` when an override set the value.
     """
     path = Path(path)
     shown = str(path)
@@ -171,7 +172,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         data = {}
     if not isinstance(data, dict):
         raise RecipeError(f"{shown}:1: a recipe is a mapping of sections (model, target, quantization, build, serving, bench)")
-    for key, value in parse_overrides(overrides):
+    pairs = parse_overrides(overrides)
+    for key, value in pairs:
         _set_dotted(data, key, value)
     data.setdefault("name", path.stem)
     _absolute_draft(data, path.parent)
@@ -179,18 +181,24 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = tuple(str(p) for p in err["loc"])
-        # errors raised inside the "after" model validator carry our RecipeCheckError
-        exc = (err.get("ctx") or {}).get("error")
-        if isinstance(exc, RecipeCheckError):
-            loc = tuple(exc.loc.split("."))
-            what = exc.message
-        else:
-            what = _describe(err)
-        line = _line_for(index, loc)
-        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        raise RecipeError(f"{shown}{f':{line}' if line else ''} {'.'.join(loc) or '<root>'}: {what}{more}") from None
+        raise RecipeError("; ".join(_where_what(err, shown, index, pairs) for err in e.errors())) from None
+
+
+def _where_what(err: Any, shown: str, index: dict[tuple[str, ...], int], pairs: list[tuple[str, str]]) -> str:
+    """``FILE:LINE field: what`` for one pydantic error; ``FILE: --set KEY=VALUE field: what`` when a ``--set``
+    override put the value there (the file's line would blame text the user did not write)."""
+    loc = tuple(str(p) for p in err["loc"])
+    exc = (err.get("ctx") or {}).get("error")  # errors raised inside the "after" model validator carry RecipeCheckError
+    if isinstance(exc, RecipeCheckError):
+        loc = tuple(exc.loc.split("."))
+        what = exc.message
+    else:
+        what = _describe(err)
+    dotted = ".".join(loc)
+    flag = next((f"{k}={v}" for k, v in reversed(pairs) if dotted == k or dotted.startswith(k + ".")), None)
+    line = _line_for(index, loc)
+    where = f": --set {flag}" if flag is not None else (f":{line}" if line else "")
+    return f"{shown}{where} {dotted or '<root>'}: {what}"
 
 
 def override_section(spec: S, overrides: dict[str, Any], *, section: str, flags: dict[str, str] | None = None) -> S:

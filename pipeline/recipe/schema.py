@@ -16,7 +16,7 @@ from pipeline.recipe.model import ModelSpec, TargetSpec
 from pipeline.recipe.moe import moe_problems
 from pipeline.recipe.quant import BLOCK_QFORMATS, QuantSpec
 from pipeline.recipe.serve import ServingSpec
-from pipeline.recipe.serving_path import TRITON, path_problem
+from pipeline.recipe.serving_path import PATHS, TRITON, path_problem
 from pipeline.recipe.speculative import draft_source, speculative_problems
 from pipeline.recipe.vision import VisionSpec, vision_problems
 
@@ -29,6 +29,11 @@ class RecipeCheckError(ValueError):
         self.loc = loc
         self.message = message
 
+
+#: engines none of whose serving paths has an ``ensemble`` model (pytorch: the llmapi repository or trtllm-serve),
+#: so an unset ``bench.model`` is ``tensorrt_llm`` there (the serving-path table decides, not a name)
+_NO_ENSEMBLE = frozenset(p.engine for p in PATHS.values()) - frozenset(
+    p.engine for p in PATHS.values() if "ensemble" in p.repo_models)
 
 class Recipe(StrictModel):
     """A deployment recipe: one model on one target, from quantization to benchmark."""
@@ -55,9 +60,27 @@ class Recipe(StrictModel):
         """``serving.triton_max_batch_size`` or, when unset, ``build.max_batch_size``."""
         return self.serving.triton_max_batch_size or self.build.max_batch_size
 
+    # ------------------------------------------------------------------ defaults that follow the engine path
+    @model_validator(mode="before")
+    @classmethod
+    def _path_defaults(cls, data: object) -> object:
+        """``bench.model`` left unset follows ``build.engine``: ``tensorrt_llm`` for pytorch (the LLM-API
+        repository's only model), else BenchSpec's ``ensemble``. An explicit value is kept and checked below."""
+        if not isinstance(data, dict):
+            return data
+        build, bench = data.get("build"), data.get("bench")
+        engine = build.get("engine") if isinstance(build, dict) else getattr(build, "engine", None)
+        if engine not in _NO_ENSEMBLE:
+            return data
+        if bench is None or isinstance(bench, dict) and "model" not in bench:
+            return {**data, "bench": {**(bench or {}), "model": "tensorrt_llm"}}
+        if isinstance(bench, BenchSpec) and "model" not in bench.model_fields_set:
+            return {**data, "bench": bench.model_copy(update={"model": "tensorrt_llm"})}
+        return data
+
     # ------------------------------------------------------------------ cross-field checks
     @model_validator(mode="after")
-    def _check(self) -> "Recipe":
+    def _check(self) -> Recipe:
         problems = vision_problems(self)  # the vision section's rules first (pipeline/recipe/vision.py)
         if problems:
             raise RecipeCheckError(*problems[0])

@@ -18,7 +18,8 @@ class ServingSpec(StrictModel):
         description=(
             "Serving frontend. triton (default): the generated Triton model repository; trtllm-serve: TensorRT-LLM's "
             "OpenAI-compatible server on the unified HF checkpoint with the generated extra-options YAML "
-            "(build.engine: pytorch on a GPU target only; docs/llm-api.md)."
+            "(build.engine: pytorch; on the cpu target trtpipe's trtllm-serve-shaped OpenAI server over the CPU engine "
+            "serves it; docs/llm-api.md)."
         ),
     )
     triton_max_batch_size: int | None = Field(

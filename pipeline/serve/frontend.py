@@ -74,8 +74,16 @@ def trtllm_serve_argv(spec: dict[str, Any], host: str, port: int) -> list[str]:
 def command(target: ServeTarget, options: Any) -> list[str]:
     """The argv ``trtpipe serve`` runs for ``target`` with ``options`` (a :class:`~pipeline.serve.stage.ServeOptions`):
     ``trtllm-serve …`` / ``<python> -m pipeline.serve.openai_cpu …`` (HTTP port = ``options.http_port``) or
-    ``tritonserver …`` (``mpirun`` for TP×PP > 1). Nothing is started. Without a local Triton the container's
-    ``tritonserver`` path stands in."""
+    ``tritonserver …`` (``mpirun`` for TP×PP > 1). Nothing is started.
+
+    A GPU build's Triton command is the one that runs in the image, wherever trtpipe runs: the container's
+    ``/opt/tritonserver/bin/tritonserver`` with its own backends (``tensorrtllm``, ``python``), never this machine's
+    CPU Triton; for TP×PP > 1 the ``mpirun --allow-run-as-root -n 1 tritonserver … : -n 1 …`` rank layout of
+    tensorrtllm_backend ``scripts/launch_triton_server.py@c2e65b8`` ``get_cmd`` (docs/deploy-k8s.md's contract
+    table). ``$TRTPIPE_TRITONSERVER`` still names another binary. A CPU build uses
+    the local Triton (:func:`~pipeline.triton.server.find_triton`)."""
+    import os
+
     spec = trtllm_serve_spec(target)
     if spec is not None:
         return trtllm_serve_argv(spec, options.host, options.http_port)
@@ -86,14 +94,32 @@ def command(target: ServeTarget, options: Any) -> list[str]:
         find_triton,
     )
 
-    try:
-        install = find_triton()
-    except MissingToolError:
-        install = TritonInstall(kind="gpu", binary=CONTAINER_TRITONSERVER)
+    in_image = TritonInstall(kind="gpu", binary=Path(os.environ.get("TRTPIPE_TRITONSERVER") or CONTAINER_TRITONSERVER))
+    if gpu_build(target):
+        install = in_image
+    else:
+        try:
+            install = find_triton()
+        except MissingToolError:
+            install = in_image
     server = TritonServer(target.repo, http_port=options.http_port, grpc_port=options.grpc_port,
                           metrics_port=options.metrics_port, host=options.host, exit_timeout_s=options.exit_timeout_s,
                           world_size=target.world_size, install=install, extra_args=options.restricted_api_args())
     return server.command()
+
+
+def gpu_build(target: ServeTarget) -> bool:
+    """Whether ``target`` is served on a GPU: its build's recipe targets a GPU (``target.gpu`` ≠ ``cpu``), or, for a
+    bare model repository, its ``tensorrt_llm`` model runs on the C++ ``tensorrtllm`` backend."""
+    import re
+
+    import yaml
+
+    if target.layout is not None and target.layout.recipe_file.is_file():
+        data = yaml.safe_load(target.layout.recipe_file.read_text()) or {}
+        return str((data.get("target") or {}).get("gpu", "cpu")).strip().lower() != "cpu"
+    cfg = Path(target.repo) / "tensorrt_llm" / "config.pbtxt"
+    return cfg.is_file() and re.search(r'^\s*backend:\s*"tensorrtllm"', cfg.read_text(), flags=re.MULTILINE) is not None
 
 
 def _runnable(spec: dict[str, Any], host: str, port: int) -> list[str]:
