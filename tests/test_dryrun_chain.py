@@ -19,7 +19,9 @@ from pipeline.triton.model_config import load_model_config
 from pipeline.triton.server import CONTAINER_TRITONSERVER
 
 REPO = Path(__file__).resolve().parents[1]
-GPU_RECIPES = sorted(p for p in (REPO / "recipes").glob("*.yaml") if yaml.safe_load(p.read_text())["target"]["gpu"] != "cpu")
+# vision recipes (issue #46) do not build yet (tests/test_recipe_vision.py checks the refusal)
+GPU_RECIPES = sorted(p for p in (REPO / "recipes").glob("*.yaml")
+                     if yaml.safe_load(p.read_text())["target"]["gpu"] != "cpu" and "vision" not in yaml.safe_load(p.read_text()))
 CASES = [(p, []) for p in GPU_RECIPES] + [  # both engine paths: tensorrt and pytorch recipes are shipped
     (REPO / "recipes/llama31_8b_h200_fp8_pytorch.yaml", ["serving.frontend=trtllm-serve"]),
 ]
