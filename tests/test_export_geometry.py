@@ -93,8 +93,10 @@ def test_export_carries_the_source_geometry(tiny_models, tmp_path, quant_one_thr
         assert "not supported by TensorRT-LLM" in res.manifest["trtllm_ckpt_skipped"], res.manifest
         assert not res.trtllm_ckpt.exists() and (res.hf_ckpt / "config.json").is_file()
         with pytest.raises(StageError, match="not supported by TensorRT-LLM"):
-            quantize.run(recipe.model_copy(update={"build": recipe.build.model_copy(update={"engine": "tensorrt"})}),
-                         BuildLayout(tmp_path / "t"), recipe_dir=tmp_path)
+            # the same recipe on the engine path (a GPU target: tensorrt engines do not run on the CPU target)
+            trt = recipe.model_copy(update={"build": recipe.build.model_copy(update={"engine": "tensorrt"}),
+                                            "target": recipe.target.model_copy(update={"gpu": "h100_sxm"})})
+            quantize.run(trt, BuildLayout(tmp_path / "t"), recipe_dir=tmp_path)
         return
     res = quantize.run(recipe, BuildLayout(tmp_path / "b"), recipe_dir=tmp_path)
     ckpt = json.loads((res.trtllm_ckpt / "config.json").read_text())
