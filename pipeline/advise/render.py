@@ -80,17 +80,23 @@ DIMENSIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "kv": (("kv",), "quantization.kv_cache_dtype"),
     "layout": (("tp", "pp", "ep"), "target.tp_size"),
     "tokens": (("max_num_tokens",), "build.max_num_tokens"),
+    "batch": (("max_batch_size",), "build.max_batch_size"),
 }
 
 
 def _key(c: sp.Candidate, skip: tuple[str, ...]) -> tuple:
-    return tuple(v for k, v in dataclasses.asdict(c).items() if k not in skip + ("max_batch_size",))
+    skip += () if c.engine == "cpu" else ("max_batch_size",)  # the batch is a dimension on the CPU only
+    return tuple(v for k, v in dataclasses.asdict(c).items() if k not in skip)
 
 
 def why(s: Search, best: Outcome) -> dict[str, str]:
     """Recipe path → comment: the chosen value's figure and the best alternative of that dimension alone."""
     out: dict[str, str] = {}
     for dim, (fields, path) in DIMENSIONS.items():
+        if dim == "batch" and best.cand.engine != "cpu":
+            continue
+        if dim == "qformat" and best.cand.engine == "cpu":
+            fields = ("qformat", "kv")  # paired on the CPU engine
         same = _key(best.cand, fields)
         alts = [o for o in s.ranked if _key(o.cand, fields) == same and _key(o.cand, ()) != _key(best.cand, ())]
         mine = best.cand.layout if dim == "layout" else ", ".join(str(getattr(best.cand, f)) for f in fields)
@@ -107,7 +113,8 @@ def why(s: Search, best: Outcome) -> dict[str, str]:
     out["quantization.qformat"] += f"; accuracy risk {risk} (docs/recipe-new.md)"
     p = best.pred
     assert p is not None
-    out["build.max_batch_size"] = (f"the largest concurrency predicted within the SLO ({best.limited_by} stops it): "
+    out["build.max_batch_size"] = (out.get("build.max_batch_size", "") + "; " if best.cand.engine == "cpu" else "") + (
+                                   f"the largest concurrency predicted within the SLO ({best.limited_by} stops it): "
                                    f"TTFT p99 {slo_value(p, 'ttft'):,.0f} ms, ITL {p.itl_ms:.1f} ms")
     if best.cand.engine != "cpu":
         out["target.num_gpus"] = (f"one instance = TP × PP; {best.replicas} replica(s) of it on the {s.request.num_gpus} "

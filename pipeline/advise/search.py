@@ -185,7 +185,7 @@ class Search:
         seen, out = set(), []
         for o in self.ranked:
             c = o.cand
-            key = (c.engine, c.qformat, c.kv, c.tp, c.pp, c.ep, c.threads)
+            key = (c.engine, c.qformat, c.kv, c.tp, c.pp, c.ep, c.threads, c.max_batch_size if c.engine == "cpu" else 0)
             if key not in seen:
                 seen.add(key)
                 out.append(o)
@@ -262,4 +262,5 @@ def finalize(o: Outcome, req: sp.Request, name: str) -> tuple[dict[str, Any], Ou
     if final.pruned is not None or not final.meets_slo:  # keep the searched cap when lowering it changed the answer
         cand, final = o.cand, o
     final.rank, final.tie, final.limited_by = o.rank, o.tie, o.limited_by
+    final.cand = o.cand  # compared with the other candidates as searched (their batch caps)
     return sp.recipe_dict(cand, req, name=name, concurrency=conc), final

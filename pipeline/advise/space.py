@@ -8,7 +8,10 @@ Dimensions (docs/recipe-new.md):
 * parallelism: TP ∈ {1, 2, 4, 8} × PP ∈ {1, 2, 4} with TP × PP ≤ min(N, 8) (one instance within one 8-GPU node),
   × EP ∈ {1, TP} for a MoE model on the pytorch path; N // (TP × PP) replicas of the instance on the N GPUs;
 * ``max_num_tokens`` ∈ :data:`TOKEN_BUDGETS` (chunked prefill on); ``max_batch_size`` and the CUDA-graph batch sizes
-  are not enumerated but derived from the planner's answer (the largest concurrency within the SLO).
+  are not enumerated on a GPU but derived from the planner's answer (the largest concurrency within the SLO);
+* on the cpu target: qformat × ``max_batch_size`` ∈ :data:`CPU_BATCHES`, the KV dtype paired with the qformat as the
+  shipped CPU recipes pair it, ``build.cpu.num_threads`` = this host's cores (the planner's host rates are measured
+  with all of them: threads are not a dimension it can judge).
 
 A :class:`Candidate` becomes a recipe mapping (:func:`recipe_dict`), which the recipe validator then accepts or
 refuses: every cross-field rule (heads divisible by TP, EP dividing TP and the experts, AWQ block sizes, …) is the
@@ -39,6 +42,8 @@ TOKEN_BUDGETS = {"gpu": (8192, 2048, 4096, 16384), "cpu": (1024, 256, 4096)}
 #: the largest max_batch_size searched: AIConfigurator's agg batch list ends at 1024 (sdk/sweep.py@614b9c8c:81-89);
 #: the CPU engine's shipped recipes use 32
 BATCH_CAP = {"gpu": 1024, "cpu": 32}
+#: max_batch_size tried on the CPU engine (the written one is lowered to the SLO's concurrency when that is smaller)
+CPU_BATCHES = (32, 16, 8, 4)
 #: calibration of the written recipes: the shipped GPU recipes' (TensorRT-LLM quantize.py defaults, cnn_dailymail 512
 #: × 512) and the CPU default's (embedded text; int4_awq smaller, as tunes/smollm2_cpu.yaml)
 CALIBRATION = {"gpu": {"dataset": "cnn_dailymail", "size": 512, "max_seq_length": 512, "batch_size": 1, "seed": 1234},
@@ -101,7 +106,8 @@ class Candidate:
     @property
     def label(self) -> str:
         """One-line name: ``pytorch fp8 kv fp8 TP2×PP1 tokens 8192``."""
-        return f"{self.engine} {self.qformat} kv {self.kv} {self.layout} tokens {self.max_num_tokens}"
+        batch = f" batch {self.max_batch_size}" if self.engine == "cpu" else ""
+        return f"{self.engine} {self.qformat} kv {self.kv} {self.layout} tokens {self.max_num_tokens}{batch}"
 
 
 def resolve_gpu(name: str) -> hardware.GpuSpec | None:
@@ -185,6 +191,11 @@ def candidates(req: Request, num_gpus: int | None = None) -> list[Candidate]:
     cap = BATCH_CAP[req.kind]
     threads = len(os.sched_getaffinity(0)) if req.gpu is None else None
     out = []
+    if req.gpu is None:  # the CPU engine: qformat × max_batch_size, its KV dtype paired as the shipped CPU recipes
+        for q in qformats.searched("qformat", "cpu", arch):
+            kv = "fp8" if q != "full_prec" and "fp8" in qformats.searched("kv", "cpu", arch) else "none"
+            out += [Candidate("cpu", q, kv, max_num_tokens=budget, max_batch_size=b, threads=threads) for b in CPU_BATCHES]
+        return out
     for engine in req.engines:
         for q in qformats.searched("qformat", engine, arch):
             for kv in qformats.searched("kv", engine, arch):

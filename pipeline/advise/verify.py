@@ -11,6 +11,7 @@ what would do the same in the container).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -30,14 +31,21 @@ GATE = {"n": 4, "max_output_tokens": 16, "rule": "kld"}
 
 def label(i: int, o: Outcome) -> str:
     """``#2 cpu int4_awq kv fp8 …``: the candidate's place in the predicted order and its name."""
-    return f"#{i} {o.cand.label} batch {o.cand.max_batch_size}"
+    batch = min(max(o.concurrency or 1, 1), o.cand.max_batch_size)  # the written max_batch_size
+    return f"#{i} {dataclasses.replace(o.cand, max_batch_size=batch).label}"
 
 
 def changes(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
-    """Dotted field → value of ``other`` where it differs from ``base`` (recipe mappings; name/description/bench not)."""
+    """Dotted field → value that turns recipe mapping ``base`` into ``other`` (name, description and bench aside): the
+    fields ``other`` sets differently, and the fields only ``base`` sets, at ``other``'s resolved value (its default)."""
+    from pipeline.recipe import Recipe
+
     a, b = flatten(base), flatten(other)
+    resolved = flatten(Recipe.model_validate(other).model_dump(mode="json"))
     skip = ("name", "description", "bench")
-    return {k: v for k, v in b.items() if a.get(k) != v and not k.startswith(skip)}
+    out = {k: v for k, v in b.items() if a.get(k) != v and not k.startswith(skip)}
+    out.update({k: resolved[k] for k in a if k not in b and k in resolved and not k.startswith(skip)})
+    return out
 
 
 def tune_dict(recipe_file: Path, tune_file: Path, recipes: list[dict[str, Any]], tops: list[Outcome],

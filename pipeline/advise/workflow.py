@@ -68,6 +68,19 @@ def _check_recipe(tmp: Path) -> None:
         raise StageError(f"the written recipe does not fit: {'; '.join(verdict.errors)}")
 
 
+def _sample(ranked: list[Outcome], k: int) -> list[Outcome]:
+    """The ``k`` candidates to measure, in predicted order: the best, then each next one that differs from every one
+    taken in qformat and in max_batch_size (so the measurement sees the dimensions, not near-copies), filled up in
+    ranked order when too few do."""
+    out = ranked[:1]
+    for o in ranked[1:]:
+        if len(out) < k and all(o.cand.qformat != t.cand.qformat and o.cand.max_batch_size != t.cand.max_batch_size
+                                for t in out):
+            out.append(o)
+    out += [o for o in ranked if o not in out][:k - len(out)]
+    return sorted(out, key=ranked.index)
+
+
 def run(req: sp.Request, out: Path, *, command: str, verify: bool = False) -> Result:
     """Search ``req``, write the best recipe to ``out`` (commented, validated, fit-checked) and, with ``verify``, the
     tune file of the top :data:`VERIFY_TOP` (run on the cpu target). Raises UserError as :func:`search` does."""
@@ -89,9 +102,9 @@ def run(req: sp.Request, out: Path, *, command: str, verify: bool = False) -> Re
 
 def _verify(res: Result, req: sp.Request, base: dict[str, Any], out: Path) -> dict[str, Any]:
     """Write the tune file of the top candidates; on the cpu target run it and compare the rankings."""
-    tops = res.search.distinct(VERIFY_TOP)
+    tops = _sample(res.search.distinct(len(res.search.ranked)), VERIFY_TOP)
     recipes = [base] + [finalize(o, req, out.stem)[0] for o in tops[1:]]
-    tops = [res.written] + tops[1:]
+    tops = [res.written] + [o for o in tops if o is not res.search.best][:len(tops) - 1]
     tune_file = out.with_name(f"{out.stem}.verify.yaml")
     doc = vf.tune_dict(out, tune_file, recipes, tops, req.slo, req.isl, req.osl)
     text = ("# trtpipe tune file written by trtpipe recipe new --verify: the top candidates as predicted, to measure\n"
