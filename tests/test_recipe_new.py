@@ -5,6 +5,7 @@ outputs, not from the implementation."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import typing
 from pathlib import Path
@@ -122,7 +123,7 @@ def test_ranking_groups_ties_within_the_band(llama8b_h200):
     for lead, (_, g) in zip(leaders, sorted(groups.items())):
         for o in g:  # every member within the band of its group's leader
             assert o.per_gpu >= lead.per_gpu / (1 + max(lead.band, o.band)) - 1e-9
-    for a, b in zip(leaders, leaders[1:]):  # the next group's leader lies outside the band of the one before
+    for a, b in itertools.pairwise(leaders):  # the next group's leader lies outside the band of the one before
         assert b.per_gpu < a.per_gpu / (1 + max(a.band, b.band))
     for o in s.ranked:  # the SLO holds where the ranking says it does
         assert o.pred.itl_ms <= 30 + 1e-6 and (o.pred.ttft_p99_ms or o.pred.ttft_ms) <= 500 + 1e-6
@@ -215,3 +216,36 @@ def test_cpu_target_writes_the_cpu_engine_recipe(tmp_path):
     assert r.target.gpu == hardware.CPU_TARGET and r.build.engine == "cpu"
     assert r.model.source == "embedded:smollm2-135m-instruct"
     assert json.loads(stdout)["best"]["engine"] == "cpu"
+
+
+# --------------------------------------------------------------------------- --verify: the comparison
+def test_compare_reads_the_tune_results_and_held_allows_only_tied_swaps(tmp_path):
+    from pipeline.advise import verify as vf
+
+    req = _req("meta-llama/Llama-3.1-8B-Instruct", "h200", 1, {"ttft": 500, "itl": 30}, engines=("tensorrt",))
+    tops = se.search(req).distinct(3)
+    labels = ["base"] + [vf.label(i, o) for i, o in enumerate(tops[1:], start=2)]
+    measured = [50.0, 80.0, None]  # the second measured faster than the first; the third did not meet the SLO
+    doc = {"points": {str(i): {"label": lab, "status": "DONE", "value": v, "at": "1000/1000/c1"}
+                      for i, (lab, v) in enumerate(zip(labels, measured))}}
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    rows = vf.compare(tmp_path / "results.json", tops)
+    assert [r["measured"] for r in rows] == measured
+    assert [r.get("measured_rank") for r in rows] == [2, 1, None]
+    assert [r["predicted"] for r in rows] == [round(o.per_gpu, 2) for o in tops]
+    # a swap of two candidates the prediction ranks apart breaks the ranking; a swap inside a tie does not
+    apart = [{"predicted_rank": 1, "measured_rank": 2}, {"predicted_rank": 2, "measured_rank": 1}]
+    tied = [{"predicted_rank": 1, "measured_rank": 2}, {"predicted_rank": 1, "measured_rank": 1}]
+    assert not vf.held(apart) and vf.held(tied)
+
+
+@pytest.mark.slow
+def test_cpu_verify_measures_the_top_3_for_real(tmp_path):
+    """The CPU default end to end: three points built, served and benched by trtpipe tune (minutes, slow tier)."""
+    rc, stdout, stderr = _cli("--gpu", "cpu", "--isl", "32", "--osl", "16", "--slo", "ttft:5000,itl:400", "--verify",
+                              "--json", "--out", str(tmp_path / "v.yaml"), cwd=tmp_path)
+    assert rc == 0, stderr
+    v = json.loads(stdout)["verify"]
+    assert len(v["rows"]) == 3 and all(r["status"] == "DONE" for r in v["rows"])
+    assert all(r["measured"] is None or r["measured"] > 0 for r in v["rows"])
+    assert isinstance(v["ranking_held"], bool)

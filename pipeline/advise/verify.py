@@ -70,7 +70,7 @@ def tune_dict(recipe_file: Path, tune_file: Path, recipes: list[dict[str, Any]],
 def run_tune(tune_file: Path, out: Path) -> int:
     """Run ``trtpipe tune TUNE --out OUT --no-mlflow`` (the real sweep) with this interpreter; its exit status."""
     cmd = [sys.executable, "-m", "pipeline.cli", "tune", str(tune_file), "--out", str(out), "--no-mlflow"]
-    return subprocess.run(cmd, check=False, stdout=sys.stderr).returncode  # stdout stays the command's (--json)
+    return subprocess.run(cmd, check=False, stdout=2).returncode  # to fd 2: stdout stays the command's (--json)
 
 
 def compare(results_json: Path, tops: list[Outcome]) -> list[dict[str, Any]]:
