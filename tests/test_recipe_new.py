@@ -21,6 +21,7 @@ from pipeline.core import hardware
 from pipeline.plan import check_fits
 from pipeline.recipe import load_recipe, qformats
 from pipeline.recipe.quant import FP8_QFORMATS, KvCacheDtype, QFormat
+from pipeline.recipe.serving_path import PATHS, builder_paths
 from pipeline.tune.spec import load_tune
 
 RUN = CliRunner()
@@ -29,7 +30,8 @@ RUN = CliRunner()
 def _req(model: str, gpu: str, n: int = 1, slo: dict | None = None, engines=("pytorch", "tensorrt"), isl=1000, osl=1000):
     source, geo = sp.resolve_model(model, gpu == "cpu")
     spec = sp.resolve_gpu(gpu)
-    return sp.Request(source, geo, spec, n, isl, osl, slo or {}, ("cpu",) if spec is None else engines)
+    paths = tuple(p for p in builder_paths(gpu) if p.on_cpu or p.engine in engines)
+    return sp.Request(source, geo, spec, n, isl, osl, slo or {}, paths)
 
 
 def _cli(*args: str, cwd: Path) -> tuple[int, str, str]:
@@ -85,14 +87,14 @@ def test_space_prunes_formats_the_gpu_cannot_run():
 def test_layouts_stay_within_the_gpus_and_divide_the_heads():
     geo = sp.resolve_model("meta-llama/Llama-3.1-8B-Instruct", False)[1]  # 32 heads, 8 KV heads
     for n in (1, 3, 4, 16):
-        lay = sp.layouts(geo, n, "tensorrt")
+        lay = sp.layouts(geo, n, PATHS["tensorrt/gpu/triton"])
         assert all(tp * pp <= min(n, 8) and geo.num_attention_heads % tp == 0 for tp, pp, _ in lay)
         assert all(ep == 1 for *_, ep in lay)  # dense model: no expert parallelism
-    assert (1, 1, 1) in sp.layouts(geo, 1, "pytorch") and len(sp.layouts(geo, 1, "pytorch")) == 1
+    assert sp.layouts(geo, 1, PATHS["pytorch/gpu/triton"]) == [(1, 1, 1)]
     moe = sp.resolve_model("Qwen/Qwen3-30B-A3B", False)[1]  # 128 experts
-    eps = {(tp, ep) for tp, _, ep in sp.layouts(moe, 2, "pytorch")}
+    eps = {(tp, ep) for tp, _, ep in sp.layouts(moe, 2, PATHS["pytorch/gpu/triton"])}
     assert (2, 2) in eps and (2, 1) in eps
-    assert all(ep == 1 for *_, ep in sp.layouts(moe, 2, "tensorrt"))  # EP is the LLM-API argument only
+    assert all(ep == 1 for *_, ep in sp.layouts(moe, 2, PATHS["tensorrt/gpu/triton"]))  # EP is the LLM-API argument only
 
 
 def test_judge_prunes_what_does_not_fit_and_what_the_validator_refuses():
@@ -164,7 +166,7 @@ def test_written_recipe_validates_plans_and_says_why(tmp_path):
     (["acme/Unknown-1B", "--gpu", "h200"], "MODEL 'acme/Unknown-1B': geometry unknown"),
     (["meta-llama/Llama-3.1-8B-Instruct"], "--gpu: missing"),
     (["meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h200", "--isl", "100"], "--isl and --osl go together"),
-    (["--gpu", "cpu", "--engine", "pytorch"], "--engine pytorch: the cpu target"),
+    (["--gpu", "cpu", "--engine", "pytorch"], "--engine 'pytorch': on cpu use cpu"),
     (["meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h200", "--engine", "vllm"], "--engine 'vllm'"),
     (["meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h200", "--isl", "131000", "--osl", "1000"], "max_position_embeddings"),
     (["meta-llama/Llama-3.1-405B-Instruct", "--gpu", "h100_sxm", "--num-gpus", "2", "--engine", "pytorch"],

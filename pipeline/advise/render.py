@@ -85,7 +85,7 @@ DIMENSIONS: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 def _key(c: sp.Candidate, skip: tuple[str, ...]) -> tuple:
-    skip += () if c.engine == "cpu" else ("max_batch_size",)  # the batch is a dimension on the CPU only
+    skip += () if c.path.on_cpu else ("max_batch_size",)  # the batch is a dimension on the CPU only
     return tuple(v for k, v in dataclasses.asdict(c).items() if k not in skip)
 
 
@@ -93,9 +93,10 @@ def why(s: Search, best: Outcome) -> dict[str, str]:
     """Recipe path → comment: the chosen value's figure and the best alternative of that dimension alone."""
     out: dict[str, str] = {}
     for dim, (fields, path) in DIMENSIONS.items():
-        if dim == "batch" and best.cand.engine != "cpu":
+        on_cpu = best.cand.path.on_cpu
+        if dim == "batch" and not on_cpu:
             continue
-        if dim == "qformat" and best.cand.engine == "cpu":
+        if dim == "qformat" and on_cpu:
             fields = ("qformat", "kv")  # paired on the CPU engine
         same = _key(best.cand, fields)
         alts = [o for o in s.ranked if _key(o.cand, fields) == same and _key(o.cand, ()) != _key(best.cand, ())]
@@ -113,10 +114,10 @@ def why(s: Search, best: Outcome) -> dict[str, str]:
     out["quantization.qformat"] += f"; accuracy risk {risk} (docs/recipe-new.md)"
     p = best.pred
     assert p is not None
-    out["build.max_batch_size"] = (out.get("build.max_batch_size", "") + "; " if best.cand.engine == "cpu" else "") + (
+    out["build.max_batch_size"] = (out.get("build.max_batch_size", "") + "; " if best.cand.path.on_cpu else "") + (
                                    f"the largest concurrency predicted within the SLO ({best.limited_by} stops it): "
                                    f"TTFT p99 {slo_value(p, 'ttft'):,.0f} ms, ITL {p.itl_ms:.1f} ms")
-    if best.cand.engine != "cpu":
+    if not best.cand.path.on_cpu:
         out["target.num_gpus"] = (f"one instance = TP × PP; {best.replicas} replica(s) of it on the {s.request.num_gpus} "
                                   "GPU(s) asked for")
     else:

@@ -185,7 +185,7 @@ class Search:
         seen, out = set(), []
         for o in self.ranked:
             c = o.cand
-            key = (c.engine, c.qformat, c.kv, c.tp, c.pp, c.ep, c.threads, c.max_batch_size if c.engine == "cpu" else 0)
+            key = (c.engine, c.qformat, c.kv, c.tp, c.pp, c.ep, c.threads, c.max_batch_size if c.path.on_cpu else 0)
             if key not in seen:
                 seen.add(key)
                 out.append(o)
@@ -234,7 +234,7 @@ def search(req: sp.Request) -> Search:
         if outcomes and len(fits) == len(outcomes):
             raise UserError(f"no searched configuration is a valid recipe: {outcomes[0].cand.label}: {outcomes[0].pruned}")
         where = f"{req.num_gpus}× {req.target}"
-        found = smallest_fit(req) if req.gpu is not None else None
+        found = None if req.on_cpu else smallest_fit(req)
         if found is None:
             raise UserError(f"{req.source} does not fit {where} with any searched qformat, nor one node of "
                             f"{sp.MAX_INSTANCE_GPUS}× {req.target}")

@@ -31,6 +31,7 @@ from pipeline.core.geometry import ModelGeometry, geometry_for_source
 from pipeline.recipe import qformats
 from pipeline.recipe.model import EMBEDDED_SMOLLM2
 from pipeline.recipe.quant import BLOCK_QFORMATS
+from pipeline.recipe.serving_path import PATHS, TRITON, ServingPath, builder_paths
 
 TP_SIZES = (1, 2, 4, 8)
 PP_SIZES = (1, 2, 4)
@@ -54,7 +55,8 @@ CALIBRATION = {"gpu": {"dataset": "cnn_dailymail", "size": 512, "max_seq_length"
 @dataclasses.dataclass(frozen=True)
 class Request:
     """What the user asked: the model (``source`` as a recipe names it, its geometry), the GPU (None: the host),
-    GPUs in all, ISL/OSL (tokens), the latency SLO (ms by key: ttft, itl, tpot, e2e), the paths to search."""
+    GPUs in all, ISL/OSL (tokens), the latency SLO (ms by key: ttft, itl, tpot, e2e), the serving paths to search
+    (rows of :data:`pipeline.recipe.serving_path.PATHS`, all on the same target)."""
 
     source: str
     geo: ModelGeometry
@@ -63,17 +65,32 @@ class Request:
     isl: int
     osl: int
     slo: dict[str, float]
-    engines: tuple[str, ...]
+    paths: tuple[ServingPath, ...]
+
+    @property
+    def on_cpu(self) -> bool:
+        """True on the cpu target (the CPU engine on this host)."""
+        return self.paths[0].on_cpu
 
     @property
     def kind(self) -> str:
-        """``gpu`` or ``cpu``."""
-        return "cpu" if self.gpu is None else "gpu"
+        """``gpu`` or ``cpu`` (the serving-path table's target column)."""
+        return self.paths[0].target
 
     @property
     def target(self) -> str:
         """The recipe's ``target.gpu``: the catalog key or ``cpu``."""
-        return hardware.CPU_TARGET if self.gpu is None else self.gpu.key
+        return self.gpu.key if self.gpu else hardware.CPU_TARGET
+
+    @property
+    def arch(self) -> str:
+        """The architecture the rules are looked up with (gpus.yaml ``arch``; ``cpu`` on the host)."""
+        return self.gpu.arch if self.gpu else hardware.CPU_TARGET
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """``build.engine`` of each path searched."""
+        return tuple(p.engine for p in self.paths)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +107,12 @@ class Candidate:
     max_num_tokens: int = 8192
     max_batch_size: int = 1024
     threads: int | None = None
+    target: str = "gpu"
+
+    @property
+    def path(self) -> ServingPath:
+        """The serving-path row it is built and served on (Triton frontend)."""
+        return PATHS[f"{self.engine}/{self.target}/{TRITON}"]
 
     @property
     def world(self) -> int:
@@ -99,14 +122,14 @@ class Candidate:
     @property
     def layout(self) -> str:
         """``TP2×PP1`` (``×EP2`` for expert parallelism); ``host`` on the CPU."""
-        if self.engine == "cpu":
+        if self.path.on_cpu:
             return f"host {self.threads} thr" if self.threads else "host"
         return f"TP{self.tp}×PP{self.pp}" + (f"×EP{self.ep}" if self.ep > 1 else "")
 
     @property
     def label(self) -> str:
         """One-line name: ``pytorch fp8 kv fp8 TP2×PP1 tokens 8192``."""
-        batch = f" batch {self.max_batch_size}" if self.engine == "cpu" else ""
+        batch = f" batch {self.max_batch_size}" if self.path.on_cpu else ""
         return f"{self.engine} {self.qformat} kv {self.kv} {self.layout} tokens {self.max_num_tokens}{batch}"
 
 
@@ -116,9 +139,9 @@ def resolve_gpu(name: str) -> hardware.GpuSpec | None:
     Raises:
         UserError: a name neither in the catalog nor ``cpu`` (one line listing the catalog).
     """
-    if name.strip().lower() == hardware.CPU_TARGET:
-        return None
     spec = hardware.lookup(name)
+    if spec is None and builder_paths(name.strip().lower())[0].on_cpu:
+        return None
     if spec is None:
         raise UserError(f"--gpu {name!r}: not in the GPU catalog ({', '.join(sorted(hardware.catalog()))}) nor 'cpu'")
     return spec
@@ -154,10 +177,11 @@ def _divides_heads(geo: ModelGeometry, tp: int) -> bool:
     return geo.num_attention_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
 
 
-def layouts(geo: ModelGeometry, num_gpus: int, engine: str) -> list[tuple[int, int, int]]:
+def layouts(geo: ModelGeometry, num_gpus: int, path: ServingPath) -> list[tuple[int, int, int]]:
     """``(tp, pp, ep)`` of one instance within ``num_gpus`` (and :data:`MAX_INSTANCE_GPUS`), TP dividing the heads;
-    EP ∈ {1, TP} for a MoE model on the pytorch path (EP dividing the expert count). ``[(1, 1, 1)]`` on the CPU."""
-    if engine == "cpu":
+    EP ∈ {1, TP} for a MoE model on an LLM-API path (``moe_expert_parallel_size``; EP dividing the expert count).
+    ``[(1, 1, 1)]`` on the CPU."""
+    if path.on_cpu:
         return [(1, 1, 1)]
     limit = min(num_gpus, MAX_INSTANCE_GPUS)
     out = []
@@ -166,7 +190,7 @@ def layouts(geo: ModelGeometry, num_gpus: int, engine: str) -> list[tuple[int, i
             if tp * pp > limit or pp > geo.num_hidden_layers or not _divides_heads(geo, tp):
                 continue
             eps = {1}
-            if geo.is_moe and engine == "pytorch" and tp > 1 and geo.num_experts % tp == 0:
+            if geo.is_moe and path.llm_api and tp > 1 and geo.num_experts % tp == 0:
                 eps.add(tp)
             out += [(tp, pp, ep) for ep in sorted(eps)]
     return out
@@ -174,11 +198,10 @@ def layouts(geo: ModelGeometry, num_gpus: int, engine: str) -> list[tuple[int, i
 
 def not_searched(req: Request) -> list[str]:
     """One sentence per qformat / KV dtype the rules leave out on the requested paths × this GPU (with the source)."""
-    arch = "cpu" if req.gpu is None else req.gpu.arch
     out = []
     for engine in req.engines:
         for kind, table in (("qformat", qformats.rules()["qformats"]), ("kv", qformats.rules()["kv_cache"])):
-            out += [why for name in table if (why := qformats.unsupported(kind, name, engine, arch))]
+            out += [why for name in table if (why := qformats.unsupported(kind, name, engine, req.arch))]
     return out
 
 
@@ -186,21 +209,23 @@ def candidates(req: Request, num_gpus: int | None = None) -> list[Candidate]:
     """Every candidate of the space at the first token budget (see the module doc); ``num_gpus`` overrides the
     request's (the smallest-N search)."""
     n = req.num_gpus if num_gpus is None else num_gpus
-    arch = "cpu" if req.gpu is None else req.gpu.arch
-    budget = TOKEN_BUDGETS[req.kind][0]
-    cap = BATCH_CAP[req.kind]
-    threads = len(os.sched_getaffinity(0)) if req.gpu is None else None
+    arch, kind = req.arch, req.kind
+    budget = TOKEN_BUDGETS[kind][0]
+    cap = BATCH_CAP[kind]
+    threads = len(os.sched_getaffinity(0)) if req.on_cpu else None
     out = []
-    if req.gpu is None:  # the CPU engine: qformat × max_batch_size, its KV dtype paired as the shipped CPU recipes
-        for q in qformats.searched("qformat", "cpu", arch):
-            kv = "fp8" if q != "full_prec" and "fp8" in qformats.searched("kv", "cpu", arch) else "none"
-            out += [Candidate("cpu", q, kv, max_num_tokens=budget, max_batch_size=b, threads=threads) for b in CPU_BATCHES]
-        return out
-    for engine in req.engines:
+    for path in req.paths:
+        engine = path.engine
+        if path.on_cpu:  # the CPU engine: qformat × max_batch_size, its KV dtype paired as the shipped CPU recipes
+            for q in qformats.searched("qformat", engine, arch):
+                kv = "fp8" if q != "full_prec" and "fp8" in qformats.searched("kv", engine, arch) else "none"
+                out += [Candidate(engine, q, kv, max_num_tokens=budget, max_batch_size=b, threads=threads, target=kind)
+                        for b in CPU_BATCHES]
+            continue
         for q in qformats.searched("qformat", engine, arch):
             for kv in qformats.searched("kv", engine, arch):
-                for tp, pp, ep in layouts(req.geo, n, engine):
-                    out.append(Candidate(engine, q, kv, tp, pp, ep, budget, cap, threads))
+                for tp, pp, ep in layouts(req.geo, n, path):
+                    out.append(Candidate(engine, q, kv, tp, pp, ep, budget, cap, threads, kind))
     return out
 
 
@@ -223,7 +248,7 @@ def recipe_dict(c: Candidate, req: Request, *, name: str, concurrency: list[int]
     Lengths: ``max_input_len`` = ISL, ``max_seq_len`` = ISL + OSL; chunked prefill on; the KV fraction 0.9
     (TensorRT-LLM's default). ``concurrency``: the bench load points (default 1 and ``max_batch_size``).
     """
-    on_cpu = c.engine == "cpu"
+    on_cpu = c.path.on_cpu
     quant: dict[str, Any] = {"qformat": c.qformat, "kv_cache_dtype": c.kv}
     if c.qformat in BLOCK_QFORMATS:
         quant["awq_block_size"] = awq_block_size(req.geo, c.tp) or 128
@@ -238,9 +263,9 @@ def recipe_dict(c: Candidate, req: Request, *, name: str, concurrency: list[int]
     else:
         build["enable_chunked_prefill"] = True
         build["kv_cache_config"] = {"free_gpu_memory_fraction": 0.9}
-    if c.engine == "pytorch":
+    if not on_cpu and "build.pytorch" not in c.path.unread_knobs:  # the LLM-API path: CUDA graphs
         build["pytorch"] = {"cuda_graph_config": {"enable_padding": True, "batch_sizes": graph_sizes(c.max_batch_size)}}
-    if c.engine == "tensorrt" and c.world > 1:
+    if not on_cpu and "build.workers" not in c.path.unread_knobs and c.world > 1:  # trtllm-build: one worker per rank
         build["workers"] = c.world
     target: dict[str, Any] = {"gpu": req.target}
     if not on_cpu:

@@ -88,7 +88,7 @@ def run(req: sp.Request, out: Path, *, command: str, verify: bool = False) -> Re
     data, final = finalize(s.best, req, out.stem)
     text = render.yaml_text(data, render.why(s, final), render.header(s, final, command))
     _write_checked(out, text, _check_recipe)
-    c = final.cand
+    c = dataclasses.replace(final.cand, max_batch_size=data["build"]["max_batch_size"])  # as written
     lines = [(f"wrote {out}: {c.label}, max_batch_size {data['build']['max_batch_size']} — rank "
               f"{render.rank_label(final)}, {render.tps(final)} output tok/s per GPU ({final.replicas} replica(s) on "
               f"{req.num_gpus}× {req.target})"),
@@ -117,7 +117,7 @@ def _verify(res: Result, req: sp.Request, base: dict[str, Any], out: Path) -> di
 
     _write_checked(tune_file, text, check)
     info: dict[str, Any] = {"tune_file": str(tune_file), "candidates": [vf.label(i, o) for i, o in enumerate(tops, 1)]}
-    if req.gpu is not None:
+    if not req.on_cpu:
         res.lines.append(f"wrote {tune_file}: run `trtpipe tune {tune_file}` in the GPU container to measure the top "
                          f"{len(tops)} (docs/recipe-new.md)")
         return info

@@ -36,14 +36,18 @@ def new(
     from pipeline.advise import workflow as wf
     from pipeline.core.errors import UserError
     from pipeline.recipe.bench import parse_goodput
+    from pipeline.recipe.serving_path import builder_paths
 
     if not gpu:
         raise UserError("--gpu: missing; name a catalog GPU (e.g. h200) or cpu")
     spec = sp.resolve_gpu(gpu)
-    if spec is None and engine:
-        raise UserError(f"--engine {engine}: the cpu target searches the CPU engine only; leave --engine out")
-    if engine not in (None, "pytorch", "tensorrt"):
-        raise UserError(f"--engine {engine!r}: use pytorch or tensorrt")
+    paths = builder_paths(spec.key if spec else gpu.strip().lower())  # the serving-path table's rows for the target
+    if engine is not None:
+        chosen = [p for p in paths if p.engine == engine]
+        if not chosen:
+            raise UserError(f"--engine {engine!r}: on {gpu} use {' or '.join(p.engine for p in paths)}"
+                            + ("; leave --engine out" if len(paths) == 1 else ""))
+        paths = chosen
     if spec is None and num_gpus != 1:
         raise UserError(f"--num-gpus {num_gpus}: the cpu target is this host; leave --num-gpus out")
     if (isl is None) != (osl is None):
@@ -51,8 +55,7 @@ def new(
     source, geo = sp.resolve_model(model, spec is None)
     default = (64, 32) if spec is None else (1024, 1024)
     req = sp.Request(source=source, geo=geo, gpu=spec, num_gpus=num_gpus, isl=isl or default[0], osl=osl or default[1],
-                     slo=parse_goodput(slo, "--slo") if slo else {},
-                     engines=("cpu",) if spec is None else ((engine,) if engine else ("pytorch", "tensorrt")))
+                     slo=parse_goodput(slo, "--slo") if slo else {}, paths=tuple(paths))
     command = "trtpipe recipe new " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["recipe", "new"] else sys.argv[1:])
     res = wf.run(req, out or wf.default_out(source, req.target), command=command, verify=verify)
     if json_out:
