@@ -36,11 +36,11 @@ from pipeline.recipe.serving_path import PATHS, TRITON, ServingPath, builder_pat
 TP_SIZES = (1, 2, 4, 8)
 PP_SIZES = (1, 2, 4)
 #: GPUs of one model instance at most: one 8-GPU NVLink node (AIConfigurator's agg search stops at TP 8 too:
-#: src/aiconfigurator/sdk/task_v2.py@614b9c8c:970-978, docs/reference speculative-and-config-search.md §2)
+#: ai-dynamo/aiconfigurator src/aiconfigurator/sdk/task_v2.py@614b9c8c:970-978, tag v0.11.0)
 MAX_INSTANCE_GPUS = 8
 #: max_num_tokens tried per path: the first is the one every layout is judged with, the others refine the best layouts
 TOKEN_BUDGETS = {"gpu": (8192, 2048, 4096, 16384), "cpu": (1024, 256, 4096)}
-#: the largest max_batch_size searched: AIConfigurator's agg batch list ends at 1024 (sdk/sweep.py@614b9c8c:81-89);
+#: the largest max_batch_size searched: AIConfigurator's agg batch list ends at 1024 (src/aiconfigurator/sdk/sweep.py@614b9c8c:81-89);
 #: the CPU engine's shipped recipes use 32
 BATCH_CAP = {"gpu": 1024, "cpu": 32}
 #: max_batch_size tried on the CPU engine (the written one is lowered to the SLO's concurrency when that is smaller)
