@@ -40,11 +40,11 @@ from pipeline.core.layout import HF_CKPT, TRTLLM_CKPT, BuildLayout
 from pipeline.core.scripts import save_tokenizer
 from pipeline.quantize import ptq
 from pipeline.quantize.result import QuantizeResult
+from pipeline.quantize.vlm_command import vlm_quantize_args
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.consumers import consumed
 from pipeline.recipe.serving_path import serving_path
 from pipeline.trtllm.checkpoint import check_checkpoint_dir
-from pipeline.quantize.vlm_command import vlm_quantize_args
 
 STAGE = QuantizeResult.STAGE
 #: Bump when the stage's output for the same inputs changes (invalidates cached results).
