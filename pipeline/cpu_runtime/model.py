@@ -47,7 +47,11 @@ import torch.nn.functional as F
 
 from pipeline.core.geometry import ModelGeometry, geometry_from_dict
 from pipeline.cpu_runtime import native
-from pipeline.cpu_runtime.linear import NATIVE_GEMM_MAX_ROWS, Linear, mkldnn_linear_available
+from pipeline.cpu_runtime.linear import (
+    NATIVE_GEMM_MAX_ROWS,
+    Linear,
+    mkldnn_linear_available,
+)
 from pipeline.cpu_runtime.mrope import mrope_rows
 from pipeline.cpu_runtime.weights import Weights
 
