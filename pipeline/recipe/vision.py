@@ -104,6 +104,13 @@ class QwenVLVision(StrictModel):
 AnyVision = Annotated[Union[VisionSpec, QwenVLVision], Field(discriminator="family")]
 
 
+def cross_attention(vision: Any) -> bool:
+    """True when a recipe's images go through trtpipe's own vision encoder stage into the decoder's cross-attention
+    (mllama: ONNX → TensorRT / onnxruntime, the multimodal Triton repository, image calibration); False without a
+    vision section, and for a token family (Qwen2-VL: the PyTorch backend runs its vision tower itself)."""
+    return isinstance(vision, VisionSpec)
+
+
 def image_tokens_per_request(vision: Any) -> int:
     """Decoder-sequence tokens a request's images add to its ISL: the image tokens of a token family (Qwen2-VL), 0 for
     a cross-attention family (mllama: its one ``<|image|>`` token is text; the encoder features go to the cross
