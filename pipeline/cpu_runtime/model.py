@@ -52,7 +52,7 @@ from pipeline.cpu_runtime.linear import (
     Linear,
     mkldnn_linear_available,
 )
-from pipeline.cpu_runtime.mrope import mrope_rows
+from pipeline.cpu_runtime.mrope import mrope_rows, rope_inv_freq, rope_params
 from pipeline.cpu_runtime.weights import Weights
 
 #: Architectures whose HF implementation equals this module's decoder (config.json ``architectures[0]``).
@@ -72,7 +72,7 @@ def check_supported(cfg: dict[str, Any]) -> None:
         raise UnsupportedModelError(
             f"architecture {arch} is not supported by the CPU engine (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
-    rope = _rope_params(cfg)
+    rope = rope_params(cfg)
     if rope.get("rope_type", "default") not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(
             f"rope_type {rope.get('rope_type')!r} is not supported by the CPU engine (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
@@ -81,34 +81,6 @@ def check_supported(cfg: dict[str, Any]) -> None:
         raise UnsupportedModelError("sliding-window attention is not supported by the CPU engine")
     if cfg.get("hidden_act", "silu") != "silu":
         raise UnsupportedModelError(f"hidden_act {cfg.get('hidden_act')!r} is not supported by the CPU engine (silu only)")
-
-
-def _rope_params(cfg: dict[str, Any]) -> dict[str, Any]:
-    """transformers 5 ``rope_parameters`` or transformers 4 ``rope_theta`` + ``rope_scaling``."""
-    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
-    if "type" in rope and "rope_type" not in rope:
-        rope["rope_type"] = rope["type"]
-    return rope
-
-
-def rope_inv_freq(cfg: dict[str, Any], head_dim: int) -> torch.Tensor:
-    """Inverse frequencies ``[head_dim / 2]`` float32, as transformers computes them
-    (``_compute_default_rope_parameters`` / ``_compute_llama3_parameters``)."""
-    rope = _rope_params(cfg)
-    base = float(rope["rope_theta"])
-    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / head_dim))
-    if rope.get("rope_type", "default") == "llama3":
-        factor, lo, hi = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
-        old = rope["original_max_position_embeddings"]
-        low_wl, high_wl = old / lo, old / hi
-        wavelen = 2 * math.pi / inv
-        inv_l = torch.where(wavelen > low_wl, inv / factor, inv)
-        smooth = (old / wavelen - lo) / (hi - lo)
-        smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
-        medium = ~(wavelen < high_wl) * ~(wavelen > low_wl)
-        inv = torch.where(medium, smoothed, inv_l)
-    return inv
 
 
 #: Compute dtypes of :class:`Decoder` by their recipe names (``build.cpu.dtype``).
@@ -245,7 +217,7 @@ class Decoder:
         freqs = torch.outer(pos, inv)  # == transformers' inv_freq @ position_ids (one-term products)
         emb2 = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb2.cos(), emb2.sin()
-        self.mrope_section = _rope_params(cfg).get("mrope_section")  #: M-RoPE channel sections (Qwen2-VL), or None
+        self.mrope_section = rope_params(cfg).get("mrope_section")  #: M-RoPE channel sections (Qwen2-VL), or None
         self.cache = SlotKvCache(geo, slots, slot_len, kv_dtype)
         self.scale = 1.0 / math.sqrt(geo.head_dim)
         kn = native.kernels(kernels)

@@ -1,4 +1,5 @@
-"""Image tokens in the CPU engine's prefill (issue #47 item 5): spliced embeddings and M-RoPE positions.
+"""The CPU decoder's rotary rules (1-D ``default``/``llama3`` inverse frequencies, :func:`rope_inv_freq`) and image
+tokens in its prefill (issue #47 item 5): spliced embeddings and M-RoPE positions.
 
 A Qwen2-VL-family request reaches the decoder as token ids whose image placeholders are replaced by the vision
 tower's embeddings (what the PyTorch backend does with ``fuse_input_embeds``, modeling_qwen2vl.py@000a01de), and its
@@ -19,7 +20,9 @@ their generated tokens, shifted by ``delta``) leave the 1-D path.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -98,3 +101,31 @@ def mrope_rows(cos: torch.Tensor, sin: torch.Tensor, pos3: torch.Tensor, section
     axis = torch.cat([torch.full((n,), i % 3, dtype=torch.int64) for i, n in enumerate(list(section) * 2)])  # [D]
     idx = pos3[axis].T  # [T, D]: the position each channel of each token reads
     return torch.gather(cos, 0, idx), torch.gather(sin, 0, idx)
+
+
+def rope_params(cfg: dict[str, Any]) -> dict[str, Any]:
+    """transformers 5 ``rope_parameters`` or transformers 4 ``rope_theta`` + ``rope_scaling``."""
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    if "type" in rope and "rope_type" not in rope:
+        rope["rope_type"] = rope["type"]
+    return rope
+
+
+def rope_inv_freq(cfg: dict[str, Any], head_dim: int) -> torch.Tensor:
+    """Inverse frequencies ``[head_dim / 2]`` float32, as transformers computes them
+    (``_compute_default_rope_parameters`` / ``_compute_llama3_parameters``)."""
+    rope = rope_params(cfg)
+    base = float(rope["rope_theta"])
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / head_dim))
+    if rope.get("rope_type", "default") == "llama3":
+        factor, lo, hi = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+        old = rope["original_max_position_embeddings"]
+        low_wl, high_wl = old / lo, old / hi
+        wavelen = 2 * math.pi / inv
+        inv_l = torch.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
+        medium = ~(wavelen < high_wl) * ~(wavelen > low_wl)
+        inv = torch.where(medium, smoothed, inv_l)
+    return inv
