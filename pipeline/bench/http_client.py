@@ -319,7 +319,8 @@ class SSEClient:
         if not choices:  # the final usage chunk (choices: [])
             if usage:
                 rec.server_tokens = usage.get("completion_tokens")
-                if self._chat and usage.get("prompt_tokens") is not None:  # chat templates add tokens: record the real ISL
+                # chat templates add tokens: record the real ISL (with images it mixes in image tokens: keep the text's)
+                if self._chat and not rec.images and usage.get("prompt_tokens") is not None:
                     rec.input_tokens = usage["prompt_tokens"]
             return
         choice = choices[0]
