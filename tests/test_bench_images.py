@@ -211,6 +211,7 @@ def test_prompts_keep_exact_isl_with_the_image_tokens_in_front(mllama_tokenizer,
         ids = mllama_tokenizer.encode(p.text, add_special_tokens=False)
         assert len(ids) == p.num_tokens == 24 and p.text.startswith("<|image|>" * k) and len(p.images) == k
         assert ids[:k] == mllama_tokenizer.convert_tokens_to_ids(["<|image|>"]) * k and p.image_tokens == k * TINY.tokens(1, 1)
+    assert len(make_prompts(spec, info, 24, 500, mllama_tokenizer, images=plan)) == bimages.MAX_IMAGE_SETS  # memory cap
     again = make_prompts(spec, info, 24, 5, mllama_tokenizer, images=plan)
     assert [im.data for p in again for im in p.images] == [im.data for p in prompts for im in p.images]
 

@@ -159,8 +159,9 @@ def added_special_tokens(tokenizer: Any) -> int:
 
 
 def make_prompts(spec: Any, info: Any, isl: int, n: int, tokenizer: Any, images: Any = None) -> list[Prompt]:
-    """:func:`text_and_token_prompts`, then with ``images`` (an :class:`~pipeline.bench.images.ImagePlan`) each prompt
-    gets its images (seeded by ``spec.seed`` and ``isl``) and, where the plan has a placeholder (mllama on Triton), one
+    """:func:`text_and_token_prompts`, then with ``images`` (an :class:`~pipeline.bench.images.ImagePlan`; at most
+    :data:`~pipeline.bench.images.MAX_IMAGE_SETS` synthetic prompts, as each prebuilt request holds its images) each
+    prompt gets its images (seeded by ``spec.seed`` and ``isl``) and, where the plan has a placeholder (mllama on Triton), one
     image token per image before the text — the synthetic text is shortened by as many tokens, so the prompt still
     encodes to exactly ``isl`` tokens.
 
@@ -170,8 +171,9 @@ def make_prompts(spec: Any, info: Any, isl: int, n: int, tokenizer: Any, images:
     """
     if images is None:
         return text_and_token_prompts(spec, info, isl, n, tokenizer)
-    from pipeline.bench.images import attach
+    from pipeline.bench.images import MAX_IMAGE_SETS, attach
 
+    n = min(n, MAX_IMAGE_SETS)  # each prebuilt request holds its images (gRPC: decoded pixels): requests cycle
     k = images.workload.per_request if images.placeholder else 0
     if k and isl - k < 1 and spec.dataset is None:
         raise UserError(f"ISL {isl}: the prompt carries {k} image token(s); use ISL > {k}")
