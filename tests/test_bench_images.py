@@ -321,3 +321,13 @@ def test_a_text_run_records_no_image_fields(tmp_path):
     run = BenchResult(BenchSpec(), started_at="x", t0_ns=0, url="u")
     doc = json.loads((write_run(tmp_path / "run", run) / "bench.json").read_text())
     assert "images" not in doc and not any(k.startswith("image_") for k in doc["config"])
+
+
+def test_geometry_from_a_qwen_vision_section():
+    """A recipe's Qwen2-VL-family vision section (issue #47: patch, merge, pixel bounds) gives the token rule's geometry."""
+    from types import SimpleNamespace
+
+    v = SimpleNamespace(family="qwen2_5_vl", patch_size=14, merge_size=2, min_pixels=3136, max_pixels=401408,
+                        max_images_per_request=2)
+    geo = bimages.resolve_geometry(SimpleNamespace(vision=v), None)
+    assert (geo.family, geo.max_pixels, geo.max_images) == ("qwen2_vl", 401408, 2)

@@ -211,7 +211,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def resolve_geometry(recipe: Any, tokenizer_dir: Path | None) -> ImageGeometry | None:
-    """The image geometry of the served model: the build recipe's ``vision`` section (mllama), else the checkpoint
+    """The image geometry of the served model: the build recipe's ``vision`` section (mllama; Qwen2-VL's where the
+    recipe has one: ``patch_size``, ``merge_size``, ``min_pixels``, ``max_pixels``), else the checkpoint
     ``config.json`` (+ ``preprocessor_config.json``) beside the tokenizer when its ``model_type`` is a vision family;
     ``None`` when neither says the model takes images.
 
@@ -223,6 +224,10 @@ def resolve_geometry(recipe: Any, tokenizer_dir: Path | None) -> ImageGeometry |
     if v is not None and v.family == "mllama":
         return ImageGeometry("mllama", "the build recipe's vision section", tile_size=v.tile_size,
                              patch_size=v.patch_size, max_tiles=v.max_tiles, max_images=max_images)
+    if v is not None and VISION_MODEL_TYPES.get(v.family) == "qwen2_vl" and hasattr(v, "merge_size"):  # #47's section
+        return ImageGeometry("qwen2_vl", "the build recipe's vision section", patch_size=v.patch_size,
+                             merge_size=v.merge_size, min_pixels=v.min_pixels, max_pixels=v.max_pixels,
+                             max_images=max_images)
     if tokenizer_dir is None:
         return None
     cfg_path = Path(tokenizer_dir) / "config.json"
