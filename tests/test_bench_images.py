@@ -323,11 +323,10 @@ def test_a_text_run_records_no_image_fields(tmp_path):
     assert "images" not in doc and not any(k.startswith("image_") for k in doc["config"])
 
 
-def test_geometry_from_a_qwen_vision_section():
-    """A recipe's Qwen2-VL-family vision section (issue #47: patch, merge, pixel bounds) gives the token rule's geometry."""
-    from types import SimpleNamespace
-
-    v = SimpleNamespace(family="qwen2_5_vl", patch_size=14, merge_size=2, min_pixels=3136, max_pixels=401408,
-                        max_images_per_request=2)
-    geo = bimages.resolve_geometry(SimpleNamespace(vision=v), None)
-    assert (geo.family, geo.max_pixels, geo.max_images) == ("qwen2_vl", 401408, 2)
+def test_geometry_from_a_qwen_vision_section(tmp_path):
+    """The Qwen2.5-VL recipe's vision section (issue #47: patch, merge, pixel bounds) gives the token rule's geometry."""
+    recipe = build_recipe(_layout(tmp_path, "qwen25_vl_7b_h200_fp8.yaml"))
+    geo = bimages.resolve_geometry(recipe, None)
+    v = recipe.vision
+    assert (geo.family, geo.max_pixels, geo.max_images) == ("qwen2_vl", v.max_pixels, v.max_images_per_request)
+    assert geo.tokens(v.image_width, v.image_height) == v.image_tokens()  # the recipe's own count at its sized image
