@@ -330,3 +330,18 @@ def test_geometry_from_a_qwen_vision_section(tmp_path):
     v = recipe.vision
     assert (geo.family, geo.max_pixels, geo.max_images) == ("qwen2_vl", v.max_pixels, v.max_images_per_request)
     assert geo.tokens(v.image_width, v.image_height) == v.image_tokens()  # the recipe's own count at its sized image
+
+
+def test_spliced_image_tokens_count_against_max_input_len():
+    """Qwen2-VL's image tokens are decoder tokens: ISL + images at the mean size must fit the build's max_input_len;
+    mllama's go to cross-attention and are not counted there."""
+    from pipeline.bench.preflight import BuildLimits
+
+    spec = _spec(scenarios=[{"isl": 100, "osl": 8}], image_width_mean=448.0, image_height_mean=448.0)
+    qwen = bimages.ImageGeometry("qwen2_vl", "test")
+    per_image = qwen.tokens(448, 448)
+    fits = BuildLimits(100 + per_image, None, "manifest.json")
+    bimages.check_spliced_lengths(spec, (bimages.workload(spec), qwen), fits)
+    with pytest.raises(UserError, match=rf"ISL 100 \+ {per_image} image tokens .* max_input_len {99 + per_image}"):
+        bimages.check_spliced_lengths(spec, (bimages.workload(spec), qwen), BuildLimits(99 + per_image, None, "m"))
+    bimages.check_spliced_lengths(spec, (bimages.workload(spec), TINY), BuildLimits(101, None, "m"))  # mllama

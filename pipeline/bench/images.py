@@ -304,6 +304,27 @@ def check_build(spec: Any, recipe: Any, tokenizer_dir: Path | None) -> tuple[Ima
     return wl, geo
 
 
+def check_spliced_lengths(spec: Any, checked: tuple[ImageWorkload, ImageGeometry] | None, limits: Any) -> None:
+    """Refuse, before any request, a scenario whose ISL plus the spliced image tokens (Qwen2-VL family: the images are
+    decoder tokens) of images at the mean size exceed the served build's ``max_input_len`` (``limits``: a
+    :class:`~pipeline.bench.preflight.BuildLimits`, or ``None``). mllama's image tokens go to cross-attention: not
+    counted here.
+
+    Raises:
+        UserError: one line naming the scenario, the image tokens, the limit and where it was read.
+    """
+    if checked is None or limits is None or limits.max_input_len is None or checked[1].family == "mllama":
+        return
+    wl, geo = checked
+    per_request = wl.per_request * geo.tokens(max(1, math.ceil(wl.width_mean)), max(1, math.ceil(wl.height_mean)))
+    for s in spec.scenarios:
+        if s.isl + per_request > limits.max_input_len:
+            raise UserError(
+                f"ISL {s.isl} + {per_request} image tokens ({wl.per_request} image(s) of "
+                f"{math.ceil(wl.width_mean)}×{math.ceil(wl.height_mean)} px) exceeds the served build's max_input_len "
+                f"{limits.max_input_len} ({limits.source}): lower --isl or the image size")
+
+
 def plan(checked: tuple[ImageWorkload, ImageGeometry] | None, info: Any, api: str,
          tokenizer_dir: Path | None) -> ImagePlan | None:
     """The route for the served model's interface (after preflight found it).

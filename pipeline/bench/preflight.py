@@ -143,7 +143,9 @@ def preflight(spec: BenchSpec, *, url: str | None, api: str = "grpc", openai_end
     proto = Api.make(api, url, openai_endpoint)
     checked = images.check_build(spec, build_recipe(layout), tokenizer)  # image options vs the build, before the server
     if layout is not None and (not proto.is_triton or (layout.triton_repo / spec.model).is_dir()):
-        check_lengths(spec, build_limits(layout))  # (a Triton model not in the build's repository: not its limits)
+        limits = build_limits(layout)  # (a Triton model not in the build's repository: not its limits)
+        check_lengths(spec, limits)
+        images.check_spliced_lengths(spec, checked, limits)
     info = proto.preflight(served_model if proto.name == "openai" else spec.model)
     if proto.name == "openai":
         spec = spec.model_copy(update={"model": info.name})
