@@ -55,6 +55,7 @@ from pipeline.cpu_runtime.requests import (
     TokensCallback,
     checked_request,
 )
+from pipeline.cpu_runtime.speculative import NGramSpeculator
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ class CpuEngine:
     ``num_threads`` argument, else engine_config ``num_threads``, both kept as given; else the cores this process may
     run on, less one for each core other processes keep busy, re-counted every 0.5 s of stepping:
     :class:`~pipeline.cpu_runtime.host.CoreShare`), sizes the KV cache (module docstring; ``kv_max_tokens`` / ``kv_free_memory_fraction``
-    override engine_config's ``kv_cache``, ``enable_chunked_prefill`` its ``enable_chunked_prefill``),
+    override engine_config's ``kv_cache``, ``enable_chunked_prefill`` its ``enable_chunked_prefill``), ``speculative_config``
+    (LLM-API ``NGram`` mapping: :mod:`pipeline.cpu_runtime.speculative`; ``stats()["speculative"]``, ``specDecodingStats``),
     ``max_queue_size`` (> 0) bounds the requests accepted beyond the KV slots (TensorRT-LLM's executor
     ``max_queue_size``; ``None``/0: unbounded, as upstream), releases the calling thread's OpenMP workers
     (:func:`release_openmp_pool`: with them alive the engine's own would sleep at every barrier) and starts the
@@ -86,7 +88,7 @@ class CpuEngine:
 
     def __init__(self, engine_dir: Path, *, num_threads: int | None = None, kv_max_tokens: int | None = None,
                  kv_free_memory_fraction: float | None = None, enable_chunked_prefill: bool | None = None,
-                 max_queue_size: int | None = None):
+                 max_queue_size: int | None = None, speculative_config: dict[str, Any] | None = None):
         t0 = time.perf_counter()
         self.engine_dir = Path(engine_dir)
         path = self.engine_dir / ENGINE_CONFIG
@@ -101,6 +103,7 @@ class CpuEngine:
         if compute not in COMPUTE_DTYPES:
             raise ValueError(f"{path}: compute_dtype {compute!r} is not one of {', '.join(COMPUTE_DTYPES)}")
         self.dtype = COMPUTE_DTYPES[compute]
+        self.speculation = NGramSpeculator.from_config(speculative_config, cfg)  # n-gram drafts (speculative.py) or None
         self.threads = int(num_threads or cfg.get("num_threads") or len(os.sched_getaffinity(0)) or 1)
         self._share = None if num_threads or cfg.get("num_threads") else CoreShare(self.threads)  # neighbours' cores
         torch.set_num_threads(self.threads)
@@ -260,8 +263,9 @@ class CpuEngine:
         """Counters: ``forward_passes``, ``forward_s`` (time in the decoder), ``step_s`` (whole steps:
         scheduling + forward + sampling), ``tokens`` generated, ``batch_sizes`` ({tokens in a step:
         steps}), ``active`` requests, ``load_time_s``."""
+        spec = {"speculative": self.speculation.stats()} if self.speculation else {}
         return {**self._counters, "batch_sizes": dict(self._batch_hist), "active": self.num_active,
-                "load_time_s": self.load_time_s}
+                "load_time_s": self.load_time_s, **spec}
 
     def iteration_stats(self) -> dict[str, Any]:
         """The latest state, named as TensorRT-LLM's iteration stats (``LLM.get_stats()``, executor ``IterationStats``):
@@ -271,7 +275,8 @@ class CpuEngine:
         with self._cv:
             accepted, used = len(self._requests), self._in_slots
         slots = self.model.cache.slots
-        return {
+        spec = {"specDecodingStats": self.speculation.iteration_stats()} if self.speculation else {}
+        return {**spec,
             "numActiveRequests": used, "numQueuedRequests": max(accepted - used, 0), "maxNumActiveRequests": slots,
             "kvCacheStats": {"maxNumBlocks": slots, "freeNumBlocks": slots - used, "usedNumBlocks": used,
                              "tokensPerBlock": self.model.cache.slot_len},
@@ -356,6 +361,8 @@ class CpuEngine:
         t0 = time.perf_counter()
         if self._share and (n := self._share.poll()):
             torch.set_num_threads(n)  # this thread's OpenMP team, the kernels' ``threads`` (model.py)
+        if self.speculation is not None and self.speculation.step(self, t0):  # a step that verified n-gram drafts
+            return
         batch, seqs, ctx_seqs = build_step(self._active, int(self._cfg["max_num_tokens"]), self.chunked)
         if batch.tokens.numel() == 0:
             return

@@ -28,7 +28,8 @@ Decoding is greedy, as in the CPU engine: ``temperature``/``top_k``/``top_p``/``
 have no effect; ``n``/``best_of`` above 1 and beam search are refused (ValueError). The ``LLM()`` keyword arguments
 are those of the engine stage's ``llm_api_config.yaml``: the engine limits must equal the CPU engine directory's
 ``engine_config.json`` (a differing value is a ValueError naming it); ``kv_cache_config.max_tokens`` /
-``free_gpu_memory_fraction`` and ``enable_chunked_prefill`` are passed to the engine; GPU-only arguments are
+``free_gpu_memory_fraction``, ``enable_chunked_prefill`` and an ``NGram`` ``speculative_config`` (engine:
+:mod:`pipeline.cpu_runtime.speculative`; ValueError for another type) are passed to the engine; GPU-only arguments are
 accepted and listed in :attr:`LLM.ignored_args`.
 """
 
@@ -50,7 +51,7 @@ from pipeline.cpu_runtime.lora import LoRARequest, llm_lora, request_task_id
 _LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
 #: ``LLM()`` arguments the facade reads itself
 _READ = {"model", "tokenizer", "kv_cache_config", "enable_chunked_prefill", "backend", "tensor_parallel_size",
-         "pipeline_parallel_size", "max_beam_width", "guided_decoding_backend", "lora_config", *_LIMITS}
+         "pipeline_parallel_size", "max_beam_width", "guided_decoding_backend", "lora_config", "speculative_config", *_LIMITS}
 
 
 
@@ -125,9 +126,9 @@ def _since_epoch(ns: int) -> datetime.timedelta:
     return datetime.timedelta(microseconds=ns / 1000)
 
 
-def _perf_metrics(arrival_ns: int, first_ns: int, last_ns: int) -> Any:
+def _perf_metrics(arrival_ns: int, first_ns: int, last_ns: int, spec_metrics: dict | None = None) -> Any:
     """The shape of ``tllm.RequestPerfMetrics`` the model reads: times since the epoch; the CPU engine keeps no KV
-    blocks and drafts no tokens, so those counters are 0."""
+    blocks (counters 0); ``speculative_decoding`` from ``spec_metrics`` (n-gram speculation on), else 0."""
     ns = dataclasses.make_dataclass
     kv = ns("KvCacheMetrics", [("num_total_allocated_blocks", int, 0), ("num_new_allocated_blocks", int, 0),
                               ("num_reused_blocks", int, 0), ("num_missed_blocks", int, 0), ("kv_cache_hit_rate", float, 0.0)])
@@ -136,7 +137,7 @@ def _perf_metrics(arrival_ns: int, first_ns: int, last_ns: int) -> Any:
                                              ("total_draft_tokens", int, 0)])
     perf = ns("RequestPerfMetrics", ["kv_cache_metrics", "timing_metrics", "speculative_decoding"])
     t = timing(*(_since_epoch(x) for x in (arrival_ns, arrival_ns, first_ns, last_ns)))
-    return perf(kv(), t, spec())
+    return perf(kv(), t, spec(**(spec_metrics or {})))
 
 
 class RequestOutput:
@@ -261,7 +262,9 @@ class RequestOutput:
         if ended is not None:
             self._done = self._yielded_final = True
             if p.return_perf_metrics:
-                out.request_perf_metrics = _perf_metrics(self._arrival_ns, self._first_ns or time.time_ns(), time.time_ns())
+                sp = self._llm._engine.speculation
+                out.request_perf_metrics = _perf_metrics(self._arrival_ns, self._first_ns or time.time_ns(), time.time_ns(),
+                                                         sp.request_metrics(self._engine_id) if sp and self._engine_id else None)
         return self
 
     def _trim_stop_tokens(self, out: CompletionOutput) -> bool:
@@ -358,7 +361,7 @@ class LLM:
         self.tokenizer = _load_tokenizer(Path(tokenizer) if tokenizer else self.model_dir)
         self._engine = CpuEngine(
             self.model_dir, kv_max_tokens=kv.get("max_tokens"), kv_free_memory_fraction=kv.get("free_gpu_memory_fraction"),
-            enable_chunked_prefill=kwargs.get("enable_chunked_prefill"))
+            enable_chunked_prefill=kwargs.get("enable_chunked_prefill"), speculative_config=kwargs.get("speculative_config"))
         self.guides = None
         if kwargs.get("guided_decoding_backend") is not None:  # the tokenizer's info, as upstream's LLM builds it
             from pipeline.cpu_runtime.guided import Guides
