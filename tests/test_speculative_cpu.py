@@ -170,3 +170,15 @@ def test_fewer_forward_passes_on_a_copy_prompt_and_per_request_counters(engine_d
     assert per["total_draft_tokens"] == st["speculative"]["draft_tokens"]
     assert per["total_accepted_draft_tokens"] == st["speculative"]["accepted_draft_tokens"] > 0
     assert per["acceptance_rate"] == pytest.approx(per["total_accepted_draft_tokens"] / per["total_draft_tokens"])
+
+
+def test_torch_kernels_verify_drafts_as_chunks_with_the_same_output(engine_dir: Path, prompts: list[list[int]],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRTPIPE_CPU_KERNELS", "torch")  # the decoder's torch path: drafts go in as prefill chunks
+    with CpuEngine(engine_dir, num_threads=1) as plain:
+        assert plain.runtime["kernels"] == "torch"
+        want = _run(plain, prompts[:2], 32, end_id=END_ID)
+    with CpuEngine(engine_dir, num_threads=1, speculative_config=NGRAM) as spec:
+        got = _run(spec, prompts[:2], 32, end_id=END_ID)
+        accepted = spec.stats()["speculative"]["accepted_draft_tokens"]
+    assert got == want and accepted > 0

@@ -21,10 +21,14 @@ Upstream (read at the commits named; ``L12`` = ``tensorrt_llm/llmapi/llm_args.py
   ``[last token, d1..dn]``; the target's token at step 0 is appended, then each draft equal to the target's token at its
   step is accepted and the next target token appended (the last one the bonus); stop criteria after every token.
 
-Here the verification forward is the decoder's prefill path over the request's own KV slot: the ``1 + n`` tokens are a
-chunk starting at the last token's position (causal attention over the slot, as a chunked prefill), so the K/V of
-rejected drafts land beyond the accepted length and are overwritten by the next step's writes before anything reads
-them (the rollback is by length). Differences from a GPU run, by design: no CUDA graphs, so a request with no draft
+Here the verification tokens ``[last token, d1..dn]`` of a request go into the step's one forward at positions
+``p..p+n`` of the request's own KV slot. With the native kernels they are decode rows (each attends over its slot up to
+its own position; every layer writes the step's K/V before its attention, so each row sees the rows before it): each
+row computes exactly what a plain decode step at that position computes, and a step of decode rows only keeps the fused
+one-call path. With the torch kernels (one decode row per slot) they are a prefill chunk starting at ``p`` (causal
+attention over the slot, as a chunked prefill). Either way the K/V of rejected drafts lie beyond the accepted length
+and are overwritten by the next step's writes before anything reads them: the rollback is by length.
+Differences from a GPU run, by design: no CUDA graphs, so a request with no draft
 is not padded to ``1 + v`` tokens (drafter.py ``pad_draft_tokens_for_cuda_graph``) but decodes one token as usual,
 and a step where no request has a draft is a plain decode step; guided (xgrammar) requests are not drafted for.
 
@@ -226,6 +230,52 @@ class NGramSpeculator:
             return True
         return min(n_requests, self.max_batch_size, self.max_num_tokens // (1 + self.cfg.max_draft_len)) <= mc
 
+    @staticmethod
+    def _verify_rows(drafted: list[SequenceState], drafts: dict[int, list[int]]) -> tuple[list[int], list[int], list[int]]:
+        """(tokens, positions, slots) of every drafted request's ``[last token, d1..dn]``, request after request."""
+        toks, pos, slots = [], [], []
+        for s in drafted:
+            d = drafts[id(s)]
+            p = len(s.prompt) + len(s.generated) - 1
+            toks += [s.generated[-1], *d]
+            pos += range(p, p + 1 + len(d))
+            slots += [s.slot] * (1 + len(d))
+        return toks, pos, slots
+
+    def _as_decode_rows(self, batch: Any, drafted: list[SequenceState], drafts: dict[int, list[int]]) -> None:
+        """Add the verification tokens to ``batch`` as decode rows (native kernels): each attends over its slot up to
+        its own position, the K/V of the rows before it in the same step included (every layer writes the step's K/V
+        before its attention), so each row computes what a plain decode step at that position would; the decode-only
+        fused path stays open. Their logit rows go last."""
+        toks, pos, slots = self._verify_rows(drafted, drafts)
+        nd, n = batch.n_decode, len(toks)
+        i64 = torch.int64
+        cat = torch.cat
+        batch.tokens = cat([batch.tokens[:nd], torch.tensor(toks, dtype=i64), batch.tokens[nd:]])
+        batch.positions = cat([batch.positions[:nd], torch.tensor(pos, dtype=i64), batch.positions[nd:]])
+        batch.slots = cat([batch.slots[:nd], torch.tensor(slots, dtype=i64), batch.slots[nd:]])
+        batch.decode_slots = batch.decode_slots + slots
+        batch.decode_ctx = cat([batch.decode_ctx, torch.tensor(pos, dtype=i64) + 1])
+        batch.n_decode = nd + n
+        batch.chunks = [(off + n, ln, slot, start) for off, ln, slot, start in batch.chunks]
+        rows = batch.logit_rows
+        batch.logit_rows = cat([torch.where(rows >= nd, rows + n, rows), torch.arange(nd, nd + n, dtype=i64)])
+
+    def _as_chunks(self, batch: Any, drafted: list[SequenceState], drafts: dict[int, list[int]]) -> None:
+        """Add the verification tokens to ``batch`` as one prefill chunk per drafted request, starting at its last
+        token's position (the torch kernels' decode path takes one row per slot); their logit rows go last."""
+        toks, pos, slots = self._verify_rows(drafted, drafts)
+        off = int(batch.tokens.numel())
+        for s in drafted:
+            n = 1 + len(drafts[id(s)])
+            batch.chunks.append((off, n, s.slot, len(s.prompt) + len(s.generated) - 1))
+            off += n
+        i64 = torch.int64
+        batch.tokens = torch.cat([batch.tokens, torch.tensor(toks, dtype=i64)])
+        batch.positions = torch.cat([batch.positions, torch.tensor(pos, dtype=i64)])
+        batch.slots = torch.cat([batch.slots, torch.tensor(slots, dtype=i64)])
+        batch.logit_rows = torch.cat([batch.logit_rows, torch.arange(off - len(toks), off, dtype=i64)])
+
     def step(self, eng: Any, t0: float) -> bool:
         """Run engine ``eng``'s next step with drafts (called on the scheduler thread at the start of a step begun at
         ``t0``, ``time.perf_counter()``). Returns False, having changed nothing but the pool, when no request in the
@@ -253,21 +303,11 @@ class NGramSpeculator:
         rest = [s for s in active if id(s) not in drafts]
         batch, seqs, ctx_seqs = build_step(rest, self.max_num_tokens - sum(1 + len(d) for d in drafts.values()),
                                            eng.chunked)
-        tokens, positions, slots = [batch.tokens], [batch.positions], [batch.slots]
-        off, rows = int(batch.tokens.numel()), []
-        for s in drafted:  # each: a chunk [last token, d1..dn] at the last token's position, every row's logits
-            d = drafts[id(s)]
-            pos = len(s.prompt) + len(s.generated) - 1
-            n = 1 + len(d)
-            tokens.append(torch.tensor([s.generated[-1], *d], dtype=torch.int64))
-            positions.append(torch.arange(pos, pos + n, dtype=torch.int64))
-            slots.append(torch.full((n,), s.slot, dtype=torch.int64))
-            batch.chunks.append((off, n, s.slot, pos))
-            rows.extend(range(off, off + n))
-            off += n
-        batch.tokens, batch.positions, batch.slots = torch.cat(tokens), torch.cat(positions), torch.cat(slots)
         n_plain = int(batch.logit_rows.numel())
-        batch.logit_rows = torch.cat([batch.logit_rows, torch.tensor(rows, dtype=torch.int64)])
+        if eng.model.kernels == "torch":
+            self._as_chunks(batch, drafted, drafts)
+        else:
+            self._as_decode_rows(batch, drafted, drafts)
         batch.lora = step_for(batch.slots, [s.lora for s in active]) if eng.lora is not None else None
         t1 = time.perf_counter()
         logits = eng.model.forward(batch)
