@@ -47,6 +47,7 @@ from pipeline.cpu_runtime.host import CoreShare, release_freed_heap, release_ope
 from pipeline.cpu_runtime.kv import kv_slots
 from pipeline.cpu_runtime.lora import LoraSet, selected, step_for
 from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder
+from pipeline.cpu_runtime.prefix import prefix_cache
 from pipeline.cpu_runtime.requests import (
     ContextLogitsCallback,
     ErrorCallback,
@@ -74,7 +75,7 @@ class CpuEngine:
     run on, less one for each core other processes keep busy, re-counted every 0.5 s of stepping:
     :class:`~pipeline.cpu_runtime.host.CoreShare`), sizes the KV cache (module docstring; ``kv_max_tokens`` / ``kv_free_memory_fraction``
     override engine_config's ``kv_cache``, ``enable_chunked_prefill`` its ``enable_chunked_prefill``), ``speculative_config``
-    (LLM-API ``NGram`` mapping: :mod:`pipeline.cpu_runtime.speculative`; ``stats()["speculative"]``, ``specDecodingStats``),
+    (LLM-API ``NGram``: :mod:`.speculative`), ``block_reuse`` (tokens per block of prompt-prefix KV reuse: :mod:`.prefix`),
     ``max_queue_size`` (> 0) bounds the requests accepted beyond the KV slots (TensorRT-LLM's executor
     ``max_queue_size``; ``None``/0: unbounded, as upstream), releases the calling thread's OpenMP workers
     (:func:`release_openmp_pool`: with them alive the engine's own would sleep at every barrier) and starts the
@@ -88,7 +89,8 @@ class CpuEngine:
 
     def __init__(self, engine_dir: Path, *, num_threads: int | None = None, kv_max_tokens: int | None = None,
                  kv_free_memory_fraction: float | None = None, enable_chunked_prefill: bool | None = None,
-                 max_queue_size: int | None = None, speculative_config: dict[str, Any] | None = None):
+                 max_queue_size: int | None = None, speculative_config: dict[str, Any] | None = None,
+                 block_reuse: int | None = None):
         t0 = time.perf_counter()
         self.engine_dir = Path(engine_dir)
         path = self.engine_dir / ENGINE_CONFIG
@@ -148,8 +150,8 @@ class CpuEngine:
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._counters = {"forward_passes": 0, "forward_s": 0.0, "step_s": 0.0, "tokens": 0}
         self._batch_hist: collections.Counter = collections.Counter()
-        self._thread = threading.Thread(target=self._loop, args=(slots, int(cfg["max_seq_len"])), name="cpu-engine",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop, args=(slots, int(cfg["max_seq_len"]), block_reuse),
+                                        name="cpu-engine", daemon=True)
         self._delivery = threading.Thread(target=self._deliver_loop, name="cpu-engine-deliver", daemon=True)
         self._thread.start()
         self._built.wait()
@@ -263,9 +265,8 @@ class CpuEngine:
         """Counters: ``forward_passes``, ``forward_s`` (time in the decoder), ``step_s`` (whole steps:
         scheduling + forward + sampling), ``tokens`` generated, ``batch_sizes`` ({tokens in a step:
         steps}), ``active`` requests, ``load_time_s``."""
-        spec = {"speculative": self.speculation.stats()} if self.speculation else {}
         return {**self._counters, "batch_sizes": dict(self._batch_hist), "active": self.num_active,
-                "load_time_s": self.load_time_s, **spec}
+                "load_time_s": self.load_time_s, **({"speculative": self.speculation.stats()} if self.speculation else {})}
 
     def iteration_stats(self) -> dict[str, Any]:
         """The latest state, named as TensorRT-LLM's iteration stats (``LLM.get_stats()``, executor ``IterationStats``):
@@ -275,11 +276,10 @@ class CpuEngine:
         with self._cv:
             accepted, used = len(self._requests), self._in_slots
         slots = self.model.cache.slots
-        spec = {"specDecodingStats": self.speculation.iteration_stats()} if self.speculation else {}
-        return {**spec,
+        return {**({"specDecodingStats": self.speculation.iteration_stats()} if self.speculation else {}),
             "numActiveRequests": used, "numQueuedRequests": max(accepted - used, 0), "maxNumActiveRequests": slots,
             "kvCacheStats": {"maxNumBlocks": slots, "freeNumBlocks": slots - used, "usedNumBlocks": used,
-                             "tokensPerBlock": self.model.cache.slot_len},
+                             "tokensPerBlock": self.model.cache.slot_len, **self.prefix.kv_cache_stats()},
         }
 
     def __enter__(self) -> "CpuEngine":
@@ -289,11 +289,12 @@ class CpuEngine:
         self.shutdown()
 
     # ------------------------------------------------------------------ scheduler thread
-    def _loop(self, slots: int, slot_len: int) -> None:
+    def _loop(self, slots: int, slot_len: int, block_reuse: int | None) -> None:
         try:
             torch.set_num_threads(self.threads)  # OpenMP's thread count is per thread
             self.model = Decoder(self.engine_dir, slots=slots, slot_len=slot_len, dtype=self.dtype, kv_dtype=self.kv_dtype)
             self.lora = LoraSet.from_engine_config(self.engine_dir, self._cfg, self.model.geo)  # adapters by task id
+            self.prefix = prefix_cache(self.model.cache, block_reuse)  # prompt-prefix KV block reuse (prefix.py)
         except BaseException as e:  # reported by __init__ in the caller's thread
             self._build_error = e
             return
@@ -336,6 +337,7 @@ class CpuEngine:
             if seq.done:
                 continue
             seq.slot = len(self._active)
+            self.prefix.admit(seq, self._active)  # a stored prefix's K/V into the slot, seq.prefilled past it
             self._active.append(seq)
         self._in_slots = len(self._active)
 
@@ -347,6 +349,7 @@ class CpuEngine:
             except ValueError:
                 pass
             return
+        self.prefix.release(seq)  # its prompt's blocks kept for reuse (when on)
         hole, last = seq.slot, len(self._active) - 1
         seq.slot = None
         if hole != last:
