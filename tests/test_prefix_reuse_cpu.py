@@ -92,11 +92,13 @@ def test_llm_facade_reports_reused_blocks_per_request(engine_dir: Path, prompts:
         res = llm.generate_async(ids, SamplingParams(max_tokens=8, return_perf_metrics=True))
         async for _ in res:
             pass
-        return res.outputs[0].request_perf_metrics.kv_cache_metrics
+        return res.outputs[0].request_perf_metrics.kv_cache_metrics, res.cached_tokens
 
     with LLM(**kwargs) as llm:
-        first = asyncio.run(one(llm, prompts[0]))
-        second = asyncio.run(one(llm, prompts[1]))
+        first, cached0 = asyncio.run(one(llm, prompts[0]))
+        second, cached1 = asyncio.run(one(llm, prompts[1]))
+    # what trtllm-serve's stand-in reports as usage.prompt_tokens_details.cached_tokens
+    assert cached0 == 0 and cached1 == second.num_reused_blocks * TPB
     assert first.num_reused_blocks == 0 and first.num_missed_blocks == -(-len(prompts[0]) // TPB)
     assert second.num_reused_blocks > 0
     assert second.kv_cache_hit_rate == pytest.approx(

@@ -210,6 +210,12 @@ class RequestOutput:
     def aborted(self) -> bool:
         return self._aborted
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens whose K/V came from reused blocks (``kv_cache_config.enable_block_reuse``; 0 when off)."""
+        m = self._llm._engine.prefix.request_metrics(self._engine_id) if self._engine_id else None
+        return m["cached_tokens"] if m else 0
+
     def abort(self) -> None:
         """Stop the request (``tensorrt_llm`` ``GenerationResult.abort``): the engine frees its slot at its next step
         and the result ends with ``finish_reason = "cancelled"``."""
