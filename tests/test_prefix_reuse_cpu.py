@@ -112,3 +112,33 @@ def test_the_engine_path_recipe_still_refuses_block_reuse_and_the_llmapi_one_tak
         load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.kv_cache_config.enable_block_reuse=true"])
     r = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_llmapi.yaml", ["build.kv_cache_config.enable_block_reuse=true"])
     assert r.build.kv_cache_config.enable_block_reuse is True
+
+
+def test_store_copies_blocks_exactly_and_evicts_the_least_recently_used() -> None:
+    import types
+
+    import torch
+
+    from pipeline.cpu_runtime.prefix import PrefixCache
+
+    tpb, L = 4, 2
+    k = [torch.randn(2, 1, 16, 3) for _ in range(L)]  # [slots, kv_heads, slot_len, head_dim]
+    v = [torch.randn(2, 1, 16, 3) for _ in range(L)]
+    cache = types.SimpleNamespace(k=k, v=v, slots=2, slot_len=16, dtype=torch.float32)
+    store = PrefixCache(cache, tpb, max_blocks=2)
+
+    def seq(rid, prompt, slot, prefilled=None):
+        return types.SimpleNamespace(rid=rid, prompt=prompt, slot=slot, lora=None, on_context_logits=None,
+                                     prefilled=len(prompt) if prefilled is None else prefilled)
+
+    a = seq("a", list(range(9)), 0)  # two full blocks (0-3, 4-7) + one token
+    store.release(a)
+    b = seq("b", [*range(8), 99, 98], 1, prefilled=0)  # starts with both blocks
+    assert store.admit(b, []) == 8 and b.prefilled == 8
+    for t, src in ((k, 0), (v, 0)):
+        for layer in t:
+            assert torch.equal(layer[1, :, :8], layer[src, :, :8])  # slot 1 got slot 0's first 8 positions, bit for bit
+    c = seq("c", [50, 51, 52, 53, 54], 1)  # a third block: the store (2 blocks) drops its least recently used one
+    store.release(c)
+    d = seq("d", [*range(8), 7], 0, prefilled=0)
+    assert store.admit(d, []) == 4  # the deeper block 4-7 went, the root block 0-3 it extends stayed

@@ -182,3 +182,17 @@ def test_torch_kernels_verify_drafts_as_chunks_with_the_same_output(engine_dir: 
         got = _run(spec, prompts[:2], 32, end_id=END_ID)
         accepted = spec.stats()["speculative"]["accepted_draft_tokens"]
     assert got == want and accepted > 0
+
+
+def test_max_concurrency_turns_speculation_off_above_it() -> None:
+    from pipeline.cpu_runtime.speculative import NGramSpeculator
+
+    # Drafter.should_use_spec_decode: min(requests, max_batch_size, max_num_tokens // (1 + v)) <= max_concurrency
+    on = NGramSpeculator(NGramConfig(max_draft_len=5, max_matching_ngram_size=3, max_concurrency=2),
+                         max_batch_size=8, max_num_tokens=1024)._on
+    assert on(1) and on(2) and not on(3)
+    tight = NGramSpeculator(NGramConfig(max_draft_len=5, max_matching_ngram_size=3, max_concurrency=2),
+                            max_batch_size=8, max_num_tokens=12)._on  # 12 // 6 = 2 requests' worth of tokens
+    assert tight(7)
+    assert NGramSpeculator(NGramConfig(max_draft_len=5, max_matching_ngram_size=3), max_batch_size=8,
+                           max_num_tokens=1024)._on(8)

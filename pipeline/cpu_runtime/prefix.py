@@ -14,7 +14,8 @@ The CPU engine's cache is one contiguous slot per request, so reuse here copies:
 adapter), filled from a request's slot once its prompt is prefilled (at the next admission while it runs, or when it
 leaves its slot). At admission the longest run of stored full blocks that a prompt starts with — leaving at least the
 last prompt token to compute, whose logits give the first output token — is copied into the new slot and only the rest
-is prefilled (the chunked-prefill path over the slot). The store is LRU: when full, the least recently used block goes.
+is prefilled (the chunked-prefill path over the slot). The store is LRU: when full, the least recently used block goes
+(a prompt's deeper blocks count as used before the blocks they extend, so a prefix's root goes last).
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ class PrefixCache:
             bid = self.index.get(key)
             if bid is None:
                 break
-            self.index.move_to_end(key)
             hit.append(bid)
+        self._touch(keys[:len(hit)])
         n = len(hit) * self.tpb
         if hit:
             idx = torch.tensor(hit, dtype=torch.int64)
@@ -106,9 +107,9 @@ class PrefixCache:
         if seq.rid in self.saved or seq.slot is None or seq.prefilled < len(seq.prompt):
             return
         self.saved.add(seq.rid)
-        for i, key in enumerate(self._keys(seq)):
+        keys = self._keys(seq)
+        for i, key in enumerate(keys):
             if key in self.index:
-                self.index.move_to_end(key)
                 continue
             if self.free:
                 bid = self.free.pop()
@@ -119,6 +120,14 @@ class PrefixCache:
                 for s_l, c_l in zip(store, src):
                     s_l[bid].copy_(c_l[seq.slot, :, lo:hi])
             self.index[key] = bid
+        self._touch(keys)
+
+    def _touch(self, keys: list[tuple]) -> None:
+        """Mark a prompt's blocks used, the first block last: a prefix's deeper blocks are evicted before the blocks
+        they extend (a block is reachable only through every block before it)."""
+        for key in reversed(keys):
+            if key in self.index:
+                self.index.move_to_end(key)
 
     def release(self, seq: Any) -> None:
         """``seq`` leaves its slot (finished or cancelled): store its prompt blocks if they are complete and new."""
