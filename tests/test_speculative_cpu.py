@@ -129,15 +129,19 @@ def test_speculative_greedy_output_equals_plain_greedy(engine_dir: Path, prompts
         want_batch = _run(plain, prompts, 48, end_id=END_ID)
         want_one = [_run(plain, [p], 48, end_id=END_ID)[0] for p in prompts[:2]]
         want_min = _run(plain, prompts[:2], 40, end_id=END_ID, min_tokens=40)
+        stop = [want_one[0][12:14]]  # a stop word the copy answer emits mid-way (inside an accepted draft run, likely)
+        want_stop = _run(plain, prompts[:1], 48, end_id=END_ID, stop_words=stop)[0]
     with CpuEngine(engine_dir, num_threads=1, speculative_config=NGRAM) as spec:
         got_batch = _run(spec, prompts, 48, end_id=END_ID)
         got_one = [_run(spec, [p], 48, end_id=END_ID)[0] for p in prompts[:2]]
         got_min = _run(spec, prompts[:2], 40, end_id=END_ID, min_tokens=40)
+        got_stop = _run(spec, prompts[:1], 48, end_id=END_ID, stop_words=stop)[0]
         st = spec.stats()["speculative"]
         it = spec.iteration_stats()["specDecodingStats"]
     assert got_batch == want_batch
     assert got_one == want_one
     assert got_min == want_min and all(len(t) == 40 for t in got_min)
+    assert got_stop == want_stop and got_stop[-2:] == stop[0] and len(got_stop) < len(want_one[0])
     # the copy prompts draft and accept; each step that verified drafts emitted accepted + 1 tokens per request
     assert st["draft_tokens"] > 0 and 0 < st["accepted_draft_tokens"] <= st["draft_tokens"]
     assert st["acceptance_length"] == pytest.approx(

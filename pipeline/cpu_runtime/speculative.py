@@ -286,7 +286,10 @@ class NGramSpeculator:
         gen = [s for s in active if s.prefilled == len(s.prompt) and s.generated]
         if not gen or not self._on(len(active)):
             return False
-        budget = self.max_num_tokens - len(gen)  # every generating request takes at least its last token
+        # every generating request takes at least its last token; without chunked prefill the next prompt waiting to
+        # be prefilled keeps room to go in whole (drafts never starve it)
+        waiting = [len(s.prompt) - s.prefilled for s in active if s.prefilled < len(s.prompt)]
+        budget = self.max_num_tokens - len(gen) - (waiting[0] if waiting and not eng.chunked else 0)
         drafts: dict[int, list[int]] = {}
         for s in gen:
             if s.matcher is not None or budget <= 0:
