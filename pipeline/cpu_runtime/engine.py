@@ -42,6 +42,7 @@ import torch
 
 from pipeline.core.geometry import geometry_from_dict
 from pipeline.cpu_runtime.batch import build_step
+from pipeline.cpu_runtime.delivery import deliver_loop
 from pipeline.cpu_runtime.guided import advance, mask
 from pipeline.cpu_runtime.host import CoreShare, release_freed_heap, release_openmp_pool
 from pipeline.cpu_runtime.kv import kv_slots
@@ -152,7 +153,7 @@ class CpuEngine:
         self._batch_hist: collections.Counter = collections.Counter()
         self._thread = threading.Thread(target=self._loop, args=(slots, int(cfg["max_seq_len"]), block_reuse),
                                         name="cpu-engine", daemon=True)
-        self._delivery = threading.Thread(target=self._deliver_loop, name="cpu-engine-deliver", daemon=True)
+        self._delivery = threading.Thread(target=deliver_loop, args=(self,), name="cpu-engine-deliver", daemon=True)
         self._thread.start()
         self._built.wait()
         if self._build_error is not None:
@@ -412,39 +413,3 @@ class CpuEngine:
         c["step_s"] += time.perf_counter() - t0
         c["tokens"] += len(seqs)
         self._batch_hist[int(batch.tokens.numel())] += 1
-
-    # ------------------------------------------------------------------ delivery thread
-    def _deliver_loop(self) -> None:
-        while True:
-            item = self._out.get()
-            if item is None:
-                return
-            self._deliver(item)
-
-    def _deliver(self, item) -> None:
-        kind, seq = item[0], item[1]
-        with seq.lock:
-            if seq.done:
-                return
-            try:
-                if kind == "logits":
-                    return seq.on_context_logits(item[2])
-                if kind == "error":
-                    seq.done = True
-                    if seq.on_error is not None:
-                        seq.on_error(item[2])
-                    else:
-                        seq.on_tokens([], True)
-                    return
-                toks, fin = item[2], item[3]
-                if fin:
-                    seq.done = True
-                seq.on_tokens(toks, fin)
-            except Exception:  # a client callback must not kill the engine
-                log.exception("callback failed for %s; cancelling it", seq.rid)
-                if not seq.done:
-                    seq.done = True
-                    with self._cv:
-                        if self._requests.pop(seq.rid, None) is not None:
-                            self._cancels.append(seq)
-                            self._cv.notify()

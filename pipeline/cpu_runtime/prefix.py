@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from pipeline.cpu_runtime.speculative import has_extras
+
 #: the store holds this share of the KV cache's tokens (its own memory, reserved like the cache: pages become resident
 #: only when written)
 STORE_SHARE = 0.25
@@ -76,7 +78,8 @@ class PrefixCache:
             if s is not seq and s.rid not in self.saved and s.prefilled == len(s.prompt):
                 self.save(s)
         # a request that wants every prompt position's logits (return_context_logits) computes its whole prompt
-        keys = [] if seq.on_context_logits is not None else self._keys(seq)[:(len(seq.prompt) - 1) // self.tpb]
+        whole = seq.on_context_logits is not None or has_extras(seq)  # images / cross-attention: K/V not by tokens only
+        keys = [] if whole else self._keys(seq)[:(len(seq.prompt) - 1) // self.tpb]
         hit: list[int] = []
         for key in keys:
             bid = self.index.get(key)
@@ -104,7 +107,7 @@ class PrefixCache:
 
     def save(self, seq: Any) -> None:
         """Store the full prompt blocks of ``seq`` (still in its slot, prompt prefilled) that the store lacks."""
-        if seq.rid in self.saved or seq.slot is None or seq.prefilled < len(seq.prompt):
+        if seq.rid in self.saved or seq.slot is None or seq.prefilled < len(seq.prompt) or has_extras(seq):
             return
         self.saved.add(seq.rid)
         keys = self._keys(seq)

@@ -30,7 +30,8 @@ attention over the slot, as a chunked prefill). Either way the K/V of rejected d
 and are overwritten by the next step's writes before anything reads them: the rollback is by length.
 Differences from a GPU run, by design: no CUDA graphs, so a request with no draft
 is not padded to ``1 + v`` tokens (drafter.py ``pad_draft_tokens_for_cuda_graph``) but decodes one token as usual,
-and a step where no request has a draft is a plain decode step; guided (xgrammar) requests are not drafted for.
+and a step where no request has a draft is a plain decode step; guided (xgrammar) requests are not drafted for, and
+a step with an image request or on an mllama engine is a plain step (:func:`has_extras`).
 
 Stats, named as upstream names them: :meth:`NGramSpeculator.iteration_stats` = ``IterationStats.specDecodingStats``
 (``numDraftTokens``, ``numAcceptedTokens``, ``numRequestsWithDraftTokens``, ``acceptanceLength`` = (accepted +
@@ -154,6 +155,13 @@ class NGramPool:
         """Request ``rid`` completed: drop its private pool and scan position (the public pool stays, as upstream)."""
         self.start_index.pop(rid, None)
         self.private.pop(rid, None)
+
+
+def has_extras(seq: Any) -> bool:
+    """Whether ``seq`` carries more than token ids: image embeddings / M-RoPE positions (``mm``, mrope.py) or mllama
+    cross-attention inputs (``cross``). Such requests are neither drafted for nor share prefix blocks: their K/V depend
+    on more than the tokens, and their steps carry per-row extras only the engine's plain step assembles."""
+    return getattr(seq, "mm", None) is not None or getattr(seq, "cross", None) is not None
 
 
 def _take(seq: SequenceState, tok: int) -> tuple[list[int], bool]:
@@ -284,7 +292,8 @@ class NGramSpeculator:
         if len(self.pool.start_index) > len(active) or len(self._per_request) > len(active):
             self._sweep({s.rid for s in active})
         gen = [s for s in active if s.prefilled == len(s.prompt) and s.generated]
-        if not gen or not self._on(len(active)):
+        if (not gen or not self._on(len(active)) or getattr(eng.model, "cross", None) is not None
+                or any(has_extras(s) for s in active)):  # image / cross-attention steps: the plain step
             return False
         # every generating request takes at least its last token; without chunked prefill the next prompt waiting to
         # be prefilled keeps room to go in whole (drafts never starve it)
