@@ -21,7 +21,7 @@ from pipeline.triton.server import CONTAINER_TRITONSERVER
 REPO = Path(__file__).resolve().parents[1]
 # vision recipes (issue #46) do not build yet (tests/test_recipe_vision.py checks the refusal)
 GPU_RECIPES = sorted(p for p in (REPO / "recipes").glob("*.yaml")
-                     if yaml.safe_load(p.read_text())["target"]["gpu"] != "cpu" and "vision" not in yaml.safe_load(p.read_text()))
+                     if yaml.safe_load(p.read_text())["target"]["gpu"] != "cpu" and (yaml.safe_load(p.read_text()).get("vision") or {}).get("family") != "mllama")
 CASES = [(p, []) for p in GPU_RECIPES] + [  # both engine paths: tensorrt and pytorch recipes are shipped
     (REPO / "recipes/llama31_8b_h200_fp8_pytorch.yaml", ["serving.frontend=trtllm-serve"]),
 ]
@@ -57,12 +57,13 @@ def _quantize_step(build: Path, chain: Chain) -> str:
     text = (build / "quantize/quantize_command.sh").read_text()
     assert 'OUT_DIR=${OUT_DIR:-"$(cd "$(dirname "$0")" && pwd)"}' in text  # OUT_DIR defaults to the script's dir
     flat = text.replace("\\\n", " ")
-    outputs = re.findall(r"--output_dir\s+\$\{OUT_DIR\}/(\S+)", flat)
+    # quantize.py --output_dir, or ModelOpt hf_ptq.py --export_path for a VLM (pipeline/quantize/vlm_command.py)
+    outputs = re.findall(r"(?:--output_dir|--export_path)\s+\$\{OUT_DIR\}/(\S+)", flat)
     assert len(outputs) == 1, flat
     chain.write(build / "quantize" / outputs[0])
     for target in re.findall(r'save_pretrained\(sys\.argv\[2\]\)\'\s+\S+\s+"\$\{OUT_DIR\}/([^"]+)"', flat):
         assert chain.has(build / "quantize" / target)
-    return re.search(r"--model_dir\s+(\S+)", flat).group(1)
+    return re.search(r"(?:--model_dir|--pyt_ckpt_path)\s+(\S+)", flat).group(1)
 
 
 def _engine_step(build: Path, chain: Chain) -> None:

@@ -109,7 +109,7 @@ def run(
         raise UserError(f"--stage {until!r}: expected one of quantize, engine, repo")
     from pipeline.recipe.lora import resolve_adapters
 
-    if recipe.vision is not None:  # issue #46: recipe + plan exist, the stages that feed images do not yet
+    if recipe.vision is not None and recipe.vision.family == "mllama":  # issue #46: the stages that feed mllama images do not exist yet
         raise UserError("vision: building a vision-language recipe is not implemented yet (issue #46 items 2-4: image-"
                         "calibrated quantize, vision encoder stage, multimodal repository); `recipe validate` and `plan` work")
     recipe = resolve_adapters(recipe, recipe_dir)  # adapter files checked (rank, modules), paths absolute

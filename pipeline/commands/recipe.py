@@ -1,4 +1,4 @@
-"""``trtpipe recipe validate|schema|show``."""
+"""``trtpipe recipe validate|schema|show|reference``, and ``recipe new`` (:mod:`pipeline.commands.recipe_new`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from pipeline.commands import recipe_new
 from pipeline.commands.common import console, err_console, handle_errors
 
-app = typer.Typer(help="Validate, show and document recipes.", no_args_is_help=True)
+app = typer.Typer(help="Validate, show and document recipes; write a new one (recipe new).", no_args_is_help=True)
+app.command("new")(recipe_new.new)
 
 
 @app.command()

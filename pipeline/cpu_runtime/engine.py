@@ -189,7 +189,8 @@ class CpuEngine:
     def add_request(self, input_ids: list[int], *, max_new_tokens: int, min_tokens: int = 0, end_id: int | None = None,
                     stop_words: list[list[int]] | None = None, on_tokens: TokensCallback,
                     on_error: ErrorCallback | None = None, matcher: Any = None,
-                    on_context_logits: ContextLogitsCallback | None = None, lora_task_id: int | None = None) -> str:
+                    on_context_logits: ContextLogitsCallback | None = None, lora_task_id: int | None = None,
+                    multimodal: Any = None) -> str:
         """Queue one greedy generation (LoRA adapter ``lora_task_id`` of :attr:`lora`, if given); returns its request id.
 
         ``on_tokens(new_token_ids, finished)`` is called from the engine's delivery thread after
@@ -211,9 +212,17 @@ class CpuEngine:
         max_new_tokens > max_seq_len``; ``max_new_tokens < 1``; ``min_tokens < 0``; chunked prefill is
         off and the prompt exceeds ``max_num_tokens``; ``lora_task_id`` names no adapter of this engine.
         ``RuntimeError`` after :meth:`shutdown` or when the scheduler thread has died.
+
+        ``multimodal`` (:class:`pipeline.cpu_runtime.mrope.PromptMultimodal`): image embeddings spliced into the
+        prompt's placeholder rows and, for an M-RoPE model (Qwen2-VL), the prompt's 3-D positions; ``ValueError`` when
+        its shapes do not fit the prompt or the model.
         """
         ids, min_tokens, eid, words = checked_request(self._cfg, self.chunked, self.vocab_size, input_ids,
                                                       max_new_tokens, min_tokens, end_id, stop_words)
+        if multimodal is not None:  # image embeddings + M-RoPE positions (pipeline/cpu_runtime/mrope.py)
+            multimodal.check(len(ids), self.model.geo.hidden_size)
+            if multimodal.positions is not None and self.model.mrope_section is None:
+                raise ValueError("M-RoPE positions given, but this engine's model has no mrope_section")
         with self._cv:
             if self._closed:
                 raise RuntimeError("the CPU engine is shut down")
@@ -228,6 +237,7 @@ class CpuEngine:
             seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error, matcher,
                                 on_context_logits)
             seq.lora = selected(self.lora, lora_task_id)  # ValueError for an id no adapter has
+            seq.mm = multimodal
             self._requests[rid] = seq
             self._inbox.append(seq)
             self._cv.notify()

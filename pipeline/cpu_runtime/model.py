@@ -31,7 +31,7 @@ Numerics follow ``transformers``' Llama in float32 (RMSNorm, rotate-half RoPE fr
 output matches ``generate()``; logits differ from it only by summation order (~1e-6 relative).
 
 Supported ``config.json``: ``LlamaForCausalLM`` / ``MistralForCausalLM`` (no sliding window) /
-``Qwen2ForCausalLM`` (q/k/v bias), rope ``default`` or ``llama3`` scaling (:func:`check_supported`).
+``Qwen2ForCausalLM`` (q/k/v bias), rope ``default``, ``llama3`` or ``mrope`` (Qwen2-VL: :mod:`.mrope`; :func:`check_supported`).
 """
 
 from __future__ import annotations
@@ -52,12 +52,13 @@ from pipeline.cpu_runtime.linear import (
     Linear,
     mkldnn_linear_available,
 )
+from pipeline.cpu_runtime.mrope import mrope_rows, rope_inv_freq, rope_params
 from pipeline.cpu_runtime.weights import Weights
 
 #: Architectures whose HF implementation equals this module's decoder (config.json ``architectures[0]``).
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 #: Rope types implemented by :func:`rope_inv_freq` (transformers ``ROPE_INIT_FUNCTIONS`` names).
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "mrope")
 
 
 class UnsupportedModelError(ValueError):
@@ -71,7 +72,7 @@ def check_supported(cfg: dict[str, Any]) -> None:
         raise UnsupportedModelError(
             f"architecture {arch} is not supported by the CPU engine (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
-    rope = _rope_params(cfg)
+    rope = rope_params(cfg)
     if rope.get("rope_type", "default") not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(
             f"rope_type {rope.get('rope_type')!r} is not supported by the CPU engine (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
@@ -80,34 +81,6 @@ def check_supported(cfg: dict[str, Any]) -> None:
         raise UnsupportedModelError("sliding-window attention is not supported by the CPU engine")
     if cfg.get("hidden_act", "silu") != "silu":
         raise UnsupportedModelError(f"hidden_act {cfg.get('hidden_act')!r} is not supported by the CPU engine (silu only)")
-
-
-def _rope_params(cfg: dict[str, Any]) -> dict[str, Any]:
-    """transformers 5 ``rope_parameters`` or transformers 4 ``rope_theta`` + ``rope_scaling``."""
-    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
-    if "type" in rope and "rope_type" not in rope:
-        rope["rope_type"] = rope["type"]
-    return rope
-
-
-def rope_inv_freq(cfg: dict[str, Any], head_dim: int) -> torch.Tensor:
-    """Inverse frequencies ``[head_dim / 2]`` float32, as transformers computes them
-    (``_compute_default_rope_parameters`` / ``_compute_llama3_parameters``)."""
-    rope = _rope_params(cfg)
-    base = float(rope["rope_theta"])
-    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / head_dim))
-    if rope.get("rope_type", "default") == "llama3":
-        factor, lo, hi = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
-        old = rope["original_max_position_embeddings"]
-        low_wl, high_wl = old / lo, old / hi
-        wavelen = 2 * math.pi / inv
-        inv_l = torch.where(wavelen > low_wl, inv / factor, inv)
-        smooth = (old / wavelen - lo) / (hi - lo)
-        smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
-        medium = ~(wavelen < high_wl) * ~(wavelen > low_wl)
-        inv = torch.where(medium, smoothed, inv_l)
-    return inv
 
 
 #: Compute dtypes of :class:`Decoder` by their recipe names (``build.cpu.dtype``).
@@ -164,6 +137,9 @@ class StepBatch:
     chunks: list[tuple[int, int, int, int]]
     logit_rows: torch.Tensor
     lora: Any = None
+    rope3: torch.Tensor | None = None  # image tokens (mrope.py): M-RoPE positions int64 [3, T], None = 1-D positions
+    embed_rows: torch.Tensor | None = None  # int64 [N] rows whose embedding is replaced by embed_vals float32 [N, hidden]
+    embed_vals: torch.Tensor | None = None
 
 
 class Decoder:
@@ -241,6 +217,7 @@ class Decoder:
         freqs = torch.outer(pos, inv)  # == transformers' inv_freq @ position_ids (one-term products)
         emb2 = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb2.cos(), emb2.sin()
+        self.mrope_section = rope_params(cfg).get("mrope_section")  #: M-RoPE channel sections (Qwen2-VL), or None
         self.cache = SlotKvCache(geo, slots, slot_len, kv_dtype)
         self.scale = 1.0 / math.sqrt(geo.head_dim)
         kn = native.kernels(kernels)
@@ -327,6 +304,8 @@ class Decoder:
         x = F.embedding(b.tokens, self.embed)
         if self.dtype != torch.float32:
             x = x.float()  # the residual stream is float32 in every compute dtype
+        if b.embed_rows is not None:  # image tokens: the vision tower's embeddings (mrope.py)
+            x[b.embed_rows] = b.embed_vals
         chunk_masks = [
             None if start == 0 else
             torch.zeros(n, start + n).masked_fill_(
@@ -342,7 +321,7 @@ class Decoder:
                 g.num_key_value_heads, g.head_dim,
                 self.layers[0]["down"].in_features, self.cos, self.sin, b.positions.contiguous(), b.slots.contiguous(),
                 b.decode_ctx.contiguous(), self.cache.slots, self.cache.slot_len, self.eps, self.scale, torch.get_num_threads())
-        elif self._kernels:
+        elif self._kernels and b.rope3 is None:  # M-RoPE rows: the torch path takes per-token cos/sin
             x = self._layers_native(b, x, chunk_masks, layers)
         else:
             x = self._layers_torch(b, x, chunk_masks, layers)
@@ -395,8 +374,9 @@ class Decoder:
         D, H, KVH, group, hidden = g.head_dim, g.num_attention_heads, g.num_key_value_heads, g.heads_per_kv_head, g.hidden_size
         cd = self.dtype
         lowp = cd != torch.float32  # float32 skips the casts below (each is a dispatch even when a no-op)
-        cos = self.cos[b.positions].unsqueeze(1)  # [T, 1, D]
-        sin = self.sin[b.positions].unsqueeze(1)
+        cos, sin = ((self.cos[b.positions], self.sin[b.positions]) if b.rope3 is None
+                    else mrope_rows(self.cos, self.sin, b.rope3, self.mrope_section))
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, D]
         half = D // 2
         sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         nq, nkv = H * D, KVH * D

@@ -18,6 +18,7 @@ from pipeline.cpu_runtime.kv import kv_slots
 from pipeline.plan import memory as mem
 from pipeline.plan.result import MemoryPlan
 from pipeline.plan.vision import split_kv_pool, vision_reserve
+from pipeline.plan.vision_tokens import vision_tokens
 from pipeline.recipe import BuildSpec, Recipe
 from pipeline.recipe.serving_path import serving_path
 
@@ -84,6 +85,8 @@ def gpu_memory(recipe: Recipe, spec: hardware.GpuSpec, geo: ModelGeometry, max_s
     overhead = mem.fixed_overhead_bytes(t.world_size)
     vis = vision_reserve(recipe, geo)  # vision encoder + multimodal pool on GPU 0; KV split (pipeline/plan/vision.py)
     overhead += vis[1] if vis else 0
+    tokens = vision_tokens(recipe, geo)  # a token family's vision tower, on every rank (pipeline/plan/vision_tokens.py)
+    overhead += tokens.tower_bytes if tokens else 0
     total = spec.memory_bytes
     free = total - weights.per_gpu_bytes - act - overhead
     frac = b.kv_cache_config.free_gpu_memory_fraction * (1 - recipe.vision.cross_kv_cache_fraction if vis else 1)

@@ -30,9 +30,10 @@ from pipeline.plan.achievable import SLO_FIELDS, Prediction, predict_point
 from pipeline.plan.perf import QFORMAT_COMPUTE, peak_flops
 from pipeline.plan.result import FitVerdict, PlanResult
 from pipeline.plan.scenarios import Target, plan_scenario
+from pipeline.plan.vision_tokens import vision_tokens
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.serving_path import serving_path
-from pipeline.recipe.vision import vision_notes
+from pipeline.recipe.vision import image_tokens_per_request, vision_notes
 
 
 def _geometry(recipe: Recipe, recipe_dir: Path | None = None) -> ModelGeometry:
@@ -69,18 +70,21 @@ def _resolve_gpu(recipe: Recipe, gpu: str | hardware.GpuSpec | None) -> hardware
     return spec
 
 
-def _scenario_pairs(recipe: Recipe, scenarios: Iterable[tuple[int, int]] | None, max_seq_len: int) -> list[tuple[int, int]]:
-    """The (ISL, OSL) pairs in tokens (default: ``recipe.bench.scenarios``), checked against the build limits.
-    Raises UserError for a length under 1, an ISL over max_input_len, ISL + OSL over max_seq_len."""
+def _scenario_pairs(recipe: Recipe, scenarios: Iterable[tuple[int, int]] | None, max_seq_len: int,
+                    image_tokens: int = 0) -> list[tuple[int, int]]:
+    """The (ISL, OSL) pairs in tokens (default: ``recipe.bench.scenarios``), checked against the build limits with
+    ``image_tokens`` (a request's image tokens, :func:`pipeline.recipe.vision.image_tokens_per_request`) added to the
+    ISL. Raises UserError for a length under 1, an ISL over max_input_len, ISL + OSL over max_seq_len."""
     b = recipe.build
     pairs = [(s.isl, s.osl) for s in recipe.bench.scenarios] if scenarios is None else [tuple(p) for p in scenarios]
+    img = f" + {image_tokens} image tokens" if image_tokens else ""
     for isl, osl in pairs:
         if isl < 1 or osl < 1:
             raise UserError(f"ISL {isl} / OSL {osl}: both must be at least 1 token")
-        if isl > b.max_input_len:
-            raise UserError(f"ISL {isl} exceeds build.max_input_len {b.max_input_len}")
-        if isl + osl > max_seq_len:
-            raise UserError(f"ISL {isl} + OSL {osl} = {isl + osl} tokens exceeds build.max_seq_len {max_seq_len}")
+        if isl + image_tokens > b.max_input_len:
+            raise UserError(f"ISL {isl}{img} exceeds build.max_input_len {b.max_input_len}")
+        if isl + image_tokens + osl > max_seq_len:
+            raise UserError(f"ISL {isl}{img} + OSL {osl} = {isl + image_tokens + osl} tokens exceeds build.max_seq_len {max_seq_len}")
     return pairs
 
 
@@ -122,11 +126,20 @@ def plan_recipe(
     max_seq_len = derived.max_seq_len(b, geo.max_position_embeddings)
     if not max_seq_len:
         raise UserError("build.max_seq_len is unset and the model has no max_position_embeddings: set build.max_seq_len")
-    pairs = _scenario_pairs(recipe, scenarios, max_seq_len)
+    img = image_tokens_per_request(recipe.vision)  # Qwen2-VL-style image tokens join every prompt (vision_tokens.py)
+    pairs = _scenario_pairs(recipe, scenarios, max_seq_len, img)
     dtype_b = _dtype_bytes(recipe, geo, on_cpu)
     tp, pp = (1, 1) if on_cpu else (t.tp_size, t.pp_size)
     out = cap.Findings()
     out.notes += vision_notes(recipe)  # the engine-path end-of-life (pipeline/recipe/vision.py)
+    vt = None if spec is None else vision_tokens(recipe, geo)
+    if vt is not None:
+        tower = (f"vision tower + merger {vt.tower_params / 1e6:,.1f} M parameters = {vt.tower_bytes / 2**30:.2f} GiB in "
+                 f"{recipe.vision.encoder_dtype} in every GPU's runtime reserve" if vt.tower_params else
+                 "vision tower not counted (its vision_config is unknown)")
+        out.notes.append(f"vision ({vt.family}): each {vt.image_width}×{vt.image_height} image = {vt.image_tokens_per_image} "
+                         f"decoder tokens ({vt.rule}); {vt.images_per_request} per request adds {vt.image_tokens_per_request} "
+                         f"to every ISL (KV cache, prefill, limits); {tower}")
     if spec is None:
         m = cap.cpu_memory(recipe, geo, max_seq_len, dtype_b, out)
     else:
@@ -144,7 +157,8 @@ def plan_recipe(
     peak = None if spec is None else peak_flops(spec, compute, dtype_b)
     target = Target(recipe=recipe, geo=geo, memory=m, spec=spec, peak_flops=peak, tp=tp, pp=pp, cost=cost, scheduler=sched,
                     efficiency=eff, error_terms=terms, concurrency=conc, slo=dict(slo or {}))
-    plans = [plan_scenario(target, isl, osl, out.warnings) for isl, osl in pairs]
+    plans = [plan_scenario(target, isl + img, osl, out.warnings).model_copy(update={"isl": isl, "image_tokens": img})
+             for isl, osl in pairs]
     return PlanResult(
         recipe=recipe.name or "", model_source=recipe.model.source, target=m.device,
         gpu_name="cpu (host memory)" if spec is None else spec.name,
@@ -154,6 +168,7 @@ def plan_recipe(
         geometry=geo, memory=m, scenarios=plans,
         verdict=FitVerdict(ok=not out.errors, errors=out.errors, warnings=out.warnings), notes=out.notes,
         step_cost=cost, scheduler=sched, efficiency=eff, error_terms=terms,
+        vision_tokens=vt,
     )
 
 

@@ -11,6 +11,11 @@ from pipeline.plan.memory import GIB
 from pipeline.plan.result import PlanResult
 
 
+def _io(s) -> str:
+    """``ISL/OSL`` of a scenario; ``ISL+IMG/OSL`` when its requests carry image tokens (Qwen2-VL family)."""
+    img = getattr(s, "image_tokens", 0)
+    return f"{s.isl}+{img} img/{s.osl}" if img else f"{s.isl}/{s.osl}"
+
 def _g(b: float) -> str:
     return f"{b / GIB:,.2f}"
 
@@ -66,11 +71,11 @@ def _scenario_tables(plan: PlanResult) -> tuple[Table, Table]:
         pt.add_column(col, justify="left" if col == "ISL/OSL" else "right", no_wrap=True)
     for s in plan.scenarios:
         sat = "—" if s.saturation_batch is None else f"{s.saturation_batch} ({_SHORT[s.saturated_by]})"
-        st.add_row(f"{s.isl}/{s.osl}", f"{s.kv_max_sequences:,}" if s.kv_max_sequences is not None else "—",
+        st.add_row(_io(s), f"{s.kv_max_sequences:,}" if s.kv_max_sequences is not None else "—",
                    f"{s.max_concurrency:,}", _SHORT[s.concurrency_limited_by],
                    "—" if s.prefill_ms is None else f"{s.prefill_ms:,.1f}", sat)
         p = s.predicted
-        pt.add_row(f"{s.isl}/{s.osl}", _tps(s.peak_output_tokens_per_s), _pred(p),
+        pt.add_row(_io(s), _tps(s.peak_output_tokens_per_s), _pred(p),
                    "—" if p is None else f"{p.batch:,} ({_SHORT[p.limited_by]})", _ms(p and p.ttft_ms), _ms(p and p.itl_ms),
                    "—" if s.knee_batch is None else f"{s.knee_batch:,}")
     return st, pt
@@ -88,7 +93,7 @@ def _concurrency_table(plan: PlanResult, conc: list[int]) -> Table:
             if p.concurrency not in conc:
                 continue
             b = bound.get(p.concurrency) if p.concurrency is not None and p.concurrency <= s.max_concurrency else None
-            ct.add_row(f"{s.isl}/{s.osl}", f"{p.concurrency}" + (" (queues)" if p.limited_by != "concurrency" else ""),
+            ct.add_row(_io(s), f"{p.concurrency}" + (" (queues)" if p.limited_by != "concurrency" else ""),
                        _tps(b) if s.curve else "—", _pred(p), f"{p.per_user_tokens_per_s:,.0f}", _ms(p.ttft_ms),
                        _ms(p.ttft_p99_ms), _ms(p.itl_ms))
     return ct
@@ -106,7 +111,7 @@ def _slo_table(plan: PlanResult) -> Table | None:
     for s in rows:
         a, p = s.within_slo, s.within_slo.prediction
         stop = ("the engine's max concurrency" if a.limited_by == "max_concurrency" else f"{a.limited_by} SLO")
-        t.add_row(f"{s.isl}/{s.osl}", "none" if a.concurrency is None else f"{a.concurrency:,}",
+        t.add_row(_io(s), "none" if a.concurrency is None else f"{a.concurrency:,}",
                   _ms(p and p.ttft_p99_ms), _ms(p and p.itl_ms), _pred(p) if a.concurrency else "—",
                   "—" if p is None or a.concurrency is None else f"{p.per_user_tokens_per_s:,.0f}",
                   ("even 1 client misses the " if a.concurrency is None else "") + stop)
@@ -170,7 +175,7 @@ def render_comparison(plans: list[PlanResult]) -> Group:
         for i, s in enumerate(p.scenarios):
             head = [p.target + ("" if p.verdict.ok else " ✗"), _g(p.memory.weights.per_gpu_bytes), f"{p.memory.kv_tokens:,}"] if i == 0 else ["", "", ""]
             q = s.predicted
-            t.add_row(*head, f"{s.isl}/{s.osl}", _tps(s.peak_output_tokens_per_s), _pred(q),
+            t.add_row(*head, _io(s), _tps(s.peak_output_tokens_per_s), _pred(q),
                       "—" if q is None else f"{q.batch:,} ({_SHORT[q.limited_by]})", _ms(q and q.ttft_ms), _ms(q and q.itl_ms),
                       end_section=i == len(p.scenarios) - 1)
     lines: list = [title, t]

@@ -14,6 +14,7 @@ from pipeline.plan.achievable import Prediction, SchedulerLimits, SloAnswer
 from pipeline.plan.memory import WeightBytes
 from pipeline.plan.step import Efficiency, StepCost
 from pipeline.plan.vision import VisionMemory
+from pipeline.plan.vision_tokens import VisionTokens
 
 
 class FitVerdict(BaseModel):
@@ -40,6 +41,9 @@ class ScenarioPlan(BaseModel):
 
     isl: int
     osl: int
+    image_tokens: int = Field(default=0, description="Decoder tokens of the request's images (a vision family that splices "
+                                                     "them into the prompt, e.g. Qwen2-VL); the KV, prefill and limits count "
+                                                     "isl + image_tokens.")
     blocks_per_sequence: int
     kv_max_sequences: int | None = Field(description="Sequences of ISL+OSL tokens the KV cache holds at once (None: not sized).")
     max_concurrency: int = Field(description="min(kv_max_sequences, max_batch_size, max_num_tokens).")
@@ -106,3 +110,5 @@ class PlanResult(BaseModel):
     scheduler: SchedulerLimits | None = None
     efficiency: Efficiency | None = None
     error_terms: dict[str, float] = Field(default_factory=dict, description="Uncalibrated conditions and their relative error.")
+    vision_tokens: VisionTokens | None = Field(default=None, description="Image tokens per request and the vision tower "
+                                               "(a vision family whose images become decoder tokens: Qwen2-VL).")

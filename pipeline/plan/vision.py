@@ -33,7 +33,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from pipeline.core.weights import DTYPE_BYTES
-from pipeline.recipe.vision import derived_vision, vision_geometry
+from pipeline.recipe.vision import VisionSpec, derived_vision, vision_geometry
 
 
 class VisionMemory(BaseModel):
@@ -89,7 +89,9 @@ def vision_reserve(recipe, geo) -> tuple[VisionMemory, int] | None:
     vision geometry is known (models.yaml or a local config.json); ``None`` otherwise. The cross-KV figures are
     filled in by :func:`split_kv_pool`."""
     v = recipe.vision
-    g = vision_geometry(recipe.model.source) if v is not None else None
+    if not isinstance(v, VisionSpec):  # no section, or a token family (pipeline/plan/vision_tokens.py)
+        return None
+    g = vision_geometry(recipe.model.source)
     if g is None or not g.get("vision_config"):
         return None
     vis = g["vision_config"]

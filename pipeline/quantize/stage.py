@@ -40,6 +40,7 @@ from pipeline.core.layout import HF_CKPT, TRTLLM_CKPT, BuildLayout
 from pipeline.core.scripts import save_tokenizer
 from pipeline.quantize import ptq
 from pipeline.quantize.result import QuantizeResult
+from pipeline.quantize.vlm_command import vlm_quantize_args
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.consumers import consumed
 from pipeline.recipe.serving_path import serving_path
@@ -367,6 +368,8 @@ def _dry_run(recipe: Recipe, out_dir: Path, key: str, recipe_dir: Path) -> Quant
     args += ["--tp_size", str(t.tp_size), "--pp_size", str(t.pp_size)]
     args += ["--export_format", "hf"] if ckpt == HF_CKPT else []
     args += ["--output_dir", f"${{OUT_DIR}}/{ckpt}"]
+    vlm = vlm_quantize_args(recipe, model_dir, f"${{OUT_DIR}}/{ckpt}")  # a token-family VLM: ModelOpt hf_ptq.py
+    args = vlm[0] if vlm else args
     quoted = " \\\n    ".join(a if a.startswith(("${", "python3")) else shlex.quote(a) for a in args)
     if ckpt == HF_CKPT:  # the LLM API and trtllm-serve read the tokenizer from the checkpoint (--tokenizer hf_ckpt)
         quoted += ("\n# the tokenizer next to the weights: the LLM API / trtllm-serve load it from hf_ckpt (--tokenizer)\n"
@@ -375,13 +378,14 @@ def _dry_run(recipe: Recipe, out_dir: Path, key: str, recipe_dir: Path) -> Quant
     chain = f"# The chain (run top to bottom in the container): this script writes ${{OUT_DIR}}/{ckpt}/; next: {nxt}.\n"
     note = ("# calibration.dataset is trtpipe's offline 'embedded' text; quantize.py has no equivalent, so its\n"
             "# default cnn_dailymail is used.\n" if c.dataset == "embedded" else "")
-    note = chain + note
+    note = chain + (vlm[1] if vlm else note)
     if q.qformat == "int4_wo" and q.awq_block_size != 128:
         note += f"# quantize.py uses group size 128 for int4_wo; trtpipe uses awq_block_size {q.awq_block_size}.\n"
     script = ("#!/usr/bin/env bash\n# The TensorRT-LLM 1.2.1 equivalent of this quantize stage (made by trtpipe, dry run).\n"
               f"# Recipe: {recipe.name}\n{note}set -euo pipefail\n"
-              f"TRTLLM_EXAMPLES=${{TRTLLM_EXAMPLES:-{TRTLLM_EXAMPLES}}}\n"
-              f'OUT_DIR=${{OUT_DIR:-"$(cd "$(dirname "$0")" && pwd)"}}\n{quoted}\n')
+              + ("MODELOPT_EXAMPLES=${MODELOPT_EXAMPLES:?set it to examples/ of NVIDIA/TensorRT-Model-Optimizer at the image's nvidia-modelopt release}\n"
+                 if vlm else f"TRTLLM_EXAMPLES=${{TRTLLM_EXAMPLES:-{TRTLLM_EXAMPLES}}}\n")
+              + f'OUT_DIR=${{OUT_DIR:-"$(cd "$(dirname "$0")" && pwd)"}}\n{quoted}\n')
     with artifacts.atomic_dir(out_dir) as tmp:
         (tmp / "quantize_command.sh").write_text(script)
         (tmp / "quantize_command.sh").chmod(0o755)

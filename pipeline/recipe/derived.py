@@ -78,22 +78,24 @@ def format_problems(quant: QuantSpec, gpu: GpuSpec) -> list[tuple[str, str]]:
     """``[(field path, message)]`` for a qformat / KV-cache dtype ``gpu`` cannot run; empty when it can.
 
     FP8 tensor cores exist from Ada (SM 8.9) on, FP4 from Blackwell (SM 10.0); A100 (Ampere) runs
-    neither (NVIDIA H100/L40S/B200 datasheets; TensorRT-LLM's support matrix).
+    neither (NVIDIA H100/L40S/B200 datasheets; TensorRT-LLM's support matrix). Which format needs which is the
+    ``needs`` rule of pipeline/data/qformat_rules.yaml (:mod:`pipeline.recipe.qformats`).
     """
-    from pipeline.recipe.quant import FP8_QFORMATS
+    from pipeline.recipe import qformats
 
     out: list[tuple[str, str]] = []
     arch = gpu.arch.capitalize()
-    if quant.qformat == "nvfp4" and not gpu.fp4:
+    need = qformats.needs(quant.qformat)
+    if need == "fp4" and not gpu.fp4:
         alt = "fp8" if gpu.fp8 else "int8_sq or int4_awq"
-        out.append(("quantization.qformat", f"nvfp4 needs a Blackwell GPU (FP4 tensor cores); {gpu.key} is {arch}: use {alt}"))
-    elif quant.qformat in FP8_QFORMATS and not gpu.fp8:
+        out.append(("quantization.qformat", f"{quant.qformat} needs a Blackwell GPU (FP4 tensor cores); {gpu.key} is {arch}: use {alt}"))
+    elif need == "fp8" and not gpu.fp8:
         out.append((
             "quantization.qformat",
             f"{quant.qformat} needs FP8 tensor cores (Ada, Hopper or Blackwell); {gpu.key} is {arch} "
             f"(SM {gpu.compute_capability}): use int8_sq (or int4_awq for memory)",
         ))
-    if quant.kv_cache_dtype == "fp8" and not gpu.fp8:
+    if qformats.kv_needs(quant.kv_cache_dtype) == "fp8" and not gpu.fp8:
         out.append(("quantization.kv_cache_dtype", f"fp8 KV cache needs Ada, Hopper or Blackwell; {gpu.key} is {arch}: use int8"))
     return out
 

@@ -67,6 +67,10 @@ def _describe(err: dict[str, Any]) -> str:
         return "unknown key (not in the recipe schema; see `trtpipe recipe schema`)"
     if kind == "missing":
         return "required field is missing"
+    if kind == "union_tag_invalid":  # a discriminated section's tag (vision.family, speculative_config.decoding_type)
+        return f"{ctx.get('tag')!r} is not one of {str(ctx.get('expected_tags', '')).replace(chr(39), '')}"
+    if kind == "union_tag_not_found":
+        return "required field is missing (it chooses the section's kind)"
     msg = err["msg"]
     if inp is not None and not isinstance(inp, (dict, list)):
         return f"{inp!r}: {msg[0].lower() + msg[1:]}" if msg else repr(inp)
@@ -181,13 +185,16 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as e:
-        raise RecipeError("; ".join(_where_what(err, shown, index, pairs) for err in e.errors())) from None
+        raise RecipeError("; ".join(_where_what(err, shown, index, pairs, data) for err in e.errors())) from None
 
 
-def _where_what(err: Any, shown: str, index: dict[tuple[str, ...], int], pairs: list[tuple[str, str]]) -> str:
+def _where_what(err: Any, shown: str, index: dict[tuple[str, ...], int], pairs: list[tuple[str, str]],
+                data: Any = None) -> str:
     """``FILE:LINE field: what`` for one pydantic error; ``FILE: --set KEY=VALUE field: what`` when a ``--set``
     override put the value there (the file's line would blame text the user did not write)."""
-    loc = tuple(str(p) for p in err["loc"])
+    loc = _user_loc(err["loc"], data)
+    if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        loc += (str((err.get("ctx") or {}).get("discriminator", "")).strip("'"),)
     exc = (err.get("ctx") or {}).get("error")  # errors raised inside the "after" model validator carry RecipeCheckError
     if isinstance(exc, RecipeCheckError):
         loc = tuple(exc.loc.split("."))
@@ -199,6 +206,23 @@ def _where_what(err: Any, shown: str, index: dict[tuple[str, ...], int], pairs: 
     line = _line_for(index, loc)
     where = f": --set {flag}" if flag is not None else (f":{line}" if line else "")
     return f"{shown}{where} {dotted or '<root>'}: {what}"
+
+
+def _user_loc(loc: tuple[Any, ...], data: Any) -> tuple[str, ...]:
+    """``loc`` as the user's keys: pydantic puts a discriminated union's tag (``Eagle``, ``mllama``) into the error
+    path after the field; a step that is not a key of the mapping the user wrote there is that tag, and is dropped."""
+    out: list[str] = []
+    for i, part in enumerate(loc):
+        if isinstance(data, dict) and isinstance(part, str) and part not in data and out and i < len(loc) - 1:
+            continue  # a union tag (a missing field is the last step): the user wrote the section's fields there
+        out.append(str(part))
+        if isinstance(data, dict):
+            data = data.get(part)
+        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
+        else:
+            data = None
+    return tuple(out)
 
 
 def override_section(spec: S, overrides: dict[str, Any], *, section: str, flags: dict[str, str] | None = None) -> S:

@@ -13,6 +13,7 @@ from pydantic import Field
 
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bounds import INT32_MAX, MAX_SAMPLES, SEED_MAX
+from pipeline.recipe.qformats import qformats_needing
 
 QFormat = Literal["fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo", "nvfp4", "full_prec"]
 KvCacheDtype = Literal["fp8", "int8", "none"]
@@ -31,8 +32,9 @@ QUANT_ALGO: dict[str, str | None] = {
 }
 #: kv_cache_dtype → kv_cache_quant_algo.
 KV_CACHE_QUANT_ALGO: dict[str, str | None] = {"fp8": "FP8", "int8": "INT8", "none": None}
-#: qformats whose weights or activations are FP8 (need FP8 tensor cores: Ada, Hopper, Blackwell).
-FP8_QFORMATS = frozenset({"fp8", "w4a8_awq"})
+#: qformats whose weights or activations are FP8 (need FP8 tensor cores: Ada, Hopper, Blackwell); the rule lives in
+#: pipeline/data/qformat_rules.yaml (``needs: fp8``)
+FP8_QFORMATS = qformats_needing("fp8")
 AWQ_QFORMATS = frozenset({"int4_awq", "w4a8_awq"})
 #: qformats quantized in groups of ``awq_block_size`` input channels (ModelOpt block quantizers).
 BLOCK_QFORMATS = AWQ_QFORMATS | {"int4_wo"}

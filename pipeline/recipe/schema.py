@@ -18,7 +18,7 @@ from pipeline.recipe.quant import BLOCK_QFORMATS, QuantSpec
 from pipeline.recipe.serve import ServingSpec
 from pipeline.recipe.serving_path import PATHS, TRITON, path_problem
 from pipeline.recipe.speculative import draft_source, speculative_problems
-from pipeline.recipe.vision import VisionSpec, vision_problems
+from pipeline.recipe.vision import AnyVision, vision_problems
 
 
 class RecipeCheckError(ValueError):
@@ -47,7 +47,7 @@ class Recipe(StrictModel):
     serving: ServingSpec = Field(default_factory=ServingSpec, description="Triton model-repository parameters.")
     bench: BenchSpec = Field(default_factory=BenchSpec, description="Default ISL/OSL scenarios and load points of `trtpipe bench`.")
     eval: EvalSpec = Field(default_factory=EvalSpec, description="Accuracy gate of `trtpipe eval`: task, sample size, rule.")
-    vision: VisionSpec | None = Field(default=None, description="Vision-language image path (mllama): tiles, images per request, encoder, Triton multimodal knobs; absent = text-only.")
+    vision: AnyVision | None = Field(default=None, description="Vision-language image path, by family: mllama (cross-attention; tiles, encoder, Triton multimodal knobs) or qwen2_vl / qwen2_5_vl (image tokens in the prompt; PyTorch backend); absent = text-only.")
 
     # ------------------------------------------------------------------ derived values
     @property

@@ -180,6 +180,14 @@ def _target_of(gpu: str) -> str:
     return "cpu" if gpu == hardware.CPU_TARGET else "gpu"
 
 
+def builder_paths(gpu: str, frontend: str = TRITON) -> list[ServingPath]:
+    """The text rows serving on ``target.gpu`` = ``gpu`` through ``frontend`` whose engine is its own builder (the
+    native path of each engine on that target: ``tensorrt``/``pytorch`` on a GPU, ``cpu`` on the host), table order."""
+    target = _target_of(gpu)
+    return [p for p in PATHS.values()
+            if p.target == target and p.frontend == frontend and p.modality == TEXT and p.engine == p.builder]
+
+
 def path_problem(engine: str, gpu: str, frontend: str, modality: str = TEXT) -> tuple[str, str] | None:
     """``(field, message)`` when ``build.engine`` × ``target.gpu`` × ``serving.frontend`` has no row in :data:`PATHS`
     (``None``: it has one). The engine that does not run on the target is named first (``build.engine``), then a

@@ -25,7 +25,7 @@ import functools
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, Union
 
 import yaml
 from pydantic import Field
@@ -34,19 +34,23 @@ from pipeline.core.engine_paths import version_key
 from pipeline.core.errors import UserError
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bounds import INT32_MAX
+from pipeline.recipe.serving_path import ServingPath, ServingPathError, serving_path
 from pipeline.vision import geometry as vgeo
 
-#: the vision families the recipe knows (``config.json`` ``model_type``)
-FAMILIES = ("mllama",)
+#: the vision families the recipe knows (``config.json`` ``model_type``), by how an image reaches the decoder:
+#: cross-attention over encoder features (mllama) or image tokens spliced into the sequence (the Qwen2-VL family)
+CROSS_ATTENTION_FAMILIES = ("mllama",)
+TOKEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+FAMILIES = CROSS_ATTENTION_FAMILIES + TOKEN_FAMILIES
 #: ``encoder_input_features_data_type`` per family: "TYPE_BF16 for mllama" (docs/multimodal.md@efb8a497:229)
 FEATURES_DTYPE = {"mllama": "TYPE_BF16"}
 
 
 class VisionSpec(StrictModel):
-    """The image path of a vision-language model: tiles, images per request, the vision encoder and the Triton
-    multimodal knobs. Absent = a text-only recipe."""
+    """mllama (Llama 3.2 Vision): the image reaches the decoder's cross-attention as encoder features — tiles,
+    images per request, the vision encoder and the Triton multimodal knobs."""
 
-    family: Literal["mllama"] = Field(default="mllama", description="Vision family = the checkpoint's config.json model_type (mllama = Llama 3.2 Vision; TensorRT engine path).")
+    family: Literal["mllama"] = Field(description="Vision family = the checkpoint's config.json model_type (mllama = Llama 3.2 Vision; TensorRT engine path).")
     tile_size: int = Field(default=560, ge=1, le=INT32_MAX, description="Tile edge in pixels = vision_config.image_size (560 for Llama 3.2 Vision; HF config.json).")
     patch_size: int = Field(default=14, ge=1, le=INT32_MAX, description="Patch edge in pixels = vision_config.patch_size (14).")
     max_tiles: int = Field(default=4, ge=1, le=INT32_MAX, description="Tiles per image = the processor's max_image_tiles / vision_config.max_num_tiles (4); the processor pads every image to it.")
@@ -63,6 +67,57 @@ class VisionSpec(StrictModel):
     multimodal_gpu0_cuda_mem_pool_bytes: int = Field(default=300000000, ge=0, le=2**63 - 1, description="launch_triton_server.py --multimodal_gpu0_cuda_mem_pool_bytes: CUDA memory pool on GPU 0 for the encoder outputs (300000000 in docs/multimodal.md@efb8a497:235, 241).")
 
 
+#: the name of the mllama section in code that reads it as one of the families
+MllamaVision = VisionSpec
+
+
+class QwenVLVision(StrictModel):
+    """Qwen2-VL / Qwen2.5-VL (PyTorch LLM-API backend): each image becomes decoder tokens spliced into the prompt, one
+    per 28×28 px after the processor's resize (:func:`pipeline.vision.geometry.qwen2_vl_image_tokens`); the vision
+    tower runs in PyTorch inside the backend (no ONNX, no engine) and is never quantized."""
+
+    family: Literal["qwen2_vl", "qwen2_5_vl"] = Field(description="Vision family = the checkpoint's config.json model_type (qwen2_vl, qwen2_5_vl; PyTorch LLM-API backend).")
+    patch_size: int = Field(default=vgeo.QWEN2_VL_PATCH_SIZE, ge=1, le=INT32_MAX, description="vision_config.patch_size (14).")
+    merge_size: int = Field(default=vgeo.QWEN2_VL_MERGE_SIZE, ge=1, le=INT32_MAX, description="vision_config.spatial_merge_size (2): merge² patches become one decoder token.")
+    min_pixels: int = Field(default=vgeo.QWEN2_VL_MIN_PIXELS, ge=1, le=INT32_MAX, description="The image processor's min_pixels (56·56 = 3136; transformers v4.57.3 image_processing_qwen2_vl.py:55): smaller images are resized up.")
+    max_pixels: int = Field(default=vgeo.QWEN2_VL_MAX_PIXELS, ge=1, le=INT32_MAX, description="The image processor's max_pixels (28·28·1280 = 1003520, at most 1280 tokens an image): larger images are resized down.")
+    image_width: int = Field(default=448, ge=1, le=INT32_MAX, description="Width in pixels of the images this deployment is sized for: the token budget checks (max_input_len, max_num_tokens) and `plan` count images at this size.")
+    image_height: int = Field(default=448, ge=1, le=INT32_MAX, description="Height in pixels of the images this deployment is sized for (see image_width).")
+    max_images_per_request: int = Field(default=1, ge=1, le=INT32_MAX, description="Images one request may carry.")
+    encoder_dtype: Literal["bfloat16", "float16"] = Field(
+        default="bfloat16",
+        description="Vision tower dtype; never quantized: ModelOpt quantizes only the language model of a VLM (hf_ptq.py@5a4242fa:348-368) "
+                    "and the backend re-sets QuantConfig to exclude the vision encoder (modeling_qwen2vl.py, docs/reference/multimodal-vlm.md §3).")
+
+    def image_tokens(self) -> int:
+        """Decoder tokens one image of ``image_width × image_height`` costs (the rule in :mod:`pipeline.vision.geometry`)."""
+        return vgeo.qwen2_vl_image_tokens(self.image_height, self.image_width, patch_size=self.patch_size,
+                                          merge_size=self.merge_size, min_pixels=self.min_pixels,
+                                          max_pixels=self.max_pixels)
+
+    def request_image_tokens(self) -> int:
+        """Decoder tokens the images of one full request cost: ``max_images_per_request × image_tokens()``."""
+        return self.max_images_per_request * self.image_tokens()
+
+
+#: the recipe's ``vision`` section: one of the families' sections, chosen by ``family``
+AnyVision = Annotated[Union[VisionSpec, QwenVLVision], Field(discriminator="family")]
+
+
+def cross_attention(vision: Any) -> bool:
+    """True when a recipe's images go through trtpipe's own vision encoder stage into the decoder's cross-attention
+    (mllama: ONNX → TensorRT / onnxruntime, the multimodal Triton repository, image calibration); False without a
+    vision section, and for a token family (Qwen2-VL: the PyTorch backend runs its vision tower itself)."""
+    return isinstance(vision, VisionSpec)
+
+
+def image_tokens_per_request(vision: Any) -> int:
+    """Decoder-sequence tokens a request's images add to its ISL: the image tokens of a token family (Qwen2-VL), 0 for
+    a cross-attention family (mllama: its one ``<|image|>`` token is text; the encoder features go to the cross
+    pool) or no vision section."""
+    return vision.request_image_tokens() if isinstance(vision, QwenVLVision) else 0
+
+
 class VisionDerived(NamedTuple):
     """The derived values of a vision section: ``max_batch_size`` (vision engine, images) and
     ``max_encoder_input_len`` (encoder vectors per request)."""
@@ -72,8 +127,12 @@ class VisionDerived(NamedTuple):
 
 
 @functools.cache
+def _matrix_all() -> dict[str, Any]:
+    return yaml.safe_load(resources.files("pipeline").joinpath("data/release_matrix.yaml").read_text())
+
+
 def _matrix_images() -> dict[str, Any]:
-    return yaml.safe_load(resources.files("pipeline").joinpath("data/release_matrix.yaml").read_text())["vision_images"]
+    return _matrix_all()["vision_images"]
 
 
 @functools.cache
@@ -83,7 +142,8 @@ def _known_models() -> dict[str, Any]:
 
 def image_engines(family: str, tensorrt_llm: str) -> dict[str, bool]:
     """The engines that feed ``family`` images on TensorRT-LLM ``tensorrt_llm``, each mapped to whether that path is
-    end-of-life after its last release line (``vision_images`` of pipeline/data/release_matrix.yaml).
+    end-of-life after its last release line (``vision_images`` of pipeline/data/release_matrix.yaml: a row feeds
+    images unless ``images: false``, from release line ``since`` through ``last_line``, either open when null).
 
     Raises:
         ValueError: ``tensorrt_llm`` is not a version string.
@@ -91,10 +151,30 @@ def image_engines(family: str, tensorrt_llm: str) -> dict[str, bool]:
     release = version_key(tensorrt_llm)[:2]
     out: dict[str, bool] = {}
     for engine, row in _matrix_images().get(family, {}).items():
-        last = (row or {}).get("last_line")
-        if last is not None and release <= tuple(int(x) for x in str(last).split(".")):
+        row = row or {}
+        since, last = row.get("since"), row.get("last_line")
+        if row.get("images", True) is False or (since is not None and release < _line(since)):
+            continue
+        if last is None or release <= _line(last):
             out[engine] = bool(row.get("end_of_life"))
     return out
+
+
+def _line(text: Any) -> tuple[int, ...]:
+    return tuple(int(x) for x in str(text).split("."))
+
+
+def triton_llmapi_images(tensorrt_llm: str) -> bool:
+    """Whether the Triton ``llmapi`` model of TensorRT-LLM ``tensorrt_llm`` takes images (``vision_triton_llmapi`` of
+    pipeline/data/release_matrix.yaml: ``since`` = the first release line with its ``image_url`` input, null = none
+    the matrix lists)."""
+    since = _matrix_all()["vision_triton_llmapi"].get("since")
+    return since is not None and version_key(tensorrt_llm)[:2] >= _line(since)
+
+
+#: config.json ``architectures[0]`` → ``model_type`` for the known-model table (whose entries name the architecture)
+_ARCH_FAMILY = {"MllamaForConditionalGeneration": "mllama", "Qwen2VLForConditionalGeneration": "qwen2_vl",
+                "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl"}
 
 
 def vision_config_of(source: str, base_dir: Path | None = None) -> tuple[str | None, dict | None]:
@@ -110,7 +190,7 @@ def vision_geometry(source: str, base_dir: Path | None = None) -> dict | None:
     entry = _known_models().get(source.strip())
     if entry is not None:
         vis = entry.get("vision")
-        return {"model_type": "mllama" if vis and entry.get("architecture", "").startswith("Mllama") else "text",
+        return {"model_type": _ARCH_FAMILY.get(entry.get("architecture", ""), "text") if vis else "text",
                 "vision_config": vis, "cross_attention_layers": list(entry.get("cross_attention_layers") or [])}
     path = Path(source).expanduser()
     if base_dir is not None and not path.is_absolute():
@@ -159,21 +239,33 @@ def _release_problem(family: str, engine: str, tensorrt_llm: str) -> tuple[str, 
 def vision_problems(recipe: Any, base_dir: Path | None = None) -> list[tuple[str, str]]:
     """``(field, message)`` for each rule a recipe's vision section breaks (empty = fine, or no vision section).
 
-    Rules: the engine/release feeds the family images (:func:`image_engines`); the checkpoint is that family and
-    its ``vision_config`` agrees on tile, patch and tiles; ``encoder_input_features_data_type`` is the family's;
-    the derived values agree with typed ones (:func:`derived_vision`).
+    Rules for every family: the engine/release feeds the family images (:func:`image_engines`; on the cpu target the
+    ``cpu`` row, whatever ``build.engine`` names) and the checkpoint is that family. Then the family's own:
+    :func:`_mllama_problems` (tiles against ``vision_config``, the features dtype, derived values) or
+    :func:`_token_problems` (Qwen2-VL: patch/merge against ``vision_config``, the Triton llmapi model's image input,
+    the image tokens against the build's token limits).
     """
     v = recipe.vision
     if v is None:
         return []
     out: list[tuple[str, str]] = []
-    problem = _release_problem(v.family, recipe.build.engine, recipe.target.tensorrt_llm)
+    try:
+        path = serving_path(recipe)  # the image engine is the path's builder: tensorrt, pytorch, or cpu on the host
+    except ServingPathError:
+        return out  # the knob checks name the field at fault
+    problem = _release_problem(v.family, path.builder, recipe.target.tensorrt_llm)
     out += [problem] if problem else []
     model_type, vcfg = vision_config_of(recipe.model.source, base_dir)
     if model_type is not None and model_type != v.family:
         out.append(("vision.family", f"'{v.family}', but model.source {recipe.model.source} is a '{model_type}' model"))
+    out += _token_problems(recipe, path, v, vcfg or {}) if isinstance(v, QwenVLVision) else _mllama_problems(recipe, v, vcfg or {})
+    return out
+
+
+def _mllama_problems(recipe: Any, v: VisionSpec, vcfg: dict) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
     for key, cfg_key in (("tile_size", "image_size"), ("patch_size", "patch_size"), ("max_tiles", "max_num_tiles")):
-        have = (vcfg or {}).get(cfg_key)
+        have = vcfg.get(cfg_key)
         if have is not None and have != getattr(v, key):
             out.append((f"vision.{key}", f"{getattr(v, key)} disagrees with the checkpoint's vision_config.{cfg_key} {have}"))
     if v.encoder_input_features_data_type != FEATURES_DTYPE[v.family]:
@@ -184,6 +276,37 @@ def vision_problems(recipe: Any, base_dir: Path | None = None) -> list[tuple[str
     except UserError as e:
         field, _, msg = str(e).partition(": ")
         out.append((field, msg))
+    return out
+
+
+def _token_problems(recipe: Any, path: ServingPath, v: QwenVLVision, vcfg: dict) -> list[tuple[str, str]]:
+    """Qwen2-VL family rules; the image tokens of one full request (:meth:`QwenVLVision.request_image_tokens`) plus one
+    text token must fit ``build.max_input_len``, leave ``build.max_seq_len`` room for one output token and, without
+    chunked prefill, fit one step's ``build.max_num_tokens`` (the backend prefills a prompt in one step then)."""
+    out: list[tuple[str, str]] = []
+    for key, cfg_key in (("patch_size", "patch_size"), ("merge_size", "spatial_merge_size")):
+        have = vcfg.get(cfg_key)
+        if have is not None and have != getattr(v, key):
+            out.append((f"vision.{key}", f"{getattr(v, key)} disagrees with the checkpoint's vision_config.{cfg_key} {have}"))
+    if path.server == "tritonserver" and not path.on_cpu and not triton_llmapi_images(recipe.target.tensorrt_llm):
+        out.append(("serving.frontend", (f"triton: the Triton llmapi model of TensorRT-LLM {recipe.target.tensorrt_llm} takes no "
+                    f"images ({_matrix_all()['vision_triton_llmapi']['why']}): use serving.frontend: trtllm-serve")))
+    if v.min_pixels > v.max_pixels:
+        out.append(("vision.min_pixels", f"{v.min_pixels} is above vision.max_pixels {v.max_pixels}"))
+        return out
+    try:
+        tokens = v.request_image_tokens()
+    except UserError as e:
+        return out + [("vision.image_width", str(e))]
+    b = recipe.build
+    need = f"{v.max_images_per_request} image(s) of {v.image_width}×{v.image_height} px = {tokens} image tokens + 1 text token"
+    if b.max_input_len is not None and tokens + 1 > b.max_input_len:
+        out.append(("build.max_input_len", f"{b.max_input_len} cannot hold one request: {need}"))
+    if b.max_seq_len is not None and tokens + 2 > b.max_seq_len:
+        out.append(("build.max_seq_len", f"{b.max_seq_len} cannot hold one request: {need} + 1 output token"))
+    if not b.enable_chunked_prefill and b.max_num_tokens is not None and tokens + 1 > b.max_num_tokens:
+        out.append(("build.max_num_tokens", f"{b.max_num_tokens} cannot prefill one request in one step: {need} "
+                    "(raise it or set build.enable_chunked_prefill: true)"))
     return out
 
 
