@@ -42,11 +42,13 @@ import torch
 
 from pipeline.core.geometry import geometry_from_dict
 from pipeline.cpu_runtime.batch import build_step
+from pipeline.cpu_runtime.delivery import deliver_loop
 from pipeline.cpu_runtime.guided import advance, mask
 from pipeline.cpu_runtime.host import CoreShare, release_freed_heap, release_openmp_pool
 from pipeline.cpu_runtime.kv import kv_slots
 from pipeline.cpu_runtime.lora import LoraSet, selected, step_for
 from pipeline.cpu_runtime.model import COMPUTE_DTYPES, Decoder
+from pipeline.cpu_runtime.prefix import prefix_cache
 from pipeline.cpu_runtime.requests import (
     ContextLogitsCallback,
     ErrorCallback,
@@ -55,6 +57,7 @@ from pipeline.cpu_runtime.requests import (
     TokensCallback,
     checked_request,
 )
+from pipeline.cpu_runtime.speculative import NGramSpeculator
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +75,8 @@ class CpuEngine:
     ``num_threads`` argument, else engine_config ``num_threads``, both kept as given; else the cores this process may
     run on, less one for each core other processes keep busy, re-counted every 0.5 s of stepping:
     :class:`~pipeline.cpu_runtime.host.CoreShare`), sizes the KV cache (module docstring; ``kv_max_tokens`` / ``kv_free_memory_fraction``
-    override engine_config's ``kv_cache``, ``enable_chunked_prefill`` its ``enable_chunked_prefill``),
+    override engine_config's ``kv_cache``, ``enable_chunked_prefill`` its ``enable_chunked_prefill``), ``speculative_config``
+    (LLM-API ``NGram``: :mod:`.speculative`), ``block_reuse`` (tokens per block of prompt-prefix KV reuse: :mod:`.prefix`),
     ``max_queue_size`` (> 0) bounds the requests accepted beyond the KV slots (TensorRT-LLM's executor
     ``max_queue_size``; ``None``/0: unbounded, as upstream), releases the calling thread's OpenMP workers
     (:func:`release_openmp_pool`: with them alive the engine's own would sleep at every barrier) and starts the
@@ -86,7 +90,8 @@ class CpuEngine:
 
     def __init__(self, engine_dir: Path, *, num_threads: int | None = None, kv_max_tokens: int | None = None,
                  kv_free_memory_fraction: float | None = None, enable_chunked_prefill: bool | None = None,
-                 max_queue_size: int | None = None):
+                 max_queue_size: int | None = None, speculative_config: dict[str, Any] | None = None,
+                 block_reuse: int | None = None):
         t0 = time.perf_counter()
         self.engine_dir = Path(engine_dir)
         path = self.engine_dir / ENGINE_CONFIG
@@ -101,6 +106,7 @@ class CpuEngine:
         if compute not in COMPUTE_DTYPES:
             raise ValueError(f"{path}: compute_dtype {compute!r} is not one of {', '.join(COMPUTE_DTYPES)}")
         self.dtype = COMPUTE_DTYPES[compute]
+        self.speculation = NGramSpeculator.from_config(speculative_config, cfg)  # n-gram drafts (speculative.py) or None
         self.threads = int(num_threads or cfg.get("num_threads") or len(os.sched_getaffinity(0)) or 1)
         self._share = None if num_threads or cfg.get("num_threads") else CoreShare(self.threads)  # neighbours' cores
         torch.set_num_threads(self.threads)
@@ -145,9 +151,9 @@ class CpuEngine:
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._counters = {"forward_passes": 0, "forward_s": 0.0, "step_s": 0.0, "tokens": 0}
         self._batch_hist: collections.Counter = collections.Counter()
-        self._thread = threading.Thread(target=self._loop, args=(slots, int(cfg["max_seq_len"])), name="cpu-engine",
-                                        daemon=True)
-        self._delivery = threading.Thread(target=self._deliver_loop, name="cpu-engine-deliver", daemon=True)
+        self._thread = threading.Thread(target=self._loop, args=(slots, int(cfg["max_seq_len"]), block_reuse),
+                                        name="cpu-engine", daemon=True)
+        self._delivery = threading.Thread(target=deliver_loop, args=(self,), name="cpu-engine-deliver", daemon=True)
         self._thread.start()
         self._built.wait()
         if self._build_error is not None:
@@ -271,7 +277,7 @@ class CpuEngine:
         scheduling + forward + sampling), ``tokens`` generated, ``batch_sizes`` ({tokens in a step:
         steps}), ``active`` requests, ``load_time_s``."""
         return {**self._counters, "batch_sizes": dict(self._batch_hist), "active": self.num_active,
-                "load_time_s": self.load_time_s}
+                "load_time_s": self.load_time_s, **({"speculative": self.speculation.stats()} if self.speculation else {})}
 
     def iteration_stats(self) -> dict[str, Any]:
         """The latest state, named as TensorRT-LLM's iteration stats (``LLM.get_stats()``, executor ``IterationStats``):
@@ -281,10 +287,10 @@ class CpuEngine:
         with self._cv:
             accepted, used = len(self._requests), self._in_slots
         slots = self.model.cache.slots
-        return {
+        return {**({"specDecodingStats": self.speculation.iteration_stats()} if self.speculation else {}),
             "numActiveRequests": used, "numQueuedRequests": max(accepted - used, 0), "maxNumActiveRequests": slots,
             "kvCacheStats": {"maxNumBlocks": slots, "freeNumBlocks": slots - used, "usedNumBlocks": used,
-                             "tokensPerBlock": self.model.cache.slot_len},
+                             "tokensPerBlock": self.model.cache.slot_len, **self.prefix.kv_cache_stats()},
         }
 
     def __enter__(self) -> "CpuEngine":
@@ -294,11 +300,12 @@ class CpuEngine:
         self.shutdown()
 
     # ------------------------------------------------------------------ scheduler thread
-    def _loop(self, slots: int, slot_len: int) -> None:
+    def _loop(self, slots: int, slot_len: int, block_reuse: int | None) -> None:
         try:
             torch.set_num_threads(self.threads)  # OpenMP's thread count is per thread
             self.model = Decoder(self.engine_dir, slots=slots, slot_len=slot_len, dtype=self.dtype, kv_dtype=self.kv_dtype)
             self.lora = LoraSet.from_engine_config(self.engine_dir, self._cfg, self.model.geo)  # adapters by task id
+            self.prefix = prefix_cache(self.model.cache, block_reuse)  # prompt-prefix KV block reuse (prefix.py)
         except BaseException as e:  # reported by __init__ in the caller's thread
             self._build_error = e
             return
@@ -341,6 +348,7 @@ class CpuEngine:
             if seq.done:
                 continue
             seq.slot = len(self._active)
+            self.prefix.admit(seq, self._active)  # a stored prefix's K/V into the slot, seq.prefilled past it
             self._active.append(seq)
         self._in_slots = len(self._active)
 
@@ -352,6 +360,7 @@ class CpuEngine:
             except ValueError:
                 pass
             return
+        self.prefix.release(seq)  # its prompt's blocks kept for reuse (when on)
         hole, last = seq.slot, len(self._active) - 1
         seq.slot = None
         if hole != last:
@@ -366,6 +375,8 @@ class CpuEngine:
         t0 = time.perf_counter()
         if self._share and (n := self._share.poll()):
             torch.set_num_threads(n)  # this thread's OpenMP team, the kernels' ``threads`` (model.py)
+        if self.speculation is not None and self.speculation.step(self, t0):  # a step that verified n-gram drafts
+            return
         batch, seqs, ctx_seqs = build_step(self._active, int(self._cfg["max_num_tokens"]), self.chunked)
         if batch.tokens.numel() == 0:
             return
@@ -412,39 +423,3 @@ class CpuEngine:
         c["step_s"] += time.perf_counter() - t0
         c["tokens"] += len(seqs)
         self._batch_hist[int(batch.tokens.numel())] += 1
-
-    # ------------------------------------------------------------------ delivery thread
-    def _deliver_loop(self) -> None:
-        while True:
-            item = self._out.get()
-            if item is None:
-                return
-            self._deliver(item)
-
-    def _deliver(self, item) -> None:
-        kind, seq = item[0], item[1]
-        with seq.lock:
-            if seq.done:
-                return
-            try:
-                if kind == "logits":
-                    return seq.on_context_logits(item[2])
-                if kind == "error":
-                    seq.done = True
-                    if seq.on_error is not None:
-                        seq.on_error(item[2])
-                    else:
-                        seq.on_tokens([], True)
-                    return
-                toks, fin = item[2], item[3]
-                if fin:
-                    seq.done = True
-                seq.on_tokens(toks, fin)
-            except Exception:  # a client callback must not kill the engine
-                log.exception("callback failed for %s; cancelling it", seq.rid)
-                if not seq.done:
-                    seq.done = True
-                    with self._cv:
-                        if self._requests.pop(seq.rid, None) is not None:
-                            self._cancels.append(seq)
-                            self._cv.notify()

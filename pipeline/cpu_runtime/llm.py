@@ -28,7 +28,10 @@ Decoding is greedy, as in the CPU engine: ``temperature``/``top_k``/``top_p``/``
 have no effect; ``n``/``best_of`` above 1 and beam search are refused (ValueError). The ``LLM()`` keyword arguments
 are those of the engine stage's ``llm_api_config.yaml``: the engine limits must equal the CPU engine directory's
 ``engine_config.json`` (a differing value is a ValueError naming it); ``kv_cache_config.max_tokens`` /
-``free_gpu_memory_fraction`` and ``enable_chunked_prefill`` are passed to the engine; GPU-only arguments are
+``free_gpu_memory_fraction``, ``enable_chunked_prefill``, ``kv_cache_config.enable_block_reuse`` (prompt-prefix KV
+reuse in ``tokens_per_block`` blocks, default 32: :mod:`pipeline.cpu_runtime.prefix`) and an ``NGram``
+``speculative_config`` (:mod:`pipeline.cpu_runtime.speculative`; ValueError for another type) are passed to the
+engine; GPU-only arguments are
 accepted and listed in :attr:`LLM.ignored_args`.
 """
 
@@ -50,7 +53,7 @@ from pipeline.cpu_runtime.lora import LoRARequest, llm_lora, request_task_id
 _LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
 #: ``LLM()`` arguments the facade reads itself
 _READ = {"model", "tokenizer", "kv_cache_config", "enable_chunked_prefill", "backend", "tensor_parallel_size",
-         "pipeline_parallel_size", "max_beam_width", "guided_decoding_backend", "lora_config", *_LIMITS}
+         "pipeline_parallel_size", "max_beam_width", "guided_decoding_backend", "lora_config", "speculative_config", *_LIMITS}
 
 
 
@@ -125,9 +128,11 @@ def _since_epoch(ns: int) -> datetime.timedelta:
     return datetime.timedelta(microseconds=ns / 1000)
 
 
-def _perf_metrics(arrival_ns: int, first_ns: int, last_ns: int) -> Any:
-    """The shape of ``tllm.RequestPerfMetrics`` the model reads: times since the epoch; the CPU engine keeps no KV
-    blocks and drafts no tokens, so those counters are 0."""
+def _perf_metrics(arrival_ns: int, first_ns: int, last_ns: int, spec_metrics: dict | None = None,
+                  kv_metrics: dict | None = None) -> Any:
+    """The shape of ``tllm.RequestPerfMetrics`` the model reads: times since the epoch; ``kv_cache_metrics`` from
+    ``kv_metrics`` (block reuse on: reused / missed blocks, hit rate), ``speculative_decoding`` from ``spec_metrics``
+    (n-gram speculation on); counters 0 otherwise."""
     ns = dataclasses.make_dataclass
     kv = ns("KvCacheMetrics", [("num_total_allocated_blocks", int, 0), ("num_new_allocated_blocks", int, 0),
                               ("num_reused_blocks", int, 0), ("num_missed_blocks", int, 0), ("kv_cache_hit_rate", float, 0.0)])
@@ -136,7 +141,8 @@ def _perf_metrics(arrival_ns: int, first_ns: int, last_ns: int) -> Any:
                                              ("total_draft_tokens", int, 0)])
     perf = ns("RequestPerfMetrics", ["kv_cache_metrics", "timing_metrics", "speculative_decoding"])
     t = timing(*(_since_epoch(x) for x in (arrival_ns, arrival_ns, first_ns, last_ns)))
-    return perf(kv(), t, spec())
+    reuse = {k: v for k, v in (kv_metrics or {}).items() if k != "cached_tokens"}
+    return perf(kv(**reuse), t, spec(**(spec_metrics or {})))
 
 
 class RequestOutput:
@@ -204,6 +210,12 @@ class RequestOutput:
     def aborted(self) -> bool:
         return self._aborted
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens whose K/V came from reused blocks (``kv_cache_config.enable_block_reuse``; 0 when off)."""
+        m = self._llm._engine.prefix.request_metrics(self._engine_id) if self._engine_id else None
+        return m["cached_tokens"] if m else 0
+
     def abort(self) -> None:
         """Stop the request (``tensorrt_llm`` ``GenerationResult.abort``): the engine frees its slot at its next step
         and the result ends with ``finish_reason = "cancelled"``."""
@@ -261,7 +273,10 @@ class RequestOutput:
         if ended is not None:
             self._done = self._yielded_final = True
             if p.return_perf_metrics:
-                out.request_perf_metrics = _perf_metrics(self._arrival_ns, self._first_ns or time.time_ns(), time.time_ns())
+                sp, eid = self._llm._engine.speculation, self._engine_id
+                out.request_perf_metrics = _perf_metrics(self._arrival_ns, self._first_ns or time.time_ns(), time.time_ns(),
+                                                         sp.request_metrics(eid) if sp and eid else None,
+                                                         self._llm._engine.prefix.request_metrics(eid) if eid else None)
         return self
 
     def _trim_stop_tokens(self, out: CompletionOutput) -> bool:
@@ -338,7 +353,7 @@ class LLM:
 
     Raises:
         ValueError: an engine limit differs from engine_config.json, tensor/pipeline parallelism or beam width
-            above 1, a backend other than ``pytorch``, ``kv_cache_config.enable_block_reuse`` true, a
+            above 1, a backend other than ``pytorch``, a
             ``guided_decoding_backend`` other than ``xgrammar``.
         FileNotFoundError: ``model`` is not a CPU engine directory.
     """
@@ -353,12 +368,13 @@ class LLM:
         cfg = json.loads(cfg_path.read_text())
         self._check(kwargs, cfg)
         kv = kwargs.get("kv_cache_config") or {}
-        honoured_kv = {"max_tokens", "free_gpu_memory_fraction", "enable_block_reuse"}
+        honoured_kv = {"max_tokens", "free_gpu_memory_fraction", "enable_block_reuse", "tokens_per_block"}
         self.ignored_args = sorted(set(kwargs) - _READ) + [f"kv_cache_config.{k}" for k in kv if k not in honoured_kv]
         self.tokenizer = _load_tokenizer(Path(tokenizer) if tokenizer else self.model_dir)
         self._engine = CpuEngine(
             self.model_dir, kv_max_tokens=kv.get("max_tokens"), kv_free_memory_fraction=kv.get("free_gpu_memory_fraction"),
-            enable_chunked_prefill=kwargs.get("enable_chunked_prefill"))
+            enable_chunked_prefill=kwargs.get("enable_chunked_prefill"), speculative_config=kwargs.get("speculative_config"),
+            block_reuse=int(kv.get("tokens_per_block") or 32) if kv.get("enable_block_reuse") else None)
         self.guides = None
         if kwargs.get("guided_decoding_backend") is not None:  # the tokenizer's info, as upstream's LLM builds it
             from pipeline.cpu_runtime.guided import Guides
@@ -381,8 +397,6 @@ class LLM:
             raise ValueError(f"backend={kwargs['backend']!r}: the CPU facade stands in for the pytorch backend only")
         if kwargs.get("guided_decoding_backend") not in (None, "xgrammar"):
             raise ValueError(f"guided_decoding_backend={kwargs['guided_decoding_backend']!r}: the CPU engine guides with xgrammar")
-        if (kwargs.get("kv_cache_config") or {}).get("enable_block_reuse"):
-            raise ValueError("kv_cache_config.enable_block_reuse=true: the CPU engine keeps no KV blocks for reuse")
 
     @property
     def engine(self) -> Any:

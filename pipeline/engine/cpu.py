@@ -26,7 +26,9 @@ What the CPU engine honours from the recipe, and what it refuses (one line, at b
   ``max_tokens`` below ``max_seq_len`` is refused.
 - ``build.enable_chunked_prefill``: prompts longer than the step budget (``max_num_tokens``) are split
   across steps when true, admitted whole otherwise.
-- refused: ``enable_block_reuse: true`` (no prefix reuse), ``max_attention_window``,
+- ``enable_block_reuse: true``: prompt-prefix KV reuse, on the LLM-API path (``build.engine: pytorch``) only
+  (pipeline/cpu_runtime/prefix.py; the facade passes it to the engine); refused with ``build.engine: cpu``.
+- refused: ``max_attention_window``,
   ``host_cache_size``, ``kv_cache_type`` other than paged, ``max_beam_width`` > 1, the
   ``MAX_UTILIZATION`` scheduler (the slot cache guarantees every admitted request its KV:
   ``GUARANTEED_NO_EVICT``), and models the decoder does not implement

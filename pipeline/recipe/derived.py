@@ -101,16 +101,16 @@ def format_problems(quant: QuantSpec, gpu: GpuSpec) -> list[tuple[str, str]]:
 
 
 def cpu_engine_problems(build: BuildSpec) -> list[tuple[str, str]]:
-    """Build knobs the CPU engine cannot honour (``[(field, message)]``): it keeps no KV blocks for reuse
-    across requests, has no host offload tier and no sliding window, decodes greedily, and reserves each
+    """Build knobs the CPU engine cannot honour (``[(field, message)]``): it reuses prompt-prefix KV blocks only on
+    the LLM-API path (``build.engine: pytorch``: pipeline/cpu_runtime/prefix.py), has no host offload tier and no sliding window, decodes greedily, and reserves each
     request's KV slot at admission (GUARANTEED_NO_EVICT). ``enable_block_reuse`` defaults to true
     (TensorRT-LLM's default): only a recipe that asks for it explicitly is refused."""
     b = build
     kv = b.kv_cache_config
     out = []
-    if kv.enable_block_reuse and "enable_block_reuse" in kv.model_fields_set:
-        out.append(("build.kv_cache_config.enable_block_reuse", "true is not supported by the CPU engine (no prefix "
-                                                                 "reuse): set it to false"))
+    if kv.enable_block_reuse and "enable_block_reuse" in kv.model_fields_set and b.engine != "pytorch":
+        out.append(("build.kv_cache_config.enable_block_reuse", ("true is served by the CPU engine on the LLM-API path "
+                                                                  "only (build.engine: pytorch): set it to false")))
     if kv.host_cache_size:
         out.append(("build.kv_cache_config.host_cache_size", "the CPU engine has no host offload tier: unset it"))
     if kv.max_attention_window is not None:

@@ -7,11 +7,12 @@ pipeline/data/trtllm_1.2.1_llmapi_contract.yaml ``speculative_decoding``), each 
   the PyTorch backend runs it as EAGLE-3 (spec_dec_mode EAGLE3 / EAGLE3_ONE_MODEL, :903-909); ``Eagle3`` is a later
   release's spelling.
 * ``MTP`` — the model's own multi-token-prediction layers (``num_nextn_predict_layers``), only for models that have them.
-* ``NGram`` — drafts from n-grams already seen (no draft model).
+* ``NGram`` — drafts from n-grams already seen (no draft model); the only type the CPU engine runs, for real
+  (:mod:`pipeline.cpu_runtime.speculative`, on the cpu target's LLM-API path).
 * ``DraftTarget`` — a separate small draft model sharing the target's tokenizer.
 
 :func:`speculative_problems` holds the cross-field rules (draft vocabulary / hidden size against the target, MTP
-layers present, GPU target only). Only the PyTorch LLM-API backend reads the section (``build.pytorch``).
+layers present, NGram only on the cpu target). Only the PyTorch LLM-API backend reads the section (``build.pytorch``).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def speculative_problems(spec: object, target_geo: ModelGeometry | None, draft_g
     Args:
         spec: the recipe's ``build.pytorch.speculative_config`` (None: nothing to check).
         target_geo / draft_geo: the target's and the draft's geometry (``None`` when unknown: not checked).
-        gpu_target: False on the cpu target (the CPU engine has no speculative decoding).
+        gpu_target: False on the cpu target (the CPU engine runs ``NGram`` only: pipeline/cpu_runtime/speculative.py).
         source: the target's ``model.source`` (for messages).
 
     Rules: a draft (Eagle, DraftTarget) proposes token ids the target verifies, so its ``vocab_size`` must equal
@@ -102,8 +103,9 @@ def speculative_problems(spec: object, target_geo: ModelGeometry | None, draft_g
     """
     if spec is None:
         return []
-    if not gpu_target:
-        return [(FIELD, "the CPU engine has no speculative decoding: remove it (GPU targets only)")]
+    if not gpu_target and spec.decoding_type != "NGram":  # type: ignore[attr-defined]
+        return [(f"{FIELD}.decoding_type", f"{spec.decoding_type}: the CPU engine speculates with NGram only (no draft "  # type: ignore[attr-defined]
+                                           "model runs there); the other types are for GPU targets")]
     out: list[tuple[str, str]] = []
     kind = spec.decoding_type  # type: ignore[attr-defined]
     where = f"{FIELD}.speculative_model_dir"

@@ -148,10 +148,10 @@ def _error(message: str, status: int = 400, kind: str = "BadRequestError") -> JS
     return JSONResponse({"object": "error", "message": message, "type": kind, "param": None, "code": status}, status)
 
 
-def _usage(prompt: int, completion: int) -> dict[str, Any]:
-    """UsageInfo (PROTO:75-79); the CPU engine keeps no prefix cache, so no prompt token is ever cached."""
+def _usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
+    """UsageInfo (PROTO:75-79); ``cached``: prompt tokens served from reused KV blocks (block reuse on, else 0)."""
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
-            "prompt_tokens_details": {"cached_tokens": 0}}
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _sampling(req: _Common, max_tokens: int | None, *, add_special_tokens: bool, detokenize: bool = True) -> Any:
@@ -301,7 +301,7 @@ def create_app(llm: Any, model_name: str, tokenizer_dir: str) -> FastAPI:
                 yield chunk([choice | {"finish_reason": o.finish_reason, "stop_reason": o.stop_reason}],
                             _usage(n_prompt, o.length) if running else None)  # POST:583-589
             if include:  # POST:593-610: a last chunk with no choices and the request's usage
-                yield chunk([], _usage(n_prompt, res.outputs[0].length))
+                yield chunk([], _usage(n_prompt, res.outputs[0].length, res.cached_tokens))
             yield "data: [DONE]\n\n"  # OS:733 (completions), OS:470 (chat)
         except RuntimeError as e:  # the engine failed the request
             yield f"data: {json.dumps({'error': {'object': 'error', 'message': str(e), 'type': 'InternalServerError', 'code': 500}})}\n\n"
@@ -313,7 +313,7 @@ def create_app(llm: Any, model_name: str, tokenizer_dir: str) -> FastAPI:
 
     def _final_body(res: Any, rid: str, *, chat: bool, echo: str | None) -> dict[str, Any]:
         o = res.outputs[0]
-        usage = _usage(len(res.prompt_token_ids), o.length)  # POST:650 / POST:462-470
+        usage = _usage(len(res.prompt_token_ids), o.length, res.cached_tokens)  # POST:650 / POST:462-470
         if chat:  # ChatCompletionResponse PROTO:439-448
             choice = {"index": 0, "message": {"role": "assistant", "content": o.text}, "logprobs": None}
             obj = "chat.completion"

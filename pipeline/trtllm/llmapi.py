@@ -59,8 +59,9 @@ def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path, *, draft_dir: str | None =
         {enable_padding, batch_sizes, max_batch_size} or None, ``disable_overlap_scheduler``, ``attn_backend``,
         ``sampler_type``, ``stream_interval``, ``enable_iter_perf_stats``, ``enable_iter_req_stats``,
         ``print_iter_log``, ``return_perf_metrics``); the CPU facade reads none of those, so the cpu target omits
-        them, and :func:`feature_kwargs` (speculative decoding, MoE; ``draft_dir``: the resolved local draft model,
-        else the recipe's spelling). Every key passes :func:`check_kwargs`.
+        them (but ``speculative_config``, n-gram, which the CPU engine runs), and :func:`feature_kwargs` (speculative
+        decoding, MoE; ``draft_dir``: the resolved local draft model, else the recipe's spelling). Every key passes
+        :func:`check_kwargs`.
 
     Raises:
         UserError: max_seq_len is unset and cannot be derived from the model.
@@ -99,6 +100,8 @@ def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path, *, draft_dir: str | None =
         kwargs["guided_decoding_backend"] = b.guided_decoding_backend
     if t.gpu != hardware.CPU_TARGET:
         kwargs.update(pytorch_kwargs(recipe, draft_dir=draft_dir))
+    elif b.pytorch.speculative_config is not None:  # NGram: the CPU facade runs it (pipeline/cpu_runtime/speculative.py)
+        kwargs["speculative_config"] = feature_kwargs(recipe)["speculative_config"]
     if b.lora is not None:
         kwargs["lora_config"] = lora_config(recipe)
     return kwargs
