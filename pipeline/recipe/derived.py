@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.core.errors import UserError
+from pipeline.recipe.serving_path import PATHS
 
 if TYPE_CHECKING:
     from pipeline.core.hardware import GpuSpec
@@ -108,7 +109,8 @@ def cpu_engine_problems(build: BuildSpec) -> list[tuple[str, str]]:
     b = build
     kv = b.kv_cache_config
     out = []
-    if kv.enable_block_reuse and "enable_block_reuse" in kv.model_fields_set and b.engine != "pytorch":
+    llm_api = any(p.on_cpu and p.llm_api and p.engine == b.engine for p in PATHS.values())  # the serving-path table
+    if kv.enable_block_reuse and "enable_block_reuse" in kv.model_fields_set and not llm_api:
         out.append(("build.kv_cache_config.enable_block_reuse", ("true is served by the CPU engine on the LLM-API path "
                                                                   "only (build.engine: pytorch): set it to false")))
     if kv.host_cache_size:
