@@ -6,9 +6,9 @@ included); the cross-attention layers sit between them and run here, in torch, o
 ``MllamaCrossAttentionDecoderLayer`` — v4.57.3 (the release TensorRT-LLM 1.2.1 pins) models/mllama/modeling_mllama.py
 and the installed 5.14.1, same code:
 
-- attention block (v4.57.3 :673-723, 5.14.1 :656-704): ``h = RMSNorm(x, input_layernorm)``; ``q = q_proj(h)`` per
-  head, then ``q_norm`` (RMSNorm over head_dim, :427 / :421); ``k = k_proj(features)``, ``v = v_proj(features)``
-  per KV head, ``k_norm`` on k only (:435 / :429); softmax(q kᵀ / √head_dim + mask) v with GQA, ``o_proj``;
+- attention block (v4.57.3 :673-723, 5.14.1 :656-703): ``h = RMSNorm(x, input_layernorm)``; ``q = q_proj(h)`` per
+  head, then ``q_norm`` (RMSNorm over head_dim, :427 / :425); ``k = k_proj(features)``, ``v = v_proj(features)``
+  per KV head, ``k_norm`` on k only (:435 / :433); softmax(q kᵀ / √head_dim + mask) v with GQA, ``o_proj``;
   ``x = x + tanh(cross_attn_attn_gate) · out`` (:714 / :694);
 - MLP block: ``x = x + tanh(cross_attn_mlp_gate) · full_row · mlp(RMSNorm(x, post_attention_layernorm))``
   (:716-721 / :696-701), where ``full_row`` is 0 for a "full text row masked out" — a token whose mask row has no
@@ -19,8 +19,8 @@ and the installed 5.14.1, same code:
   ``full_row`` — so a fully masked row's *attention* runs unmasked over every encoder vector and is still added
   through the attention gate; only its MLP is zeroed. Reproduced as is (greedy output must equal ``generate``);
 - rows: token at position p uses mask row min(p, rows − 1): the prompt's rows, then ``generate`` appends the last row
-  for each new token (``_update_model_kwargs_for_generation``, v4.57.3 :1733-1746, 5.14.1 :1568-1580);
-- no features → the layers are skipped (text-only; v4.57.3 :1252-1257, 5.14.1 :1139-1146). ``cross_attention_mask``
+  for each new token (``_update_model_kwargs_for_generation``, v4.57.3 :1732-1746, 5.14.1 :1576-1590);
+- no features → the layers are skipped (text-only; v4.57.3 :1252-1257, 5.14.1 :1139-1145). ``cross_attention_mask``
   None with features → no mask (every row attends to every vector, transformers with ``cross_attention_mask=None``).
 
 K/V are computed once per request (:meth:`CrossLayers.prepare`, at admission) and kept with the request

@@ -7,7 +7,7 @@ seeded vision tower (:data:`~pipeline.vision.tiny_mllama.TINY_VISION`: 56 px til
 tile, 4 tiles → 68 encoder vectors per image) and a seeded projector to the text hidden size 576.
 
 Why the graft holds (transformers v4.57.3 models/mllama/modeling_mllama.py, the release TensorRT-LLM 1.2.1
-pins; the installed 5.14.1 has the same code at :587, :656, :1034, :1135-1146): ``MllamaSelfAttentionDecoderLayer``
+pins; the installed 5.14.1 has the same code at :587, :656, :1034, :1139-1145): ``MllamaSelfAttentionDecoderLayer``
 (:599-670) is Llama's block — RMSNorm, RoPE self-attention with GQA, RMSNorm, SiLU-gated MLP — with the same
 parameter names, so SmolLM2's tensors drop in; ``MllamaTextModel`` *skips* a cross-attention layer when there are
 no cross-attention states and none cached (:1248-1257), so a text-only request is SmolLM2 exactly; its
