@@ -14,13 +14,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from test_cpu_runtime import END_ID, _submit  # noqa: E402
+from test_cpu_runtime import END_ID, _submit
 
-from pipeline.cpu_runtime.cross_attention import expand_tile_mask  # noqa: E402
-from pipeline.cpu_runtime.engine import CpuEngine  # noqa: E402
-from pipeline.engine import cpu as cpu_stage  # noqa: E402
-from pipeline.recipe import load_recipe  # noqa: E402
-from pipeline.vision.images import bundled_sample  # noqa: E402
+from pipeline.cpu_runtime.cross_attention import expand_tile_mask
+from pipeline.cpu_runtime.engine import CpuEngine
+from pipeline.engine import cpu as cpu_stage
+from pipeline.recipe import load_recipe
+from pipeline.vision.images import bundled_sample
 
 REPO = Path(__file__).resolve().parents[1]
 NEW = 24
