@@ -31,7 +31,7 @@ Numerics follow ``transformers``' Llama in float32 (RMSNorm, rotate-half RoPE fr
 output matches ``generate()``; logits differ from it only by summation order (~1e-6 relative).
 
 Supported ``config.json``: ``LlamaForCausalLM`` / ``MistralForCausalLM`` (no sliding window) /
-``Qwen2ForCausalLM`` (q/k/v bias), rope ``default``, ``llama3`` or ``mrope`` (Qwen2-VL: :mod:`.mrope`; :func:`check_supported`).
+``Qwen2ForCausalLM`` (q/k/v bias), rope ``default``/``llama3``/``mrope`` (Qwen2-VL: mrope.py; :func:`check_supported`); mllama (cross_attention.py).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.core.geometry import ModelGeometry, geometry_from_dict
-from pipeline.cpu_runtime import native
+from pipeline.cpu_runtime import cross_attention, native
 from pipeline.cpu_runtime.linear import (
     NATIVE_GEMM_MAX_ROWS,
     Linear,
@@ -67,6 +67,7 @@ class UnsupportedModelError(ValueError):
 
 def check_supported(cfg: dict[str, Any]) -> None:
     """Raise :class:`UnsupportedModelError` naming the first unsupported feature of ``cfg`` (a config.json dict)."""
+    cfg = cross_attention.checked_view(cfg, UnsupportedModelError)
     arch = (cfg.get("architectures") or ["?"])[0]
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
@@ -140,6 +141,7 @@ class StepBatch:
     rope3: torch.Tensor | None = None  # image tokens (mrope.py): M-RoPE positions int64 [3, T], None = 1-D positions
     embed_rows: torch.Tensor | None = None  # int64 [N] rows whose embedding is replaced by embed_vals float32 [N, hidden]
     embed_vals: torch.Tensor | None = None
+    cross: Any = None  # per slot: the request's CrossState (mllama, cross_attention.py) or None
 
 
 class Decoder:
@@ -179,8 +181,8 @@ class Decoder:
         engine_dir = Path(engine_dir)
         cfg = json.loads((engine_dir / "config.json").read_text())
         check_supported(cfg)
-        self.config = cfg
-        self.geo = geo = geometry_from_dict(cfg)  # ModelGeometry: the shape, and the one KV bytes-per-token rule
+        self.config, view = cfg, cross_attention.checked_view(cfg, UnsupportedModelError)  # mllama: its self-attn stack
+        self.geo = geo = geometry_from_dict(view)  # ModelGeometry: the shape, and the one KV bytes-per-token rule
         self.eps = float(geo.rms_norm_eps if geo.rms_norm_eps is not None else DEFAULT_RMS_NORM_EPS)
         self.packed = mkldnn_linear_available(dtype) if pack is None else (pack and mkldnn_linear_available(dtype))
         self.dtype = cd = dtype
@@ -212,7 +214,8 @@ class Decoder:
         # in float32) when lookups need only the rows of the tokens seen
         head = "lm_head.weight" if "lm_head.weight" in w else "model.embed_tokens.weight"
         self.lm_head = Linear(w.get(head, cd), None, packed=self.packed)
-        inv = rope_inv_freq(cfg, geo.head_dim)
+        self.cross = cross_attention.CrossLayers(w, cfg, self.eps) if view is not cfg else None
+        inv = rope_inv_freq(view, geo.head_dim)
         pos = torch.arange(slot_len, dtype=torch.int64).float()
         freqs = torch.outer(pos, inv)  # == transformers' inv_freq @ position_ids (one-term products)
         emb2 = torch.cat((freqs, freqs), dim=-1)
@@ -314,7 +317,8 @@ class Decoder:
         ]
         T = x.shape[0]
         layers = self.layers if b.lora is None else b.lora.wrap(self.layers)  # LoRA: the layer-by-layer path
-        if b.lora is None and self.fused_decode and b.n_decode == T and T <= NATIVE_GEMM_MAX_ROWS:
+        one_call = b.lora is None and b.rope3 is None and not cross_attention.active(self.cross, b.cross)  # no per-step extras
+        if one_call and self.fused_decode and b.n_decode == T <= NATIVE_GEMM_MAX_ROWS:
             g = self.geo
             self._kernels.decode_layers(
                 self._layer_table, self.dtype != torch.float32, self.cache.dtype != torch.float32, x, g.num_attention_heads,
@@ -361,7 +365,7 @@ class Decoder:
             gu = L["gate_up"](h)
             down = L["down"](kn.silu_mul(gu))
             if i + 1 < len(layers):
-                kn.add_rms_norm(x, down, layers[i + 1]["ln1"], eps, h, threads)
+                kn.add_rms_norm(x, cross_attention.after_layer(self.cross, i + 1, x, b, add=down), layers[i + 1]["ln1"], eps, h, threads)
             else:
                 x += down
         return x
@@ -422,4 +426,5 @@ class Decoder:
             gu = L["gate_up"](h.to(cd) if lowp else h)
             inter = gu.shape[1] // 2
             x = x + L["down"](F.silu(gu[:, :inter]) * gu[:, inter:])
+            cross_attention.after_layer(self.cross, i + 1, x, b)  # mllama: the cross layer after this one, if any
         return x

@@ -21,7 +21,8 @@ class SequenceState:
     """One request's state (owned by the scheduler thread except ``done``/``lock``)."""
 
     __slots__ = ("rid", "prompt", "max_new", "min_tokens", "end_id", "stop_words", "on_tokens", "on_error",
-                 "slot", "prefilled", "generated", "done", "lock", "arrival", "matcher", "on_context_logits", "lora", "mm")
+                 "slot", "prefilled", "generated", "done", "lock", "arrival", "matcher", "on_context_logits", "lora",
+                 "mm", "cross")
 
     def __init__(self, rid, prompt, max_new, min_tokens, end_id, stop_words, on_tokens, on_error, matcher=None,
                  on_context_logits=None):
@@ -39,6 +40,7 @@ class SequenceState:
         self.matcher = matcher  # xgrammar GrammarMatcher of a guided request (pipeline/cpu_runtime/guided.py), or None
         self.lora = None  # the LoRA adapter this sequence uses (pipeline.cpu_runtime.lora.Adapter), if any
         self.mm = None  # image embeddings + M-RoPE positions (pipeline.cpu_runtime.mrope.PromptMultimodal), if any
+        self.cross = None  # mllama: (features, mask) until admission, then its CrossState (cross_attention.py)
 
 
 def checked_request(c: dict[str, Any], chunked: bool, vocab_size: int, input_ids: list[int], max_new_tokens: int,
