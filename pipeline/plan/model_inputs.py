@@ -61,13 +61,26 @@ CPU_REL_ERROR = 0.5
 EFFICIENCY_FILE = "data/plan_efficiency.yaml"
 #: the PyTorch backend's own fit (benchmarks/calibrate_plan.py --engine pytorch)
 PYTORCH_EFFICIENCY_FILE = "data/plan_efficiency_pytorch.yaml"
+#: the held-out errors and the ± band per engine (benchmarks/plan_generalisation.py, pipeline/plan/generalisation.py)
+GENERALISATION_FILE = "data/plan_generalisation.yaml"
+
+
+@functools.cache
+def held_out_band(engine: str) -> float:
+    """The ± band (1 σ, relative) of ``engine``'s predictions ("tensorrt" or "pytorch"): the largest held-out RMS ln
+    error of ``plan_generalisation.yaml`` (each GPU / model / TP degree / ISL/OSL pair left out of the fit); 0 before
+    that file exists (the held-out fits themselves plan their points before it does)."""
+    f = resources.files("pipeline").joinpath(GENERALISATION_FILE)
+    if not f.is_file():
+        return 0.0
+    return float(yaml.safe_load(f.read_text())["engines"][engine]["band"])
 
 
 @functools.cache
 def gpu_efficiency() -> Efficiency:
     """The fitted GPU :class:`Efficiency` of the TensorRT engine path, shipped in ``pipeline/data/plan_efficiency.yaml``."""
     raw = yaml.safe_load(resources.files("pipeline").joinpath(EFFICIENCY_FILE).read_text())
-    return Efficiency(**raw["fitted"], **raw["fixed"], rel_error=raw["rel_error"], source=raw["source"],
+    return Efficiency(**raw["fitted"], **raw["fixed"], rel_error=held_out_band("tensorrt"), source=raw["source"],
                       name="tensorrt engine path (fitted on TensorRT-LLM v0.17's Llama-3.1-8B TP1 table)")
 
 
@@ -79,7 +92,7 @@ def pytorch_efficiency() -> Efficiency:
     if not f.is_file():
         return gpu_efficiency()
     raw = yaml.safe_load(f.read_text())
-    return Efficiency(**raw["fitted"], **raw["fixed"], rel_error=raw["rel_error"], source=raw["source"], name=raw["name"])
+    return Efficiency(**raw["fitted"], **raw["fixed"], rel_error=held_out_band("pytorch"), source=raw["source"], name=raw["name"])
 
 
 def cpu_efficiency(host: hardware.HostSpec) -> Efficiency:
