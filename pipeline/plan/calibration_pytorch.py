@@ -64,6 +64,8 @@ FREE: dict[str, tuple[float, float, float]] = {
 }
 #: How each fitted sync grows with tp (:data:`pipeline.plan.step.SYNC_SCALE`); held, written to the "fixed" section.
 SYNC_SCALING: dict[str, str] = {"allreduce_sync_tp_scaling": "linear", "allreduce_sync_prefill_tp_scaling": "none"}
+#: cuda_graph_config.batch_sizes of the page's llm_options.yml (perf-overview.md@00f37686, "Running the Benchmark")
+CUDA_GRAPH_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192)
 LABEL = {"llama31_8b": "Llama-3.1-8B TP1 H100", "llama33_70b": "Llama-3.3-70B TP2 H100", "llama31_405b": "Llama-3.1-405B TP8 H100",
          "llama31_8b_h200": "Llama-3.1-8B TP1 H200", "llama33_70b_h200": "Llama-3.3-70B TP1 H200",
          "llama31_405b_h200": "Llama-3.1-405B TP8 H200"}
@@ -129,6 +131,9 @@ def point_recipe(p: PytorchPoint) -> Recipe:
             "enable_chunked_prefill": cond["enable_chunked_prefill"],
             "kv_cache_config": {"free_gpu_memory_fraction": cond["kv_cache_free_gpu_mem_fraction"]},
             "scheduler_config": {"capacity_scheduler_policy": cond["capacity_scheduler_policy"]},
+            # the page's llm_options.yml: CUDA graphs with padding over 1, 2, 4, …, 8192 (those above the largest decode
+            # batch are never captured; the recipe schema refuses them, so they are left out here)
+            "pytorch": {"cuda_graph_config": {"enable_padding": True, "batch_sizes": [x for x in CUDA_GRAPH_BATCHES if x <= bs]}},
         },
         "bench": {"model": "tensorrt_llm", "scenarios": [{"isl": p.isl, "osl": p.osl}], "concurrency": [1]},
     })
