@@ -77,7 +77,7 @@ def spec_draft(recipe, geo: ModelGeometry, dtype_bytes: int, *, tp_size: int = 1
     → 0 with a note). NGram: nothing. MTP: the model's own layers, already in the weights.
     """
     b = recipe.build
-    spec = getattr(getattr(b, "pytorch", None), "speculative_config", None) if b.engine == "pytorch" else None
+    spec = getattr(getattr(b, "pytorch", None), "speculative_config", None) if b.engine in ("pytorch", "cpu") else None
     if spec is None:
         return None
     kind = spec.decoding_type
@@ -168,10 +168,32 @@ def decode_speedup(cost: StepCost, eff: Efficiency, *, batch: int, context: floa
                        itl_ms=spec / acceptance_length * 1e3, speedup=acceptance_length * plain / spec, active=True)
 
 
+def parse_acceptance(text: str) -> float | Path:
+    """``--acceptance``: a number (an acceptance length) or else the path of a bench run."""
+    try:
+        return float(text)
+    except ValueError:
+        return Path(text)
+
+
+def point_speculation(pt: object) -> dict:
+    """A bench load point's speculative figures, wherever the run put them: the point itself, its ``speculative``
+    section, its ``summary`` / ``summary.metrics`` or their ``speculative`` sections (later ones win)."""
+    if not isinstance(pt, dict):
+        return {}
+    summ = pt.get("summary") or {}
+    metrics = summ.get("metrics") or {} if isinstance(summ, dict) else {}
+    out: dict = {}
+    for d in (pt, pt.get("speculative"), summ, summ.get("speculative") if isinstance(summ, dict) else None, metrics,
+              metrics.get("speculative") if isinstance(metrics, dict) else None):
+        out.update(d if isinstance(d, dict) else {})
+    return out
+
+
 def acceptance_from_bench(path: Path) -> tuple[float, float | None]:
     """``(acceptance length, mean drafts per step or None)`` measured by a ``trtpipe bench`` run (``bench.json`` or its
-    directory): the mean over its load points of ``acceptance_length`` (a point's own key or its ``speculative``
-    section); drafts per step from ``draft_tokens`` / ``spec_steps`` (or ``requests_with_drafts``) when present.
+    directory): the mean over its load points (``load_points``, ``points``) of ``acceptance_length``
+    (:func:`point_speculation`); drafts per step from ``draft_tokens`` / ``spec_steps`` (or ``requests_with_drafts``) when present.
 
     Raises:
         UserError: no such file, not JSON, or no load point with an acceptance length.
@@ -180,17 +202,88 @@ def acceptance_from_bench(path: Path) -> tuple[float, float | None]:
     try:
         doc = json.loads(p.read_text())
     except (OSError, ValueError) as e:
-        raise UserError(f"--acceptance-from {path}: cannot read a bench.json ({e.__class__.__name__})") from None
-    points = (doc.get("points") or doc.get("load_points") or doc.get("results") or []) if isinstance(doc, dict) else doc
+        raise UserError(f"--acceptance {path}: cannot read a bench.json ({e.__class__.__name__})") from None
+    points = (doc.get("load_points") or doc.get("points") or []) if isinstance(doc, dict) else doc
     als, drafts = [], []
     for pt in points if isinstance(points, list) else []:
-        s = {**pt, **(pt.get("speculative") or {})} if isinstance(pt, dict) else {}
+        s = point_speculation(pt)
         if s.get("acceptance_length"):
             als.append(float(s["acceptance_length"]))
             steps = s.get("requests_with_drafts") or s.get("spec_steps")
             if s.get("draft_tokens") and steps:
                 drafts.append(float(s["draft_tokens"]) / float(steps))
     if not als:
-        raise UserError(f"--acceptance-from {path}: no load point reports an acceptance_length (run the bench on a "
+        raise UserError(f"--acceptance {path}: no load point reports an acceptance_length (run the bench on a "
                         "recipe with speculative decoding)")
     return sum(als) / len(als), (sum(drafts) / len(drafts) if drafts else None)
+
+
+class SpecPoint(BaseModel):
+    """One ISL/OSL at one concurrency: without and with speculation (tokens/s of all clients; ms)."""
+
+    isl: int
+    osl: int
+    concurrency: int | None
+    plain_tokens_per_s: float
+    tokens_per_s: float
+    plain_itl_ms: float
+    itl_ms: float
+    speedup: float
+    active: bool
+
+
+class SpecPlan(BaseModel):
+    """What speculation adds to a plan: the draft's memory, the acceptance length used and where it came from, and the
+    predicted speed-up per ISL/OSL and concurrency."""
+
+    draft: DraftMemory
+    acceptance_length: float
+    acceptance_source: str
+    verified_drafts_per_seq: float
+    points: list[SpecPoint]
+
+
+def resolve_acceptance(draft: DraftMemory, acceptance: float | Path | None) -> tuple[float, float | None, str]:
+    """``(acceptance length, measured drafts per step or None, source)`` from ``acceptance``: a number (tokens per step
+    incl. the bonus), a bench run (:func:`acceptance_from_bench`) or None (:data:`DEFAULT_ACCEPTANCE` of the type).
+
+    Raises:
+        UserError: a length below 1 or above 1 + max_draft_len; an unreadable bench run.
+    """
+    if isinstance(acceptance, Path):
+        al, drafts = acceptance_from_bench(acceptance)
+        src = f"measured by {acceptance}"
+    elif acceptance is not None:
+        al, drafts, src = float(acceptance), None, "given (--acceptance)"
+    else:
+        al, drafts = DEFAULT_ACCEPTANCE[draft.decoding_type], None
+        src = f"default for {draft.decoding_type} (assumed; measure it: trtpipe bench, then --acceptance RUN_DIR)"
+    if not 1.0 <= al <= 1.0 + draft.max_draft_len:
+        raise UserError(f"acceptance length {al:g}: must be between 1 and 1 + max_draft_len = {1 + draft.max_draft_len} "
+                        "(tokens per step, the target's own token included)")
+    return al, drafts, src
+
+
+def speculative_plan(draft: DraftMemory, cost: StepCost, eff: Efficiency, predictions: list, target_layers: int, *,
+                     acceptance: float | Path | None, on_gpu: bool, drafts_per_step: float | None = None) -> SpecPlan:
+    """The speed-up of every prediction in ``predictions`` (:class:`~pipeline.plan.achievable.Prediction`: its batch,
+    TTFT, ITL, E2E and tokens/s without speculation): decode steps scaled by :func:`decode_speedup` at the prediction's
+    batch and mean context ISL + OSL/2; ITL_spec = ITL / speed-up; tokens/s scaled by E2E / E2E_spec with E2E_spec =
+    TTFT + (OSL − 1) · ITL_spec. Verified drafts per sequence: max_draft_len on a GPU (CUDA-graph padding), the
+    measured drafts per step on the CPU engine (``drafts_per_step``, else the bench run's, else max_draft_len: an upper
+    bound on the cost)."""
+    al, drafts, src = resolve_acceptance(draft, acceptance)
+    drafts = drafts_per_step if drafts_per_step is not None else drafts
+    verified = float(draft.max_draft_len) if on_gpu or drafts is None else drafts
+    points = []
+    for p in predictions:
+        ctx = p.isl + p.osl / 2
+        s = decode_speedup(cost, eff, batch=p.batch, context=ctx, acceptance_length=min(al, 1 + verified),
+                           verified_drafts_per_seq=verified, draft_s=draft_step_s(draft, cost, eff, p.batch, ctx, target_layers),
+                           max_concurrency=draft.max_concurrency)
+        itl = p.itl_ms / s.speedup
+        e2e = p.ttft_ms + (p.osl - 1) * itl
+        points.append(SpecPoint(isl=p.isl, osl=p.osl, concurrency=p.concurrency, plain_tokens_per_s=p.output_tokens_per_s,
+                                tokens_per_s=p.output_tokens_per_s * p.e2e_ms / e2e, plain_itl_ms=p.itl_ms, itl_ms=itl,
+                                speedup=p.e2e_ms / e2e, active=s.active))
+    return SpecPlan(draft=draft, acceptance_length=al, acceptance_source=src, verified_drafts_per_seq=verified, points=points)
