@@ -122,8 +122,10 @@ def gpu_memory(recipe: Recipe, spec: hardware.GpuSpec, geo: ModelGeometry, max_s
                        tokens_per_block=b.tokens_per_block)
     out.notes.append(f"vision ({vm.family}): encoder + projector {gib(vm.encoder_bytes)} in {vm.encoder_dtype} + multimodal "
                      f"pool {gib(vm.multimodal_pool_bytes)} in GPU 0's reserve; {vm.formula}; {vm.cross_kv_tokens} cross-attention KV tokens "
-                     f"hold {vm.image_requests_in_cross_pool} requests with images; the throughput figures leave out the vision encoder "
-                     f"({vm.encoder_gflops_per_image:,.0f} GFLOP per image) and cross-attention compute")
+                     f"hold {vm.image_requests_in_cross_pool} requests with images; throughput per request with "
+                     f"{recipe.vision.max_images_per_request} image(s) (vision.max_images_per_request) counts the vision encoder "
+                     f"({vm.encoder_gflops_per_image:,.0f} GFLOP per image), the cross-attention K/V projections and attention "
+                     f"over {vm.max_encoder_input_len} encoder tokens, and each decode step's cross-KV reads")
     if free > 0 and vm.image_requests_in_cross_pool < 1:
         out.errors.append(f"the cross-attention KV pool ({vm.cross_kv_tokens} tokens) holds no request with an image "
                           f"({vm.max_encoder_input_len} encoder tokens): raise vision.cross_kv_cache_fraction")

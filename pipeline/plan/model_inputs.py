@@ -36,6 +36,7 @@ from pipeline.plan.step import (
     activation_traffic_bytes,
     allreduce_bytes_per_token,
 )
+from pipeline.plan.vision import vision_step_terms
 from pipeline.recipe import Recipe
 from pipeline.recipe.quant import FP8_QFORMATS
 from pipeline.recipe.serving_path import serving_path
@@ -187,6 +188,13 @@ def engine_model(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, k
         pp_size=pp,
         **_tp_terms(geo, spec, tp, pp, act_bytes),
     )
+    vis = vision_step_terms(recipe, geo, tp_size=tp, kv_bytes=1 if recipe.quantization.kv_cache_dtype in ("fp8", "int8") else act_bytes,
+                            encoder_peak_flops=bf16_peak) if spec is not None else {}
+    if vis:  # vision-language (mllama): encoder + cross-attention terms (pipeline/plan/vision.py)
+        cost = cost.model_copy(update={"cross_kv_bytes_per_seq": vis["cross_kv_bytes_per_seq"],
+                                       "prompt_extra_flops": vis["prompt_extra_flops"],
+                                       "prompt_extra_flops_rate": vis["prompt_extra_flops_rate"],
+                                       "linear_flops_per_token": cost.linear_flops_per_token + vis["cross_attn_flops_per_token"]})
     b = recipe.build
     limits = SchedulerLimits(
         max_batch_size=b.max_batch_size, max_num_tokens=b.max_num_tokens, chunked_prefill=b.enable_chunked_prefill,
