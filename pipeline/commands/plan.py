@@ -74,6 +74,7 @@ def plan(
     concurrency: Annotated[str | None, typer.Option("--concurrency", help="Closed-loop client counts to predict, e.g. 1,8,64 (default: the recipe's bench.concurrency); with --against: the load points to compare (default 1,4,16; or all).")] = None,
     slo: Annotated[list[str] | None, typer.Option("--slo", help="Latency SLOs in ms, e.g. ttft:500,itl:50 (keys ttft, itl, tpot, e2e; TTFT and E2E checked at p99): per ISL/OSL, the largest concurrency predicted to meet them.")] = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="With --against: print a Markdown table.")] = False,
+    acceptance: Annotated[str | None, typer.Option("--acceptance", help="Speculative decoding: acceptance length (tokens per step incl. the target's own, e.g. 2.5) or a bench run that measured it (default: per decoding type, docs/plan.md).")] = None,
 ) -> None:
     """Estimate per-GPU memory, KV-cache capacity, max concurrency, throughput bounds and predicted
     throughput/latency of a recipe.
@@ -90,6 +91,7 @@ def plan(
     from pipeline.core.errors import UserError
     from pipeline.plan import plan_recipe
     from pipeline.plan.render import print_plan, render_comparison
+    from pipeline.plan.speculative import parse_acceptance
     from pipeline.recipe import load_recipe
     from pipeline.recipe.bench import parse_goodput
 
@@ -108,8 +110,9 @@ def plan(
         raise UserError("--concurrency all goes with --against; give client counts, e.g. 1,8,64")
     slos = parse_goodput(slo, "--slo") if slo else None
     names = list(dict.fromkeys(gpu or [None]))
-    results = [plan_recipe(recipe, gpu=g, scenarios=scenarios, recipe_dir=recipe_file.resolve().parent, concurrency=conc, slo=slos)
-               for g in names]
+    acc = None if acceptance is None else parse_acceptance(acceptance)
+    results = [plan_recipe(recipe, gpu=g, scenarios=scenarios, recipe_dir=recipe_file.resolve().parent, concurrency=conc, slo=slos,
+                           acceptance=acc) for g in names]
     if json_out:
         typer.echo(results[0].model_dump_json(indent=2) if len(results) == 1
                    else "[\n" + ",\n".join(r.model_dump_json(indent=2) for r in results) + "\n]")
@@ -133,9 +136,8 @@ def measure_host(
     out: Annotated[Path | None, typer.Option("--out", help="Write here instead of the file the planner reads ($TRTPIPE_HOST_FILE, else cpu_host.yaml in trtpipe's cache, ~/.cache/trtpipe).")] = None,
     served: Annotated[bool, typer.Option("--served/--no-served", help="Also serve a probe model with Triton and bench it: the CPU a served deployment spends per token besides the engine (~40 s).")] = True,
 ) -> None:
-    """Measure this host's weight-read bandwidth, GEMM rates, CPU-engine overheads and a served deployment's CPU per
-    token (about two minutes, all cores; run it on an idle machine) and write them to the user's cache, where `trtpipe plan` on the cpu target then uses them
-    instead of the shipped reference host's."""
+    """Measure this host's rates, CPU-engine overheads and a served deployment's CPU per token (about two minutes, all
+    cores; an idle machine) and write them to the user's cache, where `trtpipe plan` on the cpu target uses them."""
     import yaml
 
     from pipeline.core import hardware

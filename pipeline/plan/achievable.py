@@ -153,10 +153,10 @@ def predict_point(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl:
     out_tps = b * osl / run.cycle_s
     split, mem_s, cmp_s = {}, 0.0, 0.0
     for t, w in run.steps:
-        for k in ("overhead_s", "gemm_s", "act_s", "kv_s", "attn_s", "comm_s"):
+        for k in ("overhead_s", "gemm_s", "act_s", "kv_s", "attn_s", "comm_s", "vision_s"):
             split[k] = split.get(k, 0.0) + w * getattr(t, k)
         mem_s += w * (t.act_s + t.kv_s + t.comm_s + (t.gemm_s if t.gemm_bound == "memory" else 0.0))
-        cmp_s += w * (t.attn_s + (t.gemm_s if t.gemm_bound == "compute" else 0.0))
+        cmp_s += w * (t.attn_s + t.vision_s + (t.gemm_s if t.gemm_bound == "compute" else 0.0))
     t_mean = sum(split.values())
     bound = "overhead" if split["overhead_s"] > mem_s + cmp_s else ("memory" if mem_s >= cmp_s else "compute")
     terms = {"calibration": eff.rel_error}
@@ -195,7 +195,8 @@ def _mix(isl: int, osl: int, decoding: float, prompts: float, prompt_tokens: flo
     ``prompt_tokens`` tokens of ``prompts`` prompts' prefill, of which ``emitting_prompts`` finish their prompt in the
     step and emit a first token. Prefill attention: a chunk of n tokens of a prompt costs about ISL × n units."""
     return StepMix(n_seqs=decoding + prompts, n_tokens=decoding + prompt_tokens, n_logits=decoding + emitting_prompts,
-                   kv_read_tokens=decoding * (isl + osl / 2), attn_units=prompt_tokens * isl)
+                   kv_read_tokens=decoding * (isl + osl / 2), attn_units=prompt_tokens * isl, n_decoding=decoding,
+                   new_prompts=emitting_prompts)
 
 
 def _steady_state(cost: StepCost, limits: SchedulerLimits, eff: Efficiency, isl: int, osl: int, b: int) -> _Run:

@@ -1,15 +1,17 @@
 """Calibration of the PyTorch-backend model (``build.engine: pytorch``) on NVIDIA's published PyTorch-backend throughput.
 
-``pipeline/data/plan_calibration_pytorch.yaml`` holds the H100 SXM columns of TensorRT-LLM v1.0's perf overview:
-Llama-3.1-8B TP1, Llama-3.3-70B TP2, Llama-3.1-405B TP8, FP8, ten ISL/OSL pairs, maximum load. Each point becomes a
+``pipeline/data/plan_calibration_pytorch.yaml`` holds the H100 SXM and H200 SXM columns of TensorRT-LLM v1.0's perf
+overview: Llama-3.1-8B TP1 (both), Llama-3.3-70B TP2 (H100) / TP1 (H200), Llama-3.1-405B TP8 (both), FP8, ten ISL/OSL
+pairs, maximum load (60 points). Each point becomes a
 recipe (:func:`point_recipe`) that goes through the same planner as users' recipes, as the engine path's calibration
 (:mod:`pipeline.plan.calibration`) does; the step model is the same, with tensor parallelism's all-reduces at their measured times
 (``pipeline/data/allreduce_measured.yaml``, not fitted). The
 parameters are fitted separately from the engine path's, so the two runtimes keep their own efficiencies.
 
 :func:`fit` fits :data:`FREE` (least squares on ln(predicted / published), deterministic); :func:`leave_one_model_out`
-refits without each model (and so without its TP degree) and scores it; :func:`leave_one_pair_out` the same per
-ISL/OSL pair; :func:`calibrate` returns the document of ``pipeline/data/plan_efficiency_pytorch.yaml``
+refits without each model (both GPUs) and scores it; :func:`leave_one_tp_out` the same per TP degree,
+:func:`leave_one_gpu_out` per GPU, :func:`leave_one_pair_out` per ISL/OSL pair (the held-out tables and the planner's
+± band: :mod:`pipeline.plan.generalisation`); :func:`calibrate` returns the document of ``pipeline/data/plan_efficiency_pytorch.yaml``
 (``benchmarks/calibrate_plan.py --engine pytorch`` writes it).
 """
 
@@ -62,8 +64,12 @@ FREE: dict[str, tuple[float, float, float]] = {
 }
 #: How each fitted sync grows with tp (:data:`pipeline.plan.step.SYNC_SCALE`); held, written to the "fixed" section.
 SYNC_SCALING: dict[str, str] = {"allreduce_sync_tp_scaling": "linear", "allreduce_sync_prefill_tp_scaling": "none"}
-LABEL = {"llama31_8b": "Llama-3.1-8B TP1", "llama33_70b": "Llama-3.3-70B TP2", "llama31_405b": "Llama-3.1-405B TP8"}
-NAME = "pytorch backend (fitted on TensorRT-LLM v1.0's H100 table: 8B TP1, 70B TP2, 405B TP8)"
+#: cuda_graph_config.batch_sizes of the page's llm_options.yml (perf-overview.md@00f37686, "Running the Benchmark")
+CUDA_GRAPH_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192)
+LABEL = {"llama31_8b": "Llama-3.1-8B TP1 H100", "llama33_70b": "Llama-3.3-70B TP2 H100", "llama31_405b": "Llama-3.1-405B TP8 H100",
+         "llama31_8b_h200": "Llama-3.1-8B TP1 H200", "llama33_70b_h200": "Llama-3.3-70B TP1 H200",
+         "llama31_405b_h200": "Llama-3.1-405B TP8 H200"}
+NAME = "pytorch backend (fitted on TensorRT-LLM v1.0's H100 + H200 tables: 8B TP1, 70B TP1/TP2, 405B TP8)"
 
 
 class PytorchPoint(BaseModel):
@@ -74,6 +80,7 @@ class PytorchPoint(BaseModel):
     column: str
     model: str
     tp: int
+    gpu: str
     qformat: str
     kv_cache_dtype: str
     isl: int
@@ -87,13 +94,13 @@ def _raw() -> dict:
 
 
 def points() -> list[PytorchPoint]:
-    """Every published point (30: 3 models × 10 ISL/OSL pairs)."""
+    """Every published point (60: 3 models × 2 GPUs × 10 ISL/OSL pairs)."""
     raw = _raw()
     cols = list(raw["columns"].items())
     out = []
     for isl, osl, *values in raw["rows"]:
         for (name, col), v in zip(cols, values, strict=True):
-            out.append(PytorchPoint(column=name, model=col["model"], tp=col["tp"], qformat=col["qformat"],
+            out.append(PytorchPoint(column=name, model=col["model"], tp=col["tp"], gpu=col.get("gpu", raw["gpu"]), qformat=col["qformat"],
                                     kv_cache_dtype=col["kv_cache_dtype"], isl=isl, osl=osl, published=v))
     return out
 
@@ -106,7 +113,7 @@ def point_recipe(p: PytorchPoint) -> Recipe:
     cond = raw["conditions"]
     geo = known_geometry(p.model)
     assert geo is not None, p.model
-    gpu = hardware.catalog()[raw["gpu"]]
+    gpu = hardware.catalog()[p.gpu]
     kv_b = 1 if p.kv_cache_dtype in ("fp8", "int8") else 2
     # tuning.py counts max(tp, KV heads) heads over all layers
     kv_tok = 2 * geo.num_hidden_layers * max(p.tp, geo.num_key_value_heads) * geo.head_dim * kv_b
@@ -116,7 +123,7 @@ def point_recipe(p: PytorchPoint) -> Recipe:
     return Recipe.model_validate({
         "name": f"calib-pytorch-{p.column}-{p.isl}-{p.osl}",
         "model": {"source": p.model, "dtype": "bfloat16"},
-        "target": {"gpu": raw["gpu"], "num_gpus": p.tp, "tp_size": p.tp},
+        "target": {"gpu": p.gpu, "num_gpus": p.tp, "tp_size": p.tp},
         "quantization": {"qformat": p.qformat, "kv_cache_dtype": p.kv_cache_dtype},
         "build": {
             "engine": cond["engine"], "max_batch_size": bs, "max_num_tokens": tok, "max_input_len": p.isl,
@@ -124,6 +131,9 @@ def point_recipe(p: PytorchPoint) -> Recipe:
             "enable_chunked_prefill": cond["enable_chunked_prefill"],
             "kv_cache_config": {"free_gpu_memory_fraction": cond["kv_cache_free_gpu_mem_fraction"]},
             "scheduler_config": {"capacity_scheduler_policy": cond["capacity_scheduler_policy"]},
+            # the page's llm_options.yml: CUDA graphs with padding over 1, 2, 4, …, 8192 (those above the largest decode
+            # batch are never captured; the recipe schema refuses them, so they are left out here)
+            "pytorch": {"cuda_graph_config": {"enable_padding": True, "batch_sizes": [x for x in CUDA_GRAPH_BATCHES if x <= bs]}},
         },
         "bench": {"model": "tensorrt_llm", "scenarios": [{"isl": p.isl, "osl": p.osl}], "concurrency": [1]},
     })
@@ -161,8 +171,18 @@ def fit(pts: list[PytorchPoint] | None = None, fixed: dict[str, float] | None = 
 
 
 def leave_one_model_out(pts: list[PytorchPoint] | None = None) -> dict[str, tuple[Efficiency, list[PointResult]]]:
-    """For each model column: the fit without it and that fit's results on it."""
-    return leave_one_out(points() if pts is None else pts, lambda p: p.column, fit, evaluate)
+    """For each model (hub id; all its columns, every GPU and TP degree): the fit without it and that fit's results on it."""
+    return leave_one_out(points() if pts is None else pts, lambda p: p.model, fit, evaluate)
+
+
+def leave_one_tp_out(pts: list[PytorchPoint] | None = None) -> dict[int, tuple[Efficiency, list[PointResult]]]:
+    """For each TP degree: the fit without every column run at it and that fit's results on them."""
+    return leave_one_out(points() if pts is None else pts, lambda p: p.tp, fit, evaluate)
+
+
+def leave_one_gpu_out(pts: list[PytorchPoint] | None = None) -> dict[str, tuple[Efficiency, list[PointResult]]]:
+    """For each GPU (h100_sxm, h200): the fit on the other GPU's columns and its results on this one's."""
+    return leave_one_out(points() if pts is None else pts, lambda p: p.gpu, fit, evaluate)
 
 
 def leave_one_pair_out(pts: list[PytorchPoint] | None = None) -> list[PointResult]:
@@ -176,40 +196,31 @@ HEADER = """\
 # WRITTEN BY benchmarks/calibrate_plan.py --engine pytorch (pipeline.plan.calibration_pytorch.calibrate) from
 # pipeline/data/plan_calibration_pytorch.yaml — rerun it, do not edit.
 #
-# fitted (least squares on ln(predicted / published), 30 points: H100 SXM, 8B TP1 / 70B TP2 / 405B TP8, FP8):
+# fitted (least squares on ln(predicted / published), 60 points: H100 SXM 8B TP1 / 70B TP2 / 405B TP8 and H200 SXM
+# 8B TP1 / 70B TP1 / 405B TP8, FP8):
 #   bw_frac, gemm_frac, attn_frac, seq_overhead_us   as the engine path's (plan_efficiency.yaml)
 #   allreduce_sync_us, allreduce_sync_prefill_us   µs per tensor-parallel all-reduce on top of its measured time,
-#   in pure-decode steps (tp 8's, × (tp − 1)/7 at lower tp; bound 30) and in prefill-carrying steps (eager, any tp > 1;
+#   in pure-decode steps (tp 8's, × (tp − 1)/7 at lower tp; bound 20) and in prefill-carrying steps (eager, any tp > 1;
 #   bound 500); fixed.allreduce_sync_*tp_scaling say how each grows with tp
 # not fitted: the tensor-parallel all-reduces take their measured times (pipeline/data/allreduce_measured.yaml,
-#   AIConfigurator's TensorRT-LLM 1.3.0rc10 AllReduce tables, H100 SXM; log-log interpolation in message size)
+#   AIConfigurator's TensorRT-LLM 1.3.0rc10 AllReduce tables, H100/H200 SXM; log-log interpolation in message size)
 # fixed: step_overhead_ms 0.5 ± 0.5 ms per step (not identifiable from max-load points)
-# rel_error: the largest RMS of ln(predicted / published) when a model (or an ISL/OSL pair) is left out of the fit.
+# The expected error (the ± band) is NOT here: it is the held-out error of pipeline/data/plan_generalisation.yaml
+# (benchmarks/plan_generalisation.py: each model, TP degree, GPU and ISL/OSL pair left out of the fit and predicted).
 """
 
 
 def calibrate() -> dict:
-    """The document of ``plan_efficiency_pytorch.yaml``: the fit on every point, leave-one-model-out (per model: its
-    parameters, summary, per-point errors), leave-one-ISL/OSL-out (summary and per-point errors); ``rel_error`` = the
-    largest held-out RMS log error."""
+    """The document of ``plan_efficiency_pytorch.yaml``: the fit on every point (``fitted``, ``fixed``, ``fit`` summary,
+    per-point ``points``). The held-out errors are :func:`pipeline.plan.generalisation.held_out`'s."""
     eff = fit()
     results = evaluate(eff)
-    lomo = {}
-    for c, (e, rs) in leave_one_model_out().items():
-        lomo[c] = {"params": _round({k: getattr(e, k) for k in FREE}), **_round(summary(rs)),
-                   "errors": [round(r.error, 4) for r in rs]}
-    lopo = leave_one_pair_out()
-    lopo_summ = summary(lopo)
-    rel_error = max(max(v["rms_log_error"] for v in lomo.values()), lopo_summ["rms_log_error"])
     return {
         "name": NAME,
         "source": f"fit of benchmarks/calibrate_plan.py --engine pytorch on {_raw()['source']}",
         "fitted": _round({k: getattr(eff, k) for k in FREE}),
         "fixed": {**FIXED, **SYNC_SCALING},
-        "rel_error": round(rel_error, 4),
         "fit": _round(summary(results)),
-        "leave_one_model_out": lomo,
-        "leave_one_pair_out": {**_round(lopo_summ), "errors": {f"{r.gpu} {r.isl}/{r.osl}": round(r.error, 4) for r in lopo}},
         "points": [{"model": r.gpu, "isl": r.isl, "osl": r.osl, "published": r.published, "predicted": round(r.predicted, 1),
                     "error": round(r.error, 4), "batch": r.batch, "limited_by": r.limited_by} for r in results],
     }

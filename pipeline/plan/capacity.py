@@ -16,7 +16,9 @@ from pipeline.core import hardware
 from pipeline.core.geometry import ModelGeometry
 from pipeline.cpu_runtime.kv import kv_slots
 from pipeline.plan import memory as mem
+from pipeline.plan.kv_runtime import pytorch_kv_tokens, pytorch_reserve
 from pipeline.plan.result import MemoryPlan
+from pipeline.plan.speculative import spec_draft
 from pipeline.plan.vision import split_kv_pool, vision_reserve
 from pipeline.plan.vision_tokens import vision_tokens
 from pipeline.recipe import BuildSpec, Recipe
@@ -80,9 +82,15 @@ def gpu_memory(recipe: Recipe, spec: hardware.GpuSpec, geo: ModelGeometry, max_s
     weights = mem.weight_bytes(geo, q.qformat, dtype_bytes, awq_block_size=q.awq_block_size, tp_size=tp, pp_size=pp,
                                lm_head_copy=serving_path(recipe).lm_head_copy)
     kv_tok = geo.kv_bytes_per_token(1 if q.kv_cache_dtype in ("fp8", "int8") else dtype_bytes, tp_size=tp, pp_size=pp)
-    act = mem.activation_bytes(geo, max_num_tokens=b.max_num_tokens, max_batch_size=b.max_batch_size,
-                               max_beam_width=b.max_beam_width, act_dtype_bytes=dtype_bytes, tp_size=tp)
-    overhead = mem.fixed_overhead_bytes(t.world_size)
+    pytorch = serving_path(recipe, target="gpu").efficiency == "pytorch"
+    draft = spec_draft(recipe, geo, dtype_bytes, tp_size=tp, pp_size=pp)
+    if pytorch:  # the PyTorch executor's estimation pass (pipeline/plan/kv_runtime.py, _util.py@d8ae02ca)
+        act = pytorch_reserve(geo, b, max_seq_len=max_seq_len, act_dtype_bytes=dtype_bytes, tp_size=tp,
+                              max_draft_len=draft.max_draft_len if draft else 0).total_bytes
+    else:
+        act = mem.activation_bytes(geo, max_num_tokens=b.max_num_tokens, max_batch_size=b.max_batch_size,
+                                   max_beam_width=b.max_beam_width, act_dtype_bytes=dtype_bytes, tp_size=tp)
+    overhead = mem.fixed_overhead_bytes(t.world_size) + (draft.weight_bytes if draft else 0)
     vis = vision_reserve(recipe, geo)  # vision encoder + multimodal pool on GPU 0; KV split (pipeline/plan/vision.py)
     overhead += vis[1] if vis else 0
     tokens = vision_tokens(recipe, geo)  # a token family's vision tower, on every rank (pipeline/plan/vision_tokens.py)
@@ -90,8 +98,13 @@ def gpu_memory(recipe: Recipe, spec: hardware.GpuSpec, geo: ModelGeometry, max_s
     total = spec.memory_bytes
     free = total - weights.per_gpu_bytes - act - overhead
     frac = b.kv_cache_config.free_gpu_memory_fraction * (1 - recipe.vision.cross_kv_cache_fraction if vis else 1)
-    by_fraction, _ = mem.kv_capacity_tokens(free, frac, kv_tok, b.tokens_per_block)
-    kv_tokens, _ = mem.kv_capacity_tokens(free, frac, kv_tok, b.tokens_per_block, b.kv_cache_config.max_tokens)
+    if pytorch:  # (total − peak) × fraction // (target + draft KV bytes per token), whole blocks, min max_tokens
+        pool_tok = kv_tok + (draft.kv_token_bytes if draft else 0)
+        by_fraction = pytorch_kv_tokens(total, total - free, pool_tok, frac, b.tokens_per_block)
+        kv_tokens = pytorch_kv_tokens(total, total - free, pool_tok, frac, b.tokens_per_block, b.kv_cache_config.max_tokens)
+    else:
+        by_fraction, _ = mem.kv_capacity_tokens(free, frac, kv_tok, b.tokens_per_block)
+        kv_tokens, _ = mem.kv_capacity_tokens(free, frac, kv_tok, b.tokens_per_block, b.kv_cache_config.max_tokens)
     if free <= 0:
         out.errors.append(
             f"weights {gib(weights.per_gpu_bytes)} + activations {gib(act)} + runtime {gib(overhead)} = "
@@ -112,8 +125,10 @@ def gpu_memory(recipe: Recipe, spec: hardware.GpuSpec, geo: ModelGeometry, max_s
                        tokens_per_block=b.tokens_per_block)
     out.notes.append(f"vision ({vm.family}): encoder + projector {gib(vm.encoder_bytes)} in {vm.encoder_dtype} + multimodal "
                      f"pool {gib(vm.multimodal_pool_bytes)} in GPU 0's reserve; {vm.formula}; {vm.cross_kv_tokens} cross-attention KV tokens "
-                     f"hold {vm.image_requests_in_cross_pool} requests with images; the throughput figures leave out the vision encoder "
-                     f"({vm.encoder_gflops_per_image:,.0f} GFLOP per image) and cross-attention compute")
+                     f"hold {vm.image_requests_in_cross_pool} requests with images; throughput per request with "
+                     f"{recipe.vision.max_images_per_request} image(s) (vision.max_images_per_request) counts the vision encoder "
+                     f"({vm.encoder_gflops_per_image:,.0f} GFLOP per image), the cross-attention K/V projections and attention "
+                     f"over {vm.max_encoder_input_len} encoder tokens, and each decode step's cross-KV reads")
     if free > 0 and vm.image_requests_in_cross_pool < 1:
         out.errors.append(f"the cross-attention KV pool ({vm.cross_kv_tokens} tokens) holds no request with an image "
                           f"({vm.max_encoder_input_len} encoder tokens): raise vision.cross_kv_cache_fraction")

@@ -36,6 +36,7 @@ from pipeline.plan.step import (
     activation_traffic_bytes,
     allreduce_bytes_per_token,
 )
+from pipeline.plan.vision import vision_step_terms
 from pipeline.recipe import Recipe
 from pipeline.recipe.quant import FP8_QFORMATS
 from pipeline.recipe.serving_path import serving_path
@@ -61,13 +62,26 @@ CPU_REL_ERROR = 0.5
 EFFICIENCY_FILE = "data/plan_efficiency.yaml"
 #: the PyTorch backend's own fit (benchmarks/calibrate_plan.py --engine pytorch)
 PYTORCH_EFFICIENCY_FILE = "data/plan_efficiency_pytorch.yaml"
+#: the held-out errors and the ± band per engine (benchmarks/plan_generalisation.py, pipeline/plan/generalisation.py)
+GENERALISATION_FILE = "data/plan_generalisation.yaml"
+
+
+@functools.cache
+def held_out_band(engine: str) -> float:
+    """The ± band (1 σ, relative) of ``engine``'s predictions ("tensorrt" or "pytorch"): the largest held-out RMS ln
+    error of ``plan_generalisation.yaml`` (each GPU / model / TP degree / ISL/OSL pair left out of the fit); 0 before
+    that file exists (the held-out fits themselves plan their points before it does)."""
+    f = resources.files("pipeline").joinpath(GENERALISATION_FILE)
+    if not f.is_file():
+        return 0.0
+    return float(yaml.safe_load(f.read_text())["engines"][engine]["band"])
 
 
 @functools.cache
 def gpu_efficiency() -> Efficiency:
     """The fitted GPU :class:`Efficiency` of the TensorRT engine path, shipped in ``pipeline/data/plan_efficiency.yaml``."""
     raw = yaml.safe_load(resources.files("pipeline").joinpath(EFFICIENCY_FILE).read_text())
-    return Efficiency(**raw["fitted"], **raw["fixed"], rel_error=raw["rel_error"], source=raw["source"],
+    return Efficiency(**raw["fitted"], **raw["fixed"], rel_error=held_out_band("tensorrt"), source=raw["source"],
                       name="tensorrt engine path (fitted on TensorRT-LLM v0.17's Llama-3.1-8B TP1 table)")
 
 
@@ -79,7 +93,7 @@ def pytorch_efficiency() -> Efficiency:
     if not f.is_file():
         return gpu_efficiency()
     raw = yaml.safe_load(f.read_text())
-    return Efficiency(**raw["fitted"], **raw["fixed"], rel_error=raw["rel_error"], source=raw["source"], name=raw["name"])
+    return Efficiency(**raw["fitted"], **raw["fixed"], rel_error=held_out_band("pytorch"), source=raw["source"], name=raw["name"])
 
 
 def cpu_efficiency(host: hardware.HostSpec) -> Efficiency:
@@ -174,6 +188,13 @@ def engine_model(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, k
         pp_size=pp,
         **_tp_terms(geo, spec, tp, pp, act_bytes),
     )
+    vis = vision_step_terms(recipe, geo, tp_size=tp, kv_bytes=1 if recipe.quantization.kv_cache_dtype in ("fp8", "int8") else act_bytes,
+                            encoder_peak_flops=bf16_peak) if spec is not None else {}
+    if vis:  # vision-language (mllama): encoder + cross-attention terms (pipeline/plan/vision.py)
+        cost = cost.model_copy(update={"cross_kv_bytes_per_seq": vis["cross_kv_bytes_per_seq"],
+                                       "prompt_extra_flops": vis["prompt_extra_flops"],
+                                       "prompt_extra_flops_rate": vis["prompt_extra_flops_rate"],
+                                       "linear_flops_per_token": cost.linear_flops_per_token + vis["cross_attn_flops_per_token"]})
     b = recipe.build
     limits = SchedulerLimits(
         max_batch_size=b.max_batch_size, max_num_tokens=b.max_num_tokens, chunked_prefill=b.enable_chunked_prefill,

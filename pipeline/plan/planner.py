@@ -30,6 +30,7 @@ from pipeline.plan.achievable import SLO_FIELDS, Prediction, predict_point
 from pipeline.plan.perf import QFORMAT_COMPUTE, peak_flops
 from pipeline.plan.result import FitVerdict, PlanResult
 from pipeline.plan.scenarios import Target, plan_scenario
+from pipeline.plan.speculative import spec_draft, speculative_plan
 from pipeline.plan.vision_tokens import vision_tokens
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.serving_path import serving_path
@@ -97,6 +98,7 @@ def plan_recipe(
     allow_kv_oversubscription: bool | None = None,
     concurrency: Iterable[int] | None = None,
     slo: dict[str, float] | None = None,
+    acceptance: float | Path | None = None,
 ) -> PlanResult:
     """Plan ``recipe`` on ``gpu`` (default: the recipe's target; ``"cpu"``: the host) for ``scenarios`` ((ISL, OSL)
     pairs in tokens; default: ``recipe.bench.scenarios``).
@@ -104,6 +106,10 @@ def plan_recipe(
     ``concurrency``: the closed-loop client counts predicted per scenario (default: ``recipe.bench.concurrency``);
     ``slo``: latency SLOs in ms (keys ``ttft``, ``itl``, ``tpot``, ``e2e``): each scenario then gets the largest
     concurrency predicted to meet them (``within_slo``).
+
+    ``acceptance``: the speculative acceptance length (tokens per step incl. the bonus), or a bench run that measured
+    it; default the decoding type's stated default (:mod:`pipeline.plan.speculative`); used only with a
+    ``speculative_config``.
 
     ``allow_kv_oversubscription`` turns the KV-capacity errors into warnings; default: the recipe's
     ``build.allow_kv_oversubscription``.
@@ -159,6 +165,10 @@ def plan_recipe(
                     efficiency=eff, error_terms=terms, concurrency=conc, slo=dict(slo or {}))
     plans = [plan_scenario(target, isl + img, osl, out.warnings).model_copy(update={"isl": isl, "image_tokens": img})
              for isl, osl in pairs]
+    draft = spec_draft(recipe, geo, dtype_b, tp_size=tp, pp_size=pp)
+    spec_plan = None if draft is None or cost is None or eff is None else speculative_plan(
+        draft, cost, eff, [p for s in plans for p in ([s.predicted] if s.predicted else []) + s.predicted_by_concurrency],
+        geo.num_hidden_layers, acceptance=acceptance, on_gpu=spec is not None)
     return PlanResult(
         recipe=recipe.name or "", model_source=recipe.model.source, target=m.device,
         gpu_name="cpu (host memory)" if spec is None else spec.name,
@@ -167,7 +177,7 @@ def plan_recipe(
         peak_tflops=None if peak is None else peak / 1e12, bandwidth_tbs=None if spec is None else spec.memory_bandwidth_tbs,
         geometry=geo, memory=m, scenarios=plans,
         verdict=FitVerdict(ok=not out.errors, errors=out.errors, warnings=out.warnings), notes=out.notes,
-        step_cost=cost, scheduler=sched, efficiency=eff, error_terms=terms,
+        step_cost=cost, scheduler=sched, efficiency=eff, error_terms=terms, speculative=spec_plan,
         vision_tokens=vt,
     )
 

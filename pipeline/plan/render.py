@@ -135,6 +135,22 @@ def _prediction_line(plan: PlanResult) -> Text | None:
     return Text(how, style="dim")
 
 
+def _spec_lines(plan: PlanResult) -> list[Text]:
+    """Speculative decoding: the draft's memory, the acceptance length and the predicted speed-up per ISL/OSL."""
+    sp = plan.speculative
+    if sp is None:
+        return []
+    d = sp.draft
+    out = [Text(f"  speculative decoding ({d.decoding_type}, max_draft_len {d.max_draft_len}): draft memory "
+                f"{d.weight_bytes / 2**30:.2f} GiB per GPU + {d.kv_token_bytes:,} B/token KV + {d.extra_kv_tokens_per_seq} extra KV "
+                f"tokens per sequence; acceptance length {sp.acceptance_length:g} tokens/step ({sp.acceptance_source})")]
+    for isl, osl in dict.fromkeys((p.isl, p.osl) for p in sp.points):
+        parts = [f"×{p.speedup:.2f} at {'max load' if p.concurrency is None else p.concurrency} "
+                 f"(ITL {p.plain_itl_ms:.2f} → {p.itl_ms:.2f} ms)" for p in sp.points if (p.isl, p.osl) == (isl, osl)]
+        out.append(Text(f"    {isl}/{osl}: predicted speed-up " + ", ".join(parts)))
+    return out
+
+
 def render(plan: PlanResult, concurrency: list[int] | None = None) -> Group:
     """Tables for memory, per-scenario capacity with throughput bound and prediction, the prediction per
     bench concurrency, then the verdict lines."""
@@ -153,6 +169,7 @@ def render(plan: PlanResult, concurrency: list[int] | None = None) -> Group:
     lines += [Text(""), slo] if slo is not None else []
     how = _prediction_line(plan)
     lines += [how] if how is not None else []
+    lines += _spec_lines(plan)
     v = plan.verdict
     lines.append(Text.from_markup("[bold green]fits[/]" if v.ok else "[bold red]does not fit[/]"))
     lines += [Text.assemble(("  error: ", "red"), e) for e in v.errors]

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 from pipeline.core.geometry import ModelGeometry
 from pipeline.plan.achievable import Prediction, SchedulerLimits, SloAnswer
 from pipeline.plan.memory import WeightBytes
+from pipeline.plan.speculative import SpecPlan
 from pipeline.plan.step import Efficiency, StepCost
 from pipeline.plan.vision import VisionMemory
 from pipeline.plan.vision_tokens import VisionTokens
@@ -112,3 +113,5 @@ class PlanResult(BaseModel):
     error_terms: dict[str, float] = Field(default_factory=dict, description="Uncalibrated conditions and their relative error.")
     vision_tokens: VisionTokens | None = Field(default=None, description="Image tokens per request and the vision tower "
                                                "(a vision family whose images become decoder tokens: Qwen2-VL).")
+    speculative: SpecPlan | None = Field(default=None, description="Speculative decoding (build.pytorch.speculative_config): "
+                                         "the draft's memory and the predicted speed-up for an acceptance length.")

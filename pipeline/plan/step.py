@@ -81,6 +81,13 @@ class StepCost(BaseModel):
     link_bandwidth: float = Field(default=0.0, ge=0)
     allreduce_measured: tuple[tuple[float, float], ...] = ()
     tp_size: int = Field(default=1, ge=1)
+    #: vision-language (mllama): bytes of cross-attention K/V each decoding sequence reads per step (its images'
+    #: encoder tokens × cross-attention layers); FLOPs each new prompt adds once (vision encoder over its images, the
+    #: cross-attention K/V projections of the encoder tokens and its prompt's cross-attention) and the peak FLOP/s they
+    #: run at (the encoder dtype); pipeline/plan/vision.py vision_step_terms
+    cross_kv_bytes_per_seq: float = Field(default=0.0, ge=0)
+    prompt_extra_flops: float = Field(default=0.0, ge=0)
+    prompt_extra_flops_rate: float = Field(default=0.0, ge=0)
 
 
 def allreduce_bytes_per_token(hidden: int, layers: int, tp: int, act_bytes: int = 2) -> float:
@@ -156,6 +163,8 @@ class StepMix(BaseModel):
     n_logits: float
     kv_read_tokens: float
     attn_units: float = 0.0
+    n_decoding: float = 0.0
+    new_prompts: float = 0.0
 
 
 class StepTime(BaseModel):
@@ -170,11 +179,12 @@ class StepTime(BaseModel):
     kv_s: float
     attn_s: float
     comm_s: float = 0.0
+    vision_s: float = 0.0
 
     @property
     def total_s(self) -> float:
         """Sum of the terms (s)."""
-        return self.overhead_s + self.gemm_s + self.act_s + self.kv_s + self.attn_s + self.comm_s
+        return self.overhead_s + self.gemm_s + self.act_s + self.kv_s + self.attn_s + self.comm_s + self.vision_s
 
 
 def step_time(cost: StepCost, eff: Efficiency, mix: StepMix) -> StepTime:
@@ -194,10 +204,12 @@ def step_time(cost: StepCost, eff: Efficiency, mix: StepMix) -> StepTime:
         gemm_s=pp * max(t_w, t_c),
         gemm_bound="compute" if t_c > t_w else "memory",
         act_s=pp * (mix.n_tokens * cost.act_bytes_per_token + mix.n_logits * cost.logit_bytes_per_token) / bw,
-        kv_s=pp * mix.kv_read_tokens * cost.kv_token_bytes / bw,
+        kv_s=pp * (mix.kv_read_tokens * cost.kv_token_bytes + mix.n_decoding * cost.cross_kv_bytes_per_seq) / bw,
         attn_s=pp * cost.attn_flops_coeff * mix.attn_units / (eff.attn_frac * cost.attn_flops),
         comm_s=pp * (_allreduce_s(cost, mix.n_tokens)
                      + (cost.allreduces_per_step * _sync_us(eff, mix, cost.tp_size) * 1e-6 if mix.n_tokens > 0 else 0.0)),
+        vision_s=(mix.new_prompts * cost.prompt_extra_flops / (eff.gemm_frac * cost.prompt_extra_flops_rate)
+                  if cost.prompt_extra_flops else 0.0),
     )
 
 

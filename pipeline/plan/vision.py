@@ -23,9 +23,14 @@ Bytes per token of both pools: :meth:`ModelGeometry.kv_bytes_per_token` over all
 TensorRT-LLM sizes its paged pools per decoder layer; counting every layer for both pools is the upper bound on
 bytes, so capacities are lower bounds].
 
-Not counted yet: the vision engine's activations at its max batch (TensorRT workspace), the encoder FLOPs in the
-throughput model (:func:`mllama_vision_gflops_per_image` is computed and shown, not used), and the cross-attention
-compute per decode step.
+Throughput (issue #46 item 7, :func:`vision_step_terms`, added to the step model's :class:`StepCost`): each request
+with N images (``vision.max_images_per_request``) costs, once, the vision encoder over its N × max_tiles tiles
+(:func:`mllama_vision_gflops_per_image`, on GPU 0 at the encoder dtype's peak × η_gemm: the encoder engine is not split
+by tp and the decoder's ranks wait for it) and the cross-attention K/V projections of its E = N × tiles × (patches + 1)
+encoder tokens in every cross-attention layer; every token (prompt or decode) attends over E in each cross-attention
+layer (4·E·H·d FLOPs, with the GEMMs); every decoding sequence reads its E cross K/V tokens per cross-attention layer
+each step (memory-bound, as self-attention's KV). Not counted: the vision engine's activations at its max batch
+(TensorRT workspace).
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from pipeline.core.weights import DTYPE_BYTES
-from pipeline.recipe.vision import VisionSpec, derived_vision, vision_geometry
+from pipeline.recipe.vision import VisionSpec, cross_attention, derived_vision, vision_geometry
 
 
 class VisionMemory(BaseModel):
-    """The vision terms of a GPU memory plan (bytes; tokens; GFLOP)."""
+    """The vision terms of a GPU memory plan (bytes; tokens; GFLOP) and of the throughput model (per request with
+    ``images_per_request`` images: its encoder tokens and the cross-attention layers they feed; the step model's terms
+    are in the plan's ``step_cost``: ``cross_kv_bytes_per_seq``, ``prompt_extra_flops``)."""
 
     family: str
     encoder_params: int
@@ -55,6 +62,9 @@ class VisionMemory(BaseModel):
     image_requests_in_cross_pool: int
     encoder_gflops_per_image: float
     formula: str
+    images_per_request: int = 0
+    encoder_tokens_per_request: int = 0
+    cross_attention_layers: int = 0
 
 
 def mllama_vision_params(vis: dict) -> int:
@@ -105,7 +115,8 @@ def vision_reserve(recipe, geo) -> tuple[VisionMemory, int] | None:
         multimodal_pool_bytes=v.multimodal_gpu0_cuda_mem_pool_bytes, gpu0_reserve_bytes=reserve,
         max_encoder_input_len=d.max_encoder_input_len, vision_max_batch_size=d.max_batch_size,
         cross_kv_cache_fraction=v.cross_kv_cache_fraction, cross_kv_token_bytes=0, cross_kv_tokens=0,
-        cross_kv_pool_bytes=0, image_requests_in_cross_pool=0,
+        cross_kv_pool_bytes=0, image_requests_in_cross_pool=0, images_per_request=v.max_images_per_request,
+        encoder_tokens_per_request=d.max_encoder_input_len, cross_attention_layers=len(g.get("cross_attention_layers") or []),
         encoder_gflops_per_image=round(mllama_vision_gflops_per_image(vis, geo.hidden_size), 1),
         formula="self KV tokens = blocks(free × free_gpu_memory_fraction × (1 − cross_kv_cache_fraction)) × "
                 "tokens_per_block; cross KV tokens = blocks(free × free_gpu_memory_fraction × cross_kv_cache_fraction) × "
@@ -123,3 +134,30 @@ def split_kv_pool(vm: VisionMemory, *, free: int, fraction: float, kv_token_byte
     return vm.model_copy(update={
         "cross_kv_token_bytes": kv_token_bytes, "cross_kv_tokens": blocks * tokens_per_block,
         "cross_kv_pool_bytes": blocks * block, "image_requests_in_cross_pool": blocks // per_request})
+
+
+def vision_step_terms(recipe, geo, *, tp_size: int, kv_bytes: int, encoder_peak_flops: float) -> dict:
+    """The :class:`~pipeline.plan.step.StepCost` fields a vision recipe adds (empty dict: not a vision recipe or its
+    geometry is unknown), per GPU at tensor parallelism ``tp_size`` with ``kv_bytes`` per K/V element:
+
+    - ``cross_kv_bytes_per_seq`` = E × C × 2 × max(1, K / tp) × head_dim × kv_bytes (C cross-attention layers, E encoder
+      tokens per request = N × tiles × ((tile / patch)² + 1));
+    - ``prompt_extra_flops`` = N × encoder FLOPs per image (whole, GPU 0) + C × 2 × E × hidden × 2·K·head_dim / tp (the
+      cross K/V projections), at ``prompt_extra_flops_rate`` = ``encoder_peak_flops`` (FLOP/s of the encoder dtype);
+    - ``cross_attn_flops_per_token`` = C × 4 × E × H × head_dim / tp (each token's cross-attention; the caller adds it
+      to the Linear FLOPs per token).
+    """
+    v = recipe.vision
+    g = vision_geometry(recipe.model.source) if cross_attention(v) else None  # a token family: vision_tokens.py
+    if g is None or not g.get("vision_config"):
+        return {}
+    n = v.max_images_per_request
+    e = derived_vision(v, recipe.build.max_batch_size).max_encoder_input_len  # N images' encoder tokens
+    c = len(g.get("cross_attention_layers") or [])
+    kd = max(1, geo.num_key_value_heads // tp_size) * geo.head_dim
+    enc = n * mllama_vision_gflops_per_image(g["vision_config"], geo.hidden_size) * 1e9
+    proj = c * 2 * e * geo.hidden_size * 2 * geo.num_key_value_heads * geo.head_dim / tp_size
+    return {"cross_kv_bytes_per_seq": float(e * c * 2 * kd * kv_bytes), "prompt_extra_flops": enc + proj,
+            "prompt_extra_flops_rate": encoder_peak_flops,
+            "cross_attn_flops_per_token": c * 4 * e * geo.num_attention_heads * geo.head_dim / tp_size,
+            "images_per_request": n, "encoder_tokens_per_request": e, "cross_attention_layers": c}
