@@ -82,7 +82,7 @@ def _triton_values(spec: DeploySpec) -> dict[str, Any]:
         "model": {"recipe": r.name, "engine": spec.engine, "tensorrtLlm": spec.tensorrt_llm,
                   "servedModel": spec.bench_model},
         "parallelism": {"tp": spec.tp, "pp": spec.pp, "gpusPerNode": spec.gpus_per_node, "nodes": spec.nodes},
-        "gpu": {"perPod": spec.gpus_per_pod, "product": spec.gpu_product},
+        "gpu": {"perPod": spec.gpus_per_pod, "product": spec.gpu_product, "resource": spec.gpu_resource},
         "modelRepository": {
             "source": "pvc",
             "mountPath": spec.mount_path,
