@@ -3,7 +3,8 @@ AIPerf export files of a synthetic run — failures, short requests, a multi-tok
 metrics, one and several load points — hash to what the code before issue #33 (6cf60e0) wrote. The metric registry,
 the typed load points and the exporters may be rearranged; their output may not change. (A numpy upgrade that moves
 the last digit of a float would change a hash too: check the diff, then re-record. Re-recorded for #39: the spec gained
-`stall_timeout_s`; with that one line taken out, every file hashes as before.)"""
+`stall_timeout_s`; with that one line taken out, every file hashes as before. Re-recorded for #49: summary.csv gained the telemetry columns
+(pipeline.bench.telemetry.CSV_COLUMNS, empty without telemetry); with them cut off, it hashes as before.)"""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ MULTI = {
     "aiperf/20x3_c4/profile_export_aiperf.json": "79f46fd58a636b40",
     "bench.json": "294e618db2bd0492",  # + config.stall_timeout_s (#39)
     "profile_export.jsonl": "ce88d164ba28b70a",
-    "summary.csv": "9d9355b59072a5f3",
+    "summary.csv": "274c00109b804da0",  # + the telemetry columns, empty here (#49)
 }
 SINGLE = {
     "aiperf/10x4_c4/profile_export_aiperf.csv": "2a3862423bfb141e",
@@ -40,7 +41,7 @@ SINGLE = {
     "profile_export.jsonl": "b4cbf0851d8a8c56",
     "profile_export_aiperf.csv": "2a3862423bfb141e",
     "profile_export_aiperf.json": "2216e2b4e9685970",
-    "summary.csv": "d792e43e6493081e",
+    "summary.csv": "a7015fc3b9a9868a",  # + the telemetry columns, empty here (#49)
 }
 
 

@@ -10,6 +10,7 @@ physics guarantees (the accuracy figure is measured by ``benchmarks/check_bench_
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from bench_fidelity import violations
 from support import free_port, free_ports
@@ -175,7 +177,8 @@ def test_llmapi_interface_counts_cumulative_text_and_reports_short(server, tmp_p
     assert short.metrics["input_sequence_length"]["min"] == short.metrics["input_sequence_length"]["max"] == 24
     assert any("4 request(s) came back with fewer than OSL" in w for w in run.warnings)
     doc = json.loads((out / "bench.json").read_text())
-    assert doc["status"]["notes"] == [LLMAPI_OSL_WARNING] and doc["environment"]["model"]["interface"] == "llmapi"
+    notes = [n for n in doc["status"]["notes"] if not n.startswith("device telemetry:")]  # + the telemetry source (#49)
+    assert notes == [LLMAPI_OSL_WARNING] and doc["environment"]["model"]["interface"] == "llmapi"
 
 
 def test_request_timeout_fails_requests_and_closes_streams(server, tmp_path):
@@ -199,9 +202,18 @@ def test_cli_run_writes_table_json_csv_and_plots(server, tmp_path):
     assert "ISL:OSL 16:8" in p.stdout and "ISL:OSL 8:4" in p.stdout and "goodput" in p.stdout
     rows = (out / "summary.csv").read_text().splitlines()
     assert len(rows) == 1 + 4
-    assert len(list((out / "plots").glob("*.png"))) == 4
+    assert len(list((out / "plots").glob("*.png"))) == 5  # + telemetry.png (#49)
     doc = json.loads((out / "bench.json").read_text())
     assert doc["environment"]["triton_server"]["version"] == "2.51.0"
+    # telemetry (#49): no NVML here; the fake server (this test's child process) found by its listening port
+    tel = doc["load_points"][0]["telemetry"]
+    assert tel["source"] == "process" and tel["samples"] >= 2 and tel["interval_s"] == 0.5
+    pid = int(tel["devices"][0]["name"].removeprefix("server process tree (pid ").rstrip(")"))
+    assert pid in {os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))}
+    assert tel["overall"]["rss"]["peak"] > 10 and tel["overall"]["cpu_util"]["mean"] >= 0
+    assert any(n.startswith("device telemetry: NVML unavailable") for n in doc["status"]["notes"])
+    header = rows[0].split(",")
+    assert "telemetry_source" in header and "rss_mib_peak" in header and rows[1].split(",")[header.index("telemetry_source")] == "process"
     assert len([r for r in doc["requests"] if not r["warmup"]]) == 32
     # AIPerf's per-request export: one MetricRecordInfo per measured request (aiperf@db4f6397 record_models.py)
     lines = [json.loads(x) for x in (out / "profile_export.jsonl").read_text().splitlines()]

@@ -404,6 +404,11 @@ def test_grafana_dashboard_plots_the_recorded_signals(outs):
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
     for s in metrics.signals_for("tensorrt").values():
         assert s.record in exprs
+    # the DCGM exporter's series beside Triton's (#49), per pod of this deployment
+    dcgm = {p["title"]: p["targets"][0]["expr"] for p in dash["panels"] if "DCGM_FI_" in p["targets"][0]["expr"]}
+    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK",
+            "DCGM_FI_DEV_GPU_TEMP"} <= {e.split("(")[-1].split("{")[0] for e in dcgm.values()}
+    assert all('namespace="$namespace"' in e and "by (pod)" in e for e in dcgm.values())
 
 
 # ------------------------------------------------------------------------------------------ user mistakes

@@ -157,6 +157,24 @@ def aggregate_csv(agg: dict[str, dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
+#: NVML quantity (pipeline.bench.telemetry) → AIPerf's GPU-telemetry field and unit (ai-dynamo/aiperf@0df41809
+#: aiperf/gpu_telemetry/constants.py ``DCGM_TO_FIELD_MAPPING``; ``gpu_memory_used`` in GB: MiB × 1.048576e-3, its
+#: ``SCALING_FACTORS``)
+_GPU_TELEMETRY = {"power_usage": ("gpu_power_usage", "W", 1.0), "gpu_util": ("gpu_utilization", "%", 1.0),
+                  "fb_used": ("gpu_memory_used", "GB", 1.048576e-3), "sm_clock": ("sm_clock_frequency", "MHz", 1.0),
+                  "gpu_temp": ("gpu_temperature", "°C", 1.0)}
+
+
+def gpu_telemetry(block: dict[str, Any] | None) -> dict[str, Any]:
+    """``{"gpu_telemetry": {AIPerf field: {unit, avg, max}}}`` of a load point sampled through NVML (AIPerf's GPU
+    telemetry names), else ``{}``: the CPU host's process view has no place in AIPerf's files (it stays in bench.json)."""
+    if not block or block.get("source") != "nvml":
+        return {}
+    out = {name: {"unit": unit, "avg": st["mean"] * k, "max": st["peak"] * k}
+           for key, (name, unit, k) in _GPU_TELEMETRY.items() if (st := block["overall"].get(key))}
+    return {"gpu_telemetry": out} if out else {}
+
+
 def write(tmp: Path, run: BenchResult) -> None:
     """Write the AIPerf files of ``run`` into the run directory being built (``tmp``)."""
     measured = [r for r in run.records if not r.warmup]
@@ -167,7 +185,7 @@ def write(tmp: Path, run: BenchResult) -> None:
     for p in points:
         agg = aggregate(p.records(measured), p.summary)  # type: ignore[arg-type]
         doc = {"input_config": {"trtpipe": spec_json(run.spec), "url": run.url, "scenario": p.scenario,
-                                "load": p.load}, "was_cancelled": bool(run.interrupted)} | agg
+                                "load": p.load}, "was_cancelled": bool(run.interrupted)} | agg | gpu_telemetry(p.telemetry)
         dirs = [tmp / "aiperf" / f"{p.scenario.replace(':', 'x')}_{p.load}"] + ([tmp] if len(points) == 1 else [])
         for d in dirs:
             d.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,9 @@
 ``plots/itl.png``                 ITL p50/p90/p99 (ms) vs load
 ``plots/throughput_latency.png``  output tokens/s vs per-user tokens/s (one curve per ISL:OSL,
                                   points labelled with the load) — the throughput–latency curve
+``plots/telemetry.png``           per load: GPU utilisation %, memory used (MiB) and power (W) mean/peak from NVML,
+                                  or, on a CPU host, the server process tree's CPU % and RSS (MiB) mean/peak
+                                  (only when the run has telemetry; :mod:`pipeline.bench.telemetry`)
 
 Load is concurrency (closed loop) or request rate in requests/s (open loop).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline.bench import telemetry
 from pipeline.bench.summary_csv import column, read_summary
 
 PLOTS = "plots"
@@ -85,4 +89,34 @@ def write_plots(run_dir: Path) -> list[Path]:
                 ax.annotate(f"{_load(r):g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
     finish(fig, ax, "throughput_latency.png", "output tokens/s (all users)", "Throughput vs per-user speed",
            x="output tokens/s per user (avg)")
+    if (panels := _telemetry_panels(rows)):
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
+        for ax, (key, label) in zip(axes[0], panels):
+            for sc, rs in groups.items():
+                xs = [_load(r) for r in rs]
+                ax.plot(xs, [r.get(telemetry.column(key, "mean")) for r in rs], marker="o", label=f"{sc} mean")
+                ax.plot(xs, [r.get(telemetry.column(key, "peak")) for r in rs], "--", marker="^", label=f"{sc} peak")
+            if log_x:
+                ax.set_xscale("log", base=2)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(label)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize="x-small")
+        fig.suptitle(f"Telemetry per load point (source: {rows[0].get('telemetry_source')})")
+        fig.tight_layout()
+        fig.savefig(out / "telemetry.png", dpi=110)
+        plt.close(fig)
+        written.append(out / "telemetry.png")
     return written
+
+
+#: what the telemetry plot shows, by source: (quantity key, axis label)
+_PANELS = {"nvml": (("gpu_util", "GPU utilisation (%)"), ("fb_used", "memory used (MiB)"), ("power_usage", "power (W)")),
+           "process": (("cpu_util", "server CPU (% of one core)"), ("rss", "server RSS (MiB)")),
+           "host": (("host_cpu_util", "host CPU (% of all cores)"),)}
+
+
+def _telemetry_panels(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The telemetry panels the rows have values for (none without telemetry)."""
+    panels = _PANELS.get(str(rows[0].get("telemetry_source")), ())
+    return [(k, lbl) for k, lbl in panels if any(r.get(telemetry.column(k, "mean")) is not None for r in rows)]

@@ -75,7 +75,8 @@ class LoadPoint:
     """One scenario × load point as measured: ``mode`` is ``concurrency``, ``constant`` or ``poisson``; ``load`` its
     label (``c8``, ``r2.5``); ``concurrency`` or ``request_rate`` (requests/s) the load; ``requests_sent`` the measured
     requests started; ``client_cpu_s``/``wall_s`` the client's CPU and wall time of the measured phase (s);
-    ``server_metrics`` Triton's Prometheus deltas when scraped; ``summary`` filled after the run."""
+    ``server_metrics`` Triton's Prometheus deltas when scraped; ``telemetry`` the device (NVML) or server-process
+    telemetry of the measured phase (:mod:`pipeline.bench.telemetry`); ``summary`` filled after the run."""
 
     scenario: str
     isl: int
@@ -89,6 +90,7 @@ class LoadPoint:
     wall_s: float = 0.0
     client_cpu_fraction: float = 0.0
     server_metrics: dict[str, Any] | None = None
+    telemetry: dict[str, Any] | None = None  # device/process telemetry of the measured phase (pipeline.bench.telemetry)
     summary: Summary | None = None
 
     @property
@@ -102,9 +104,11 @@ class LoadPoint:
 
     def to_json(self) -> dict[str, Any]:
         """The load point as ``bench.json`` stores it (``server_metrics``/``summary`` only when present)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("server_metrics", "summary")}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("server_metrics", "telemetry", "summary")}
         if self.server_metrics is not None:
             out["server_metrics"] = self.server_metrics
+        if self.telemetry is not None:
+            out["telemetry"] = self.telemetry
         if self.summary is not None:
             out["summary"] = self.summary.to_json()
         return out
@@ -138,6 +142,7 @@ class BenchResult:
     metrics_url: str | None = None
     api: Any = None  # the apis.Api it spoke
     image_plan: Any = None  # the images.ImagePlan of an image workload, else None
+    probe: Any = None  # the telemetry.Probe sampled during each load point (None: no telemetry)
 
     @property
     def osl_forced(self) -> bool:

@@ -19,6 +19,9 @@ On the LLM-API interface (``llmapi``, see :mod:`pipeline.bench.client`) OSL cann
 (no ``min_tokens`` input): the run prints one warning line at its start, needs the model's
 tokenizer to count the returned text, and reports requests that stop early as ``short``.
 
+Each load point's measured phase is sampled by :mod:`pipeline.bench.telemetry` (NVML on a GPU host, else the
+server's process tree): ``telemetry`` in bench.json, the run's notes name the source.
+
 The client measures its own CPU time (``time.process_time`` over wall time, all threads incl.
 gRPC's) per load point and warns when it exceeds :data:`CPU_WARN_FRACTION` of one core: the
 client may then have limited the result.
@@ -44,6 +47,7 @@ from pipeline.bench.loadgen import (
 from pipeline.bench.prompts import Prompt, load_tokenizer, make_prompts
 from pipeline.bench.records import RequestRecord, count_text_tokens, server_lost
 from pipeline.bench.results import BenchResult, LoadPoint
+from pipeline.bench.telemetry import Sampler, open_probe
 from pipeline.recipe.bench import BenchSpec
 
 if TYPE_CHECKING:
@@ -144,8 +148,12 @@ async def _load_point(run: BenchResult, client: Any, stop: asyncio.Event, point:
     if spec.warmup_requests:
         await phase(True, spec.warmup_requests, 0)
     before = await _scrape(run)
+    sampler = Sampler(run.probe).start() if run.probe is not None else None
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    point.requests_sent = await phase(False, n_measure if spec.duration_s is None else 10**9, spec.warmup_requests)
+    try:
+        point.requests_sent = await phase(False, n_measure if spec.duration_s is None else 10**9, spec.warmup_requests)
+    finally:
+        point.telemetry = sampler.stop() if sampler is not None else None
     point.client_cpu_s, point.wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
     point.client_cpu_fraction = point.client_cpu_s / point.wall_s if point.wall_s > 0 else 0.0
     after = await _scrape(run)
@@ -239,9 +247,12 @@ def execute(spec: BenchSpec, target: BenchTarget, *, on_progress: Progress | Non
                       notes=pre.notes, url=pre.api.url, layout=target.layout,
                       run_dir=Path(target.out) if target.out is not None else Path("artifacts") / "bench" / now.strftime("%Y%m%d-%H%M%S"),
                       gpus=build_gpus(target.layout), metrics_url=pre.metrics_url, api=pre.api, image_plan=pre.images)
+    run.probe = open_probe(target.server_pid, pre.api.url)
+    run.notes.append(run.probe.note)
     try:
         measure(run, tok, on_progress or (lambda d, t: (lambda n: None)))
     finally:
+        run.probe.close()
         finish(run, tok)
     return run
 

@@ -2,7 +2,8 @@
 
 Column names follow genai-perf's metric keys with the unit and statistic appended, e.g.
 ``time_to_first_token_ms_p99``, ``inter_token_latency_ms_avg``, ``output_token_throughput_tokens_per_s``,
-``request_throughput_requests_per_s``. :mod:`pipeline.bench.exporters` writes it; :mod:`pipeline.bench.plots`
+``request_throughput_requests_per_s``; then the load point's telemetry (:data:`pipeline.bench.telemetry.CSV_COLUMNS`:
+``telemetry_source``, ``gpu_util_pct_mean``, ``gpu_util_pct_peak``, … ``rss_mib_peak``; empty where the source lacks one). :mod:`pipeline.bench.exporters` writes it; :mod:`pipeline.bench.plots`
 and :mod:`pipeline.bench.compare` read it back with :func:`read_summary`.
 """
 
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.bench.metrics import METRICS
 from pipeline.bench.stats import STAT_FIELDS
+from pipeline.bench.telemetry import CSV_COLUMNS as TELEMETRY_COLUMNS
+from pipeline.bench.telemetry import csv_values
 
 if TYPE_CHECKING:
     from pipeline.bench.results import LoadPoint
@@ -42,7 +45,7 @@ def csv_columns(images: bool = False) -> list[str]:
     cols = list(KEY_COLUMNS)
     for tag, spec in METRICS.items():
         cols += [column(tag, s) for s in STAT_FIELDS] if spec.distribution else [column(tag)]
-    return cols + (list(IMAGE_COLUMNS) if images else [])
+    return cols + (list(IMAGE_COLUMNS) if images else []) + TELEMETRY_COLUMNS
 
 
 def csv_row(point: LoadPoint) -> dict[str, Any]:
@@ -64,7 +67,7 @@ def csv_row(point: LoadPoint) -> dict[str, Any]:
         img, tok = s.images["images_per_request"], s.images["image_tokens"]
         row |= {"images_per_request_avg": img["avg"], "image_tokens_avg": tok["avg"], "image_tokens_min": tok["min"],
                 "image_tokens_max": tok["max"], "total_image_tokens": s.images["total_image_tokens"]}
-    return row
+    return row | csv_values(point.telemetry)
 
 
 def read_summary(run_dir: Path) -> list[dict[str, Any]]:

@@ -41,6 +41,7 @@ class BenchTarget:
         "With --api openai: completions (exact-ISL prompt text, default) | chat (chat/completions; the chat template "
         "adds tokens, ISL = the server's prompt_tokens)."), shows_default=True))
     served_model: str | None = None
+    server_pid: int | None = None  # the server's pid for process telemetry (tune knows it; else found by URL)
     layout: BuildLayout | None = None
     tokenizer: Path | None = dataclasses.field(default=None, metadata=_flag(
         "--tokenizer", "HF tokenizer dir (default: the last build's).", Path))

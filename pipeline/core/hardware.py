@@ -33,6 +33,30 @@ HOST_FILE_ENV = "TRTPIPE_HOST_FILE"
 SHIPPED_HOST_FILE = "data/cpu_host.yaml"
 
 
+class MigProfile(BaseModel):
+    """One MIG GPU-instance profile of a GPU (``mig:`` of its catalog entry): ``count`` the most instances per GPU,
+    ``compute_slices`` of 7 (the SM share is compute_slices / 7), ``memory_slices`` of 8 (memory and its bandwidth
+    share: memory_slices / 8, the "Fraction of Memory" column of NVIDIA's MIG user guide), ``memory_mib`` the
+    instance's memory as NVML's ``memorySizeMB`` reports it (MiB)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    count: int
+    compute_slices: int
+    memory_slices: int
+    memory_mib: int
+
+    @property
+    def sm_share(self) -> float:
+        """Fraction of the GPU's SMs (compute_slices / 7)."""
+        return self.compute_slices / 7
+
+    @property
+    def memory_share(self) -> float:
+        """Fraction of the GPU's memory and memory bandwidth (memory_slices / 8)."""
+        return self.memory_slices / 8
+
+
 class GpuSpec(BaseModel):
     """One catalog entry.
 
@@ -65,6 +89,10 @@ class GpuSpec(BaseModel):
     fp4: bool
     source: str
     sources: dict[str, str] = {}
+    #: MIG profiles by name (``3g.71gb``); empty: the GPU has no MIG
+    mig: dict[str, MigProfile] = {}
+    #: set on a MIG slice (:func:`mig_slice`): the profile this spec describes
+    mig_profile: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "GpuSpec":
@@ -96,9 +124,41 @@ class GpuSpec(BaseModel):
 
 @functools.cache
 def catalog() -> dict[str, GpuSpec]:
-    """All catalog entries by key (lower-case, e.g. ``h200``), loaded once from the data file."""
+    """All catalog entries by key (lower-case, e.g. ``h200``), loaded once from the data file (``mig:`` may name
+    another entry's key: the same profile table)."""
     raw = yaml.safe_load(resources.files("pipeline").joinpath("data/gpus.yaml").read_text())
-    return {key: GpuSpec(key=key, **entry) for key, entry in raw.items()}
+    profiles = {k: e.get("mig") for k, e in raw.items() if isinstance(e.get("mig"), dict)}
+    return {key: GpuSpec(key=key, **(entry | ({"mig": profiles[entry["mig"]]} if isinstance(entry.get("mig"), str) else {})))
+            for key, entry in raw.items()}
+
+
+def mig_resource(profile: str) -> str:
+    """The Kubernetes resource of a MIG profile under the device plugin's ``mixed`` strategy: ``nvidia.com/mig-`` +
+    the profile with ``+`` as ``.`` (NVIDIA/k8s-device-plugin@1b826acc6af3 README:262-264, internal/rm/rm.go:140-146),
+    e.g. ``nvidia.com/mig-3g.71gb``."""
+    return "nvidia.com/mig-" + profile.replace("+", ".")
+
+
+def mig_slice(spec: GpuSpec, profile: str) -> GpuSpec:
+    """``spec`` as one MIG instance of ``profile``: memory = the profile's ``memory_mib``; DRAM bandwidth × its memory
+    share; tensor-core rates × its SM share; ``interconnect_gbs`` none (a slice has no NVLink peer); ``mig_profile`` set; ``name`` + `` MIG <profile>``.
+
+    Raises:
+        UserError: ``spec`` has no MIG profile of that name (one line naming ``target.mig`` and the profiles it has).
+    """
+    p = spec.mig.get(profile.strip().lower())
+    if p is None:
+        have = ", ".join(spec.mig) if spec.mig else "none: it has no MIG"
+        raise UserError(f"target.mig {profile!r}: not a MIG profile of {spec.key} ({have})")
+    scale, mib = p.sm_share, min(p.memory_mib, spec.memory_mib)  # the mock 7g figure can exceed what nvidia-smi reports
+    return spec.model_copy(update={
+        "memory_mib": mib, "memory_gib": round(mib / 1024, 2), "memory_gb": round(spec.memory_gb * p.memory_share, 1),
+        "memory_bandwidth_tbs": spec.memory_bandwidth_tbs * p.memory_share, "bf16_tflops": spec.bf16_tflops * scale,
+        "fp8_tflops": None if spec.fp8_tflops is None else spec.fp8_tflops * scale,
+        "fp4_tflops": None if spec.fp4_tflops is None else spec.fp4_tflops * scale,
+        "int8_tops": None if spec.int8_tops is None else spec.int8_tops * scale,
+        "interconnect_gbs": None, "interconnect": None, "mig_profile": profile.strip().lower(),
+        "name": f"{spec.name} MIG {profile.strip().lower()}"})
 
 
 def lookup(name: str) -> GpuSpec | None:

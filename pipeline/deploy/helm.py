@@ -82,7 +82,7 @@ def _triton_values(spec: DeploySpec) -> dict[str, Any]:
         "model": {"recipe": r.name, "engine": spec.engine, "tensorrtLlm": spec.tensorrt_llm,
                   "servedModel": spec.bench_model},
         "parallelism": {"tp": spec.tp, "pp": spec.pp, "gpusPerNode": spec.gpus_per_node, "nodes": spec.nodes},
-        "gpu": {"perPod": spec.gpus_per_pod, "product": spec.gpu_product},
+        "gpu": {"perPod": spec.gpus_per_pod, "product": spec.gpu_product, "resource": spec.gpu_resource},
         "modelRepository": {
             "source": "pvc",
             "mountPath": spec.mount_path,
@@ -195,8 +195,26 @@ def trtllm_serve_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+#: the DCGM exporter's series beside Triton's (title, series, aggregation over a pod's GPUs, Grafana unit): default
+#: counters of NVIDIA/dcgm-exporter@691c92762eb5 etc/default-counters.csv (SM clock :6, GPU temp :11, power W :14,
+#: GPU util % :22, FB used MiB :45, GR engine / tensor pipe active ratios :89/:92, also in the GPU Operator's
+#: dcp-metrics-included.csv); the exporter labels them with the pod holding the GPU (DCGM_EXPORTER_KUBERNETES=true,
+#: set by the GPU Operator's DaemonSet, internal/pkg/transformation/const.go:21-24). On MIG slices DCGM_FI_DEV_GPU_UTIL
+#: is not reported (NVML: utilisation unsupported on MIG): the GR-engine-active panel is the per-slice load.
+DCGM_PANELS = (
+    ("GPU utilisation", "DCGM_FI_DEV_GPU_UTIL", "avg", "percent"),
+    ("GPU engine active", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "avg", "percentunit"),
+    ("Tensor pipe active", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "avg", "percentunit"),
+    ("GPU memory used", "DCGM_FI_DEV_FB_USED", "sum", "mbytes"),
+    ("GPU power", "DCGM_FI_DEV_POWER_USAGE", "sum", "watt"),
+    ("SM clock", "DCGM_FI_DEV_SM_CLOCK", "avg", "rotmhz"),
+    ("GPU temperature", "DCGM_FI_DEV_GPU_TEMP", "max", "celsius"),
+)
+
+
 def grafana_dashboard(spec: DeploySpec) -> dict[str, Any]:
-    """A Grafana dashboard (JSON model, schemaVersion 39) of the deployment's Triton series and signals."""
+    """A Grafana dashboard (JSON model, schemaVersion 39) of the deployment's Triton series and signals, then the DCGM
+    exporter's GPU series of the same pods (:data:`DCGM_PANELS`)."""
     sel = f'namespace="$namespace",pod=~"{spec.name}.*"'
     llm = f'model="{metrics.LLM_MODEL}"'
     panels: list[tuple[str, str, str]] = [
@@ -205,6 +223,7 @@ def grafana_dashboard(spec: DeploySpec) -> dict[str, Any]:
     ]
     for s in metrics.signals_for(spec.engine).values():
         panels.append((f"{s.record} (HPA target {s.target})", f'{s.record}{{namespace="$namespace"}}', "short"))
+    panels += [(f"{title} ({series})", f"{agg} by (pod) ({series}{{{sel}}})", unit) for title, series, agg, unit in DCGM_PANELS]
     return {
         "title": f"trtpipe {spec.name}",
         "uid": f"trtpipe-{spec.name}"[:40],

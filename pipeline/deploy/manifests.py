@@ -175,8 +175,8 @@ def _kserve_isvc(spec: DeploySpec, model: dict[str, Any]) -> dict[str, Any]:
                                                                    "sizeLimit": shm_size(spec.gpus_per_pod, memory)}}],
             "model": {
                 **model,
-                "resources": {"requests": {"nvidia.com/gpu": gpu, "cpu": str(cpu), "memory": memory},
-                              "limits": {"nvidia.com/gpu": gpu, "memory": memory}},
+                "resources": {"requests": {spec.gpu_resource: gpu, "cpu": str(cpu), "memory": memory},
+                              "limits": {spec.gpu_resource: gpu, "memory": memory}},
                 "volumeMounts": [_mount(spec), {"name": "dshm", "mountPath": "/dev/shm"}],
             },
         }},

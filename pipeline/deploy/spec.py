@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from pipeline.core import hardware
 from pipeline.core.errors import UserError
 from pipeline.core.layout import LLMAPI_MODEL_YAML, BuildLayout
 from pipeline.deploy import trtllm_serve
@@ -120,6 +121,7 @@ class DeploySpec(BaseModel):
     nodes: int                   # nodes per model instance (LeaderWorkerSet size when > 1)
     gpus_per_pod: int
     gpu_product: str             # nvidia.com/gpu.product label value
+    gpu_resource: str = "nvidia.com/gpu"  # the extended resource a pod requests: nvidia.com/mig-<profile> on a MIG slice
     mount_path: str              # where the volume holding builds is mounted
     build_dir: str               # absolute path of the build directory inside the pods
     bench_model: str
@@ -277,7 +279,8 @@ def resolve(target: Path, *, overrides: list[str] | None = None, mount_path: str
     return DeploySpec(
         recipe=recipe, name=name, source=source, engine=engine, tensorrt_llm=str(trtllm), release=rel,
         tp=t.tp_size, pp=t.pp_size, world_size=t.world_size, gpus_per_node=node_gpus, nodes=nodes,
-        gpus_per_pod=gpus_per_pod, gpu_product=gpu_product_label(recipe.gpu.name), mount_path=mount,
+        gpus_per_pod=gpus_per_pod, gpu_product=gpu_product_label(hardware.lookup(recipe.target.gpu).name), mount_path=mount,
+        gpu_resource=hardware.mig_resource(recipe.target.mig) if recipe.target.mig else "nvidia.com/gpu",
         build_dir=build_dir, bench_model=recipe.bench.model, tokenizer_dir=tokenizer, engine_args=engine_args,
         frontend=frontend, serve_argv=tuple(serve_argv),
         serve_port=trtllm_serve.port_of(serve_argv) if serve_argv else PORTS["http"],

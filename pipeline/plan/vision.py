@@ -38,7 +38,12 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from pipeline.core.weights import DTYPE_BYTES
-from pipeline.recipe.vision import VisionSpec, cross_attention, derived_vision, vision_geometry
+from pipeline.recipe.vision import (
+    VisionSpec,
+    cross_attention,
+    derived_vision,
+    vision_geometry,
+)
 
 
 class VisionMemory(BaseModel):

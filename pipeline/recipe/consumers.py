@@ -23,6 +23,7 @@ CONSUMERS: dict[str, str] = {
     "description": "none",
     "model": "quantize",
     "target.gpu": "engine",          # engine kernels and plugin adjustments follow the GPU's SM
+    "target.mig": "engine",          # a MIG slice has fewer SMs: its engine is built (tactics timed) on the slice
     "target.tp_size": "quantize",    # the checkpoint is sharded per rank (export mapping)
     "target.pp_size": "quantize",
     "target.ep_size": "runtime",     # LLM-API moe_expert_parallel_size, read when the LLM loads

@@ -79,10 +79,25 @@ class TargetSpec(StrictModel):
         ),
     )
 
+    mig: str | None = Field(
+        default=None, min_length=1,
+        description=(
+            "A MIG slice of target.gpu to deploy on, by profile name (`3g.71gb` on h200 / h200_nvl, `3g.40gb` on "
+            "h100_sxm, …: the `mig` table of pipeline/data/gpus.yaml). `trtpipe plan` sizes against the slice's memory, "
+            "bandwidth and SM share; `deploy k8s` requests `nvidia.com/mig-<profile>` (device plugin mixed strategy). "
+            "One model instance per slice: tp_size × pp_size must be 1."
+        ),
+    )
+
     @field_validator("gpu")
     @classmethod
     def _lower(cls, v: str) -> str:
         return v.strip().lower()
+
+    @field_validator("mig")
+    @classmethod
+    def _lower_mig(cls, v: str | None) -> str | None:
+        return None if v is None else v.strip().lower()
 
     @property
     def world_size(self) -> int:

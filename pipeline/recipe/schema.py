@@ -52,8 +52,12 @@ class Recipe(StrictModel):
     # ------------------------------------------------------------------ derived values
     @property
     def gpu(self) -> hardware.GpuSpec | None:
-        """The catalog entry of ``target.gpu`` (``None`` for the cpu target)."""
-        return None if self.target.gpu == hardware.CPU_TARGET else hardware.lookup(self.target.gpu)
+        """The catalog entry of ``target.gpu`` (``None`` for the cpu target); with ``target.mig``, that GPU's slice
+        (:func:`~pipeline.core.hardware.mig_slice`: the memory, bandwidth and SM share the planner sizes against)."""
+        spec = None if self.target.gpu == hardware.CPU_TARGET else hardware.lookup(self.target.gpu)
+        if spec is not None and self.target.mig is not None and self.target.mig in spec.mig:
+            return hardware.mig_slice(spec, self.target.mig)
+        return spec
 
     @property
     def triton_max_batch_size(self) -> int:
@@ -140,6 +144,13 @@ class Recipe(StrictModel):
         if t != hardware.CPU_TARGET and hardware.lookup(t) is None:
             known = ", ".join(sorted(hardware.catalog()))
             raise RecipeCheckError("target.gpu", f"'{t}' is not in the GPU catalog ({known}) nor 'cpu'")
+        if self.target.mig is not None:
+            spec = hardware.lookup(t) if t != hardware.CPU_TARGET else None
+            if spec is None or self.target.mig not in spec.mig:
+                have = ", ".join(spec.mig) if spec is not None and spec.mig else "none"
+                raise RecipeCheckError("target.mig", f"'{self.target.mig}' is not a MIG profile of {t} (its profiles: {have})")
+            if self.target.world_size != 1:
+                raise RecipeCheckError("target.mig", f"a MIG slice holds one rank: tp_size × pp_size is {self.target.world_size}, not 1")
         # the engine × target rows of pipeline/recipe/serving_path.py (the frontend is checked with the knobs)
         problem = path_problem(engine, t, TRITON)
         if problem is not None:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 # the speedup interval's bootstrap, shared with `bench compare` (the report names its settings as an.RESAMPLES …)
+from pipeline.bench import telemetry
 from pipeline.bench.stats import ALPHA, RESAMPLES, SEED, ratio_ci  # noqa: F401
 
 
@@ -36,12 +37,14 @@ def flat_metrics(summary: dict[str, Any]) -> dict[str, float]:
 
 def load_points(bench_doc: dict[str, Any], gpus: int) -> list[dict[str, Any]]:
     """The load points of one bench.json as ``{scenario, load, concurrency, metrics}``; ``metrics`` gains
-    ``output_token_throughput_per_gpu`` = output tok/s ÷ ``gpus`` when the bench did not know the GPU count."""
+    ``output_token_throughput_per_gpu`` = output tok/s ÷ ``gpus`` when the bench did not know the GPU count, and the
+    load point's telemetry as ``telemetry.<quantity>.<mean|peak>`` (:func:`pipeline.bench.telemetry.flat`: MLflow
+    metrics of the point)."""
     out = []
     for p in bench_doc["load_points"]:
         if "summary" not in p:
             continue
-        m = flat_metrics(p["summary"])
+        m = flat_metrics(p["summary"]) | telemetry.flat(p.get("telemetry"))
         if "output_token_throughput" in m and "output_token_throughput_per_gpu" not in m:
             m["output_token_throughput_per_gpu"] = m["output_token_throughput"] / gpus
         out.append({"scenario": p["scenario"], "load": p["load"], "concurrency": p.get("concurrency"), "metrics": m})

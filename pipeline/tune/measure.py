@@ -163,7 +163,8 @@ def _measure(point: Point, tune: Any, out: Path, pdir: Path, doc: dict[str, Any]
             run_dir = pdir / f"bench-{r}"
             shutil.rmtree(run_dir, ignore_errors=True)
             result = bench.run(tune.bench, bench.BenchTarget(url=handle.grpc_url, layout=res.layout, out=run_dir,
-                                                              metrics_url=handle.metrics_url))
+                                                              metrics_url=handle.metrics_url,
+                                                              server_pid=getattr(handle.server, "pid", None)))
             check_outcome(result)
             doc_b = {"load_points": [p.to_json() for p in result.load_points]}
             repeats.append({"bench_dir": str(run_dir), "load_points": load_points(doc_b, gpus)})

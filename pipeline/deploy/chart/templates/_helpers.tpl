@@ -158,7 +158,7 @@ livenessProbe:
 {{- end -}}
 
 {{- define "trtpipe.resources" -}}
-{{- $gpu := dict "nvidia.com/gpu" (toString .Values.gpu.perPod) -}}
+{{- $gpu := dict (default "nvidia.com/gpu" .Values.gpu.resource) (toString .Values.gpu.perPod) -}}
 requests:
   {{- toYaml (merge (dict) $gpu .Values.resources.requests) | nindent 2 }}
 limits:
