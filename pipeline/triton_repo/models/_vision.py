@@ -109,7 +109,7 @@ def load_image_url(url: str, *, allow_http: bool, what: str = "image_url_input")
         raise ImageInputError(f"{what}: http(s) image URLs are refused by this server (send a data:image/...;base64 URL or "
                               "image_bytes_input; the preprocessing parameter allow_http_image_urls enables fetching)")
     try:
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as resp:  # noqa: S310 (scheme checked above)
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as resp:
             data = resp.read(MAX_IMAGE_BYTES + 1)
     except Exception as e:  # URLError, HTTPError, timeouts: the client named a URL that does not answer
         raise ImageInputError(f"{what}: fetching {url[:80]} failed: {e}"[:300]) from None
@@ -210,3 +210,20 @@ def encoder_kwargs(features, lengths, mask, skip) -> dict:
         m = np.asarray(mask).astype(bool)
         m = m.reshape(-1, m.shape[-1])[:, : feats.shape[0]]
     return {"encoder_input_features": feats, "cross_attention_mask": m, "skip_cross_attn_blocks": False}
+
+
+def cross_attention_mask(ids: list[int], image_token_id: int, tiles_per_image, max_tiles: int, n: int) -> np.ndarray:
+    """INT64 ``[len(ids), n, max_tiles]``: transformers' mllama rule (``get_cross_attention_token_mask`` +
+    ``convert_sparse_cross_attention_mask_to_dense``): text from an ``<|image|>`` token onward sees that image's real
+    tiles (a run of adjacent image tokens sees all of them), rows before the first image token see nothing."""
+    mask = np.zeros((len(ids), n, max_tiles), np.int64)
+    if n == 0:
+        return mask
+    from transformers.models.mllama.processing_mllama import (
+        convert_sparse_cross_attention_mask_to_dense,
+        get_cross_attention_token_mask,
+    )
+
+    sparse = get_cross_attention_token_mask(list(ids), image_token_id)
+    dense = convert_sparse_cross_attention_mask_to_dense([sparse], [list(map(int, tiles_per_image))], max_tiles, len(ids))
+    return np.asarray(dense[0], dtype=np.int64)

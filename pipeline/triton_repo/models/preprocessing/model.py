@@ -22,15 +22,6 @@ import dataclasses
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from _vision import (
-    PREPROCESSING_INPUT,
-    ImageInputError,
-    check_image_count,
-    images_from_bytes,
-    images_from_urls,
-    insert_image_tokens,
-    one_image_form,
-)
 from _common import (
     apply_pythonpath,
     array,
@@ -44,6 +35,16 @@ from _common import (
     scalar,
     text,
     word_list,
+)
+from _vision import (
+    PREPROCESSING_INPUT,
+    ImageInputError,
+    check_image_count,
+    cross_attention_mask,
+    images_from_bytes,
+    images_from_urls,
+    insert_image_tokens,
+    one_image_form,
 )
 
 IMAGE_TOKEN = "<|image|>"  # mllama's image placeholder (config.json image_token_index)
@@ -171,19 +172,3 @@ class _Vision:
             pb_utils.Tensor("CROSS_ATTENTION_MASK", cam[None]),
         ]
 
-
-def cross_attention_mask(ids: list[int], image_token_id: int, tiles_per_image, max_tiles: int, n: int) -> np.ndarray:
-    """INT64 ``[len(ids), n, max_tiles]``: transformers' mllama rule (``get_cross_attention_token_mask`` +
-    ``convert_sparse_cross_attention_mask_to_dense``): text from an ``<|image|>`` token onward sees that image's real
-    tiles (a run of adjacent image tokens sees all of them), rows before the first image token see nothing."""
-    mask = np.zeros((len(ids), n, max_tiles), np.int64)
-    if n == 0:
-        return mask
-    from transformers.models.mllama.processing_mllama import (
-        convert_sparse_cross_attention_mask_to_dense,
-        get_cross_attention_token_mask,
-    )
-
-    sparse = get_cross_attention_token_mask(list(ids), image_token_id)
-    dense = convert_sparse_cross_attention_mask_to_dense([sparse], [list(map(int, tiles_per_image))], max_tiles, len(ids))
-    return np.asarray(dense[0], dtype=np.int64)
