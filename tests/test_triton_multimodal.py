@@ -264,3 +264,27 @@ def test_a_prompt_without_the_image_tag_gets_it_after_bos():
     assert V.insert_image_tokens([1, 5, 6], 1, 99, bos_id=1) == [1, 99, 5, 6]
     assert V.insert_image_tokens([5, 6], 1, 99, bos_id=None) == [99, 5, 6]
     assert V.insert_image_tokens([1, 99, 5], 1, 99, bos_id=1) == [1, 99, 5]
+
+
+def test_deploy_k8s_renders_the_multimodal_launch(tmp_path):
+    """`trtpipe deploy k8s` of the 8-GPU vision recipe: every rank's tritonserver argv as launch_triton_server.py makes
+    it of --tensorrt_llm_model_name tensorrt_llm,multimodal_encoders --multimodal_gpu0_cuda_mem_pool_bytes 300000000
+    (scripts/launch_triton_server.py@c2e65b8:173-182): ranks ≠ 0 load both models, rank 0 gets the pool on GPU 0."""
+    pytest.importorskip("kubernetes_validate")
+    import yaml
+
+    from pipeline.deploy.spec import resolve
+    from pipeline.deploy.stage import run
+
+    recipe = REPO / "recipes" / "llama32_90b_vision_h200_tp8_fp8.yaml"
+    out = run(recipe, tmp_path / "helm").out
+    dep = next(d for d in yaml.safe_load_all((out / "rendered" / "deployment.yaml").read_text()) if d)
+    argv = dep["spec"]["template"]["spec"]["containers"][0]["command"]
+    ranks = " ".join(argv).split(" : ")
+    assert len(ranks) == 8
+    assert "--cuda-memory-pool-byte-size=0:300000000" in ranks[0] and "--load-model" not in ranks[0]
+    for r in ranks[1:]:
+        assert "--load-model=tensorrt_llm --load-model=multimodal_encoders" in r and "cuda-memory-pool" not in r
+    admin = "model-repository,shared-memory,logging,trace:triton-admin-key=$(TRITON_ADMIN_KEY)"
+    assert argv == resolve(recipe).triton_argv(extra_args=[f"--http-restricted-api={admin}",
+                                                           f"--grpc-restricted-protocol={admin}"])

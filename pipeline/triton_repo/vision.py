@@ -60,6 +60,18 @@ def template_context(recipe: Any, vision_dir: Path | None) -> dict[str, Any]:
     }
 
 
+def tritonserver_options(recipe: Any) -> dict[str, Any]:
+    """The keyword arguments of :func:`pipeline.triton.server.triton_command` for ``recipe``: ``load_models`` (the
+    models ranks ≠ 0 load: ``tensorrt_llm``, plus ``multimodal_encoders`` for a vision recipe) and
+    ``cuda_pool_gpu0_bytes`` (``vision.multimodal_gpu0_cuda_mem_pool_bytes`` on a GPU; 0 for a text recipe or on the
+    CPU target, which has no CUDA pool) — the ``tritonserver`` flags upstream's ``launch_triton_server.py`` makes of
+    :func:`launch_flags` (scripts/launch_triton_server.py@c2e65b88d852:173-182)."""
+    if recipe.vision is None or "multimodal_encoders" not in serving_path(recipe).repo_models:
+        return {"load_models": ("tensorrt_llm",), "cuda_pool_gpu0_bytes": 0}
+    pool = 0 if serving_path(recipe).on_cpu else int(recipe.vision.multimodal_gpu0_cuda_mem_pool_bytes)
+    return {"load_models": ("tensorrt_llm", layouts()["multimodal"]["model_name"]), "cuda_pool_gpu0_bytes": pool}
+
+
 def launch_flags(recipe: Any) -> list[str]:
     """The ``launch_triton_server.py`` flags the multimodal repository needs on a GPU (docs/multimodal.md@efb8a497:235,
     241): ``--tensorrt_llm_model_name tensorrt_llm,multimodal_encoders --multimodal_gpu0_cuda_mem_pool_bytes N``;
