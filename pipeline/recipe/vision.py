@@ -51,9 +51,9 @@ class VisionSpec(StrictModel):
     patch_size: int = Field(default=14, ge=1, le=INT32_MAX, description="Patch edge in pixels = vision_config.patch_size (14).")
     max_tiles: int = Field(default=4, ge=1, le=INT32_MAX, description="Tiles per image = the processor's max_image_tiles / vision_config.max_num_tiles (4); the processor pads every image to it.")
     max_images_per_request: int = Field(default=1, ge=1, le=INT32_MAX, description="Images one request may carry = the Triton preprocessing max_num_images (docs/multimodal.md@efb8a497:208 uses 1).")
-    encoder_dtype: Literal["bfloat16", "float16"] = Field(
+    encoder_dtype: Literal["bfloat16", "float16", "float32"] = Field(
         default="bfloat16",
-        description="Vision encoder (and projector) dtype; never quantized: ModelOpt quantizes only the language model of a VLM "
+        description="Vision encoder (and projector) dtype; float32 on the cpu target only (onnxruntime); never quantized: ModelOpt quantizes only the language model of a VLM "
                     "(TensorRT-Model-Optimizer examples/llm_ptq/hf_ptq.py@5a4242fa:348-368, 646-651; the mllama README keeps "
                     "the visual engine in BF16 for an FP8 decoder).")
     max_batch_size: int | None = Field(default=None, ge=1, le=INT32_MAX, description="Vision engine batch limit; derived = build.max_batch_size × max_images_per_request (docs/multimodal.md@efb8a497:171). Leave unset; a typed value must equal the derived one.")
@@ -176,6 +176,9 @@ def vision_problems(recipe: Any, base_dir: Path | None = None) -> list[tuple[str
         have = (vcfg or {}).get(cfg_key)
         if have is not None and have != getattr(v, key):
             out.append((f"vision.{key}", f"{getattr(v, key)} disagrees with the checkpoint's vision_config.{cfg_key} {have}"))
+    if (v.encoder_dtype == "float32") != (recipe.target.gpu == "cpu"):  # onnxruntime on CPU; bf16/fp16 TensorRT on a GPU
+        out.append(("vision.encoder_dtype", f"'{v.encoder_dtype}' on target.gpu {recipe.target.gpu}: use "
+                    + ("float32 (the CPU target runs the encoder in onnxruntime)" if recipe.target.gpu == "cpu" else "bfloat16 or float16")))
     if v.encoder_input_features_data_type != FEATURES_DTYPE[v.family]:
         out.append(("vision.encoder_input_features_data_type", (f"'{v.encoder_input_features_data_type}': {v.family} "
                     f"needs {FEATURES_DTYPE[v.family]} (docs/multimodal.md@efb8a497:229)")))
