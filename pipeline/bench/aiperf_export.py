@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.bench import metrics as bm
+from pipeline.bench.images import spec_json
 from pipeline.bench.records import RequestRecord
 from pipeline.bench.results import BenchResult, Summary
 
@@ -63,7 +64,14 @@ _RECORD_METRICS = sorted([(m.aiperf, m.per_request) for m in bm.METRICS.values()
 #: per-run AIPerf metrics in AIPerf's order: (AIPerf name, value of one load point's Summary)
 _RUN_METRICS = sorted([(m.aiperf, _run_value(m.tag)) for m in bm.METRICS.values() if m.aiperf and not m.distribution]
                       + list(_RUN_ONLY), key=lambda item: item[0].pos)
-_HEADERS = {peer.name: peer.header for peer, _ in _RECORD_METRICS + _RUN_METRICS}
+#: an image workload's values (AIPerf@db4f6397 has no image metric — none under aiperf/metrics/types/ — so the names
+#: are trtpipe's, in AIPerf's style; its ``input_sequence_length`` counts the text only, as ours):
+#: per request, then per load point; only in runs that sent images
+_IMAGE_RECORD = ((bm.Peer("image_count", 20, "Image Count", "images"), lambda r: r.images),
+                 (bm.Peer("image_tokens", 21, "Image Tokens", "tokens"), lambda r: r.image_tokens))
+_IMAGE_RUN = ((bm.Peer("total_images", 20, "Total Images", "images"), lambda im: im["total_images"]),
+              (bm.Peer("total_image_tokens", 21, "Total Image Tokens", "tokens"), lambda im: im["total_image_tokens"]))
+_HEADERS = {peer.name: peer.header for peer, _ in [*_RECORD_METRICS, *_RUN_METRICS, *_IMAGE_RECORD, *_IMAGE_RUN]}
 
 
 def record_line(r: RequestRecord, session_num: int, t0_ns: int, t0_epoch_ns: int) -> dict[str, Any]:
@@ -84,7 +92,7 @@ def record_line(r: RequestRecord, session_num: int, t0_ns: int, t0_epoch_ns: int
         return {"metadata": meta, "metrics": {"error_isl": {"value": r.input_tokens, "unit": "tokens"}},
                 "error": {"code": None, "type": (r.error or "no tokens").split(":")[0][:60], "message": r.error or "no output tokens"}}
     out = {}
-    for peer, fn in _RECORD_METRICS:
+    for peer, fn in [*_RECORD_METRICS, *(_IMAGE_RECORD if r.images else ())]:
         v = fn(r)
         if v is not None and v != []:
             out[peer.name] = {"value": v, "unit": peer.unit}
@@ -120,6 +128,12 @@ def aggregate(records: Sequence[RequestRecord], summary: Summary) -> dict[str, d
     for peer, fn in _RUN_METRICS:
         if (v := fn(summary)) is not None:
             out[peer.name] = {"unit": peer.unit, "avg": v}
+    if summary.images is not None:
+        for peer, fn in _IMAGE_RECORD:
+            if (s := _stats([fn(r) for r in done], peer.unit)) is not None:
+                out[peer.name] = s
+        for peer, fn in _IMAGE_RUN:
+            out[peer.name] = {"unit": peer.unit, "avg": fn(summary.images)}
     return out
 
 
@@ -152,7 +166,7 @@ def write(tmp: Path, run: BenchResult) -> None:
     points = [p for p in run.load_points if p.summary is not None]
     for p in points:
         agg = aggregate(p.records(measured), p.summary)  # type: ignore[arg-type]
-        doc = {"input_config": {"trtpipe": run.spec.model_dump(mode="json"), "url": run.url, "scenario": p.scenario,
+        doc = {"input_config": {"trtpipe": spec_json(run.spec), "url": run.url, "scenario": p.scenario,
                                 "load": p.load}, "was_cancelled": bool(run.interrupted)} | agg
         dirs = [tmp / "aiperf" / f"{p.scenario.replace(':', 'x')}_{p.load}"] + ([tmp] if len(points) == 1 else [])
         for d in dirs:

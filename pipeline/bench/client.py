@@ -177,6 +177,7 @@ def _add(req: service_pb2.ModelInferRequest, name: str, datatype: str, arr: np.n
 
 def request_inputs(
     info: ModelInfo, prompt: Prompt, osl: int, *, ignore_eos: bool = True, perf_metrics: bool = False, exact_osl: bool = True,
+    image_input: str = "image_bytes_input",
 ) -> list[tuple[str, str, Any]]:
     """``[(name, datatype, value)]``: the inputs of one streaming request for ``prompt`` with exactly ``osl``
     output tokens, whatever the transport (gRPC protobuf here, JSON for ``--api triton-http``).
@@ -195,6 +196,9 @@ def request_inputs(
     ``sampling_param_top_k = 1`` (greedy in every TensorRT-LLM sampler; ``temperature = 0`` is
     not: older PyTorch samplers assert ``temperature > 0``) and, with ``perf_metrics``,
     ``sampling_param_return_perf_metrics`` — again only inputs the model declares.
+
+    A prompt with images (text interface) adds them as ``image_input``: ``image_bytes_input`` (uint8
+    ``[images, H, W, 3]``, gRPC) or ``image_url_input`` (data URLs, Triton HTTP) — :mod:`pipeline.bench.images`.
 
     ``exact_osl=False`` (``trtpipe eval``) sends no ``min_tokens``: ``osl`` is then only ``max_tokens``, and
     with ``ignore_eos=False`` no ``end_id`` either, so the model stops at its own EOS (the ensemble's
@@ -220,6 +224,10 @@ def request_inputs(
         if prompt.text is None:
             raise UserError(f"model {info.name!r} takes text; the prompt has none")
         scalar("text_input", "BYTES", prompt.text)
+        if prompt.images:
+            from pipeline.bench.images import request_input
+
+            out.append(request_input(prompt.images, image_input))
         scalar("max_tokens", "INT32", osl)
         scalar("stream", "BOOL", True)
         scalar("exclude_input_in_output", "BOOL", True)
@@ -262,8 +270,8 @@ def build_request(
     lead = info.max_batch_size > 0
     dtypes = {"INT32": np.int32, "BOOL": np.bool_, "BYTES": np.object_}
     for name, dt, value in request_inputs(info, prompt, osl, ignore_eos=ignore_eos, perf_metrics=perf_metrics, exact_osl=exact_osl):
-        if isinstance(value, np.ndarray):
-            _add(req, name, dt, value.reshape(1, -1) if lead else value)
+        if isinstance(value, np.ndarray):  # input_ids [n], image_bytes_input [images, H, W, 3]: + the batch dimension
+            _add(req, name, dt, value[None] if lead else value)
             continue
         arr = np.array([value.encode() if isinstance(value, str) else value], dtype=dtypes[dt])
         _add(req, name, dt, arr.reshape(1, 1) if lead else arr)

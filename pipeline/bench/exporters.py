@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipeline.bench.images import spec_json
 from pipeline.bench.metrics import METRICS, definitions
 from pipeline.bench.results import BENCH_JSON, BenchResult, LoadPoint
 from pipeline.bench.summary_csv import SUMMARY_CSV, csv_columns, csv_row
@@ -58,7 +59,7 @@ def environment(run: BenchResult) -> dict[str, Any]:
 def run_document(run: BenchResult) -> dict[str, Any]:
     """The full ``bench.json`` document of a run."""
     api = run.api
-    cfg = run.spec.model_dump(mode="json") | {"url": run.url, "api": api.name if api is not None else "grpc",
+    cfg = spec_json(run.spec) | {"url": run.url, "api": api.name if api is not None else "grpc",
                                              "openai_endpoint": api.endpoint if api is not None and api.name == "openai" else None,
                                              "tokenizer": run.tokenizer_path,
                                              "build_dir": str(run.layout.root) if run.layout else None}
@@ -73,6 +74,7 @@ def run_document(run: BenchResult) -> dict[str, Any]:
         "units": {tag: spec.unit for tag, spec in METRICS.items()} | {"times": "ns since run start (perf_counter_ns)"},
         "definitions": definitions(),
         "gpus": run.gpus,
+        **({"images": run.image_plan.to_json()} if run.image_plan is not None else {}),
         "load_points": [p.to_json() | ({"vllm": vllm_block(p)} if p.summary is not None else {}) for p in run.load_points],
         "requests": [r.to_json(run.t0_ns) for r in run.records],
     }
@@ -114,7 +116,8 @@ def write_run(out: Path, run: BenchResult) -> Path:
         aiperf_export.write(tmp, run)
         (tmp / BENCH_JSON).write_text(json.dumps(run_document(run), default=str, separators=(",", ":")) + "\n")
         with open(tmp / SUMMARY_CSV, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=csv_columns())
+            w = csv.DictWriter(f, fieldnames=csv_columns(images=any(p.summary is not None and p.summary.images
+                                                                    for p in run.load_points)))
             w.writeheader()
             for point in run.load_points:
                 if point.summary is not None:

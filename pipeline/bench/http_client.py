@@ -193,7 +193,12 @@ def build_openai_request(info: ModelInfo, prompt: Prompt, osl: int, *, exact_osl
     if "continuous_usage_stats" in info.inputs:
         body["stream_options"]["continuous_usage_stats"] = True
     if info.interface == "openai-chat":
-        body["messages"] = [{"role": "user", "content": prompt.text}]
+        if prompt.images:  # content parts: the text, then one image_url part per image (pipeline.bench.images)
+            from pipeline.bench.images import chat_content
+
+            body["messages"] = [{"role": "user", "content": chat_content(prompt.text, prompt.images)}]
+        else:
+            body["messages"] = [{"role": "user", "content": prompt.text}]
     else:
         body["prompt"] = prompt.text
     if exact_osl and "min_tokens" in info.inputs:
@@ -205,8 +210,10 @@ def build_openai_request(info: ModelInfo, prompt: Prompt, osl: int, *, exact_osl
 
 def build_triton_request(info: ModelInfo, prompt: Prompt, osl: int, **kw: Any) -> HttpRequest:
     """The ``generate_stream`` body: the inputs :func:`~pipeline.bench.client.request_inputs` gives the
-    gRPC request (same names, same values; ``input_ids`` as a JSON list), without an ``id`` (set per send)."""
-    body = {name: (value.tolist() if hasattr(value, "tolist") else value) for name, _, value in request_inputs(info, prompt, osl, **kw)}
+    gRPC request (same names, same values; ``input_ids`` as a JSON list), without an ``id`` (set per send); images go
+    as ``image_url_input`` data URLs (tensorrtllm_backend docs/multimodal.md@efb8a497:340: image_url_input for HTTP)."""
+    inputs = request_inputs(info, prompt, osl, image_input="image_url_input", **kw)
+    body = {name: (value.tolist() if hasattr(value, "tolist") else value) for name, _, value in inputs}
     return HttpRequest(f"v2/models/{info.name}/generate_stream", json.dumps(body).encode())
 
 
@@ -312,7 +319,8 @@ class SSEClient:
         if not choices:  # the final usage chunk (choices: [])
             if usage:
                 rec.server_tokens = usage.get("completion_tokens")
-                if self._chat and usage.get("prompt_tokens") is not None:  # chat templates add tokens: record the real ISL
+                # chat templates add tokens: record the real ISL (with images it mixes in image tokens: keep the text's)
+                if self._chat and not rec.images and usage.get("prompt_tokens") is not None:
                     rec.input_tokens = usage["prompt_tokens"]
             return
         choice = choices[0]

@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pipeline.bench.images import image_summary
 from pipeline.bench.records import RequestRecord
 from pipeline.bench.results import Counts, OslCheck, Summary
 from pipeline.bench.stats import Stats
@@ -260,7 +261,7 @@ def summarize(records: Sequence[RequestRecord], slos: dict[str, float] | None = 
         mismatch_pct=100.0 * len(mismatched) / len(finished) if finished else None,
         examples=[{"index": r.index, "requested": r.requested_tokens} | r.osl_counts for r in mismatched[:5]],
     )
-    return Summary(counts, totals.duration_s, metrics, osl_check, speculative(done))
+    return Summary(counts, totals.duration_s, metrics, osl_check, speculative(done), image_summary(measured))
 
 
 def speculative(records: Sequence[RequestRecord]) -> dict[str, Any] | None:

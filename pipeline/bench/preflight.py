@@ -29,6 +29,7 @@ class Preflight:
     spec: BenchSpec
     metrics_url: str | None
     notes: list[str]
+    images: Any = None  # the images.ImagePlan of an image workload
 
 
 def _needs_tokenizer(spec: BenchSpec, info: Any, tokenizer: Path | None) -> None:
@@ -130,12 +131,17 @@ def preflight(spec: BenchSpec, *, url: str | None, api: str = "grpc", openai_end
             (:func:`check_lengths`).
 
     Raises:
-        UserError: a scenario the build cannot run, unreachable server, unknown/not-ready model, a text or LLM-API
+        UserError: image options the build cannot take (:func:`pipeline.bench.images.check_build`, before the server
+            is asked anything) or the model's interface cannot (:func:`pipeline.bench.images.plan`), a scenario the
+            build cannot run, unreachable server, unknown/not-ready model, a text or LLM-API
             model without a tokenizer.
     """
+    from pipeline.bench import images
     from pipeline.bench.server_metrics import probe
+    from pipeline.bench.target import build_recipe
 
     proto = Api.make(api, url, openai_endpoint)
+    checked = images.check_build(spec, build_recipe(layout), tokenizer)  # image options vs the build, before the server
     if layout is not None and (not proto.is_triton or (layout.triton_repo / spec.model).is_dir()):
         check_lengths(spec, build_limits(layout))  # (a Triton model not in the build's repository: not its limits)
     info = proto.preflight(served_model if proto.name == "openai" else spec.model)
@@ -145,6 +151,7 @@ def preflight(spec: BenchSpec, *, url: str | None, api: str = "grpc", openai_end
     else:
         status(f"{info.name} on {proto.url}: {info.interface} interface, Triton {info.server.get('version', '?')} ({api})")
     _needs_tokenizer(spec, info, tokenizer)
+    image_plan = images.plan(checked, info, proto.name, tokenizer)
     notes = _osl_caveats(proto, info)
     for note in notes:
         status(f"warning: {note}")
@@ -153,4 +160,4 @@ def preflight(spec: BenchSpec, *, url: str | None, api: str = "grpc", openai_end
     if why and metrics_url:  # the default endpoint not answering is normal (another port, or no metrics): silent
         notes.append(why)
         status(f"note: {why}")
-    return Preflight(proto, info, spec, scraped, notes)
+    return Preflight(proto, info, spec, scraped, notes, image_plan)

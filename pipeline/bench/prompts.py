@@ -30,11 +30,14 @@ _MAX_FIXUPS = 50
 
 @dataclasses.dataclass(frozen=True)
 class Prompt:
-    """One prompt: token ids and/or text, and its length in tokens."""
+    """One prompt: token ids and/or text, and its length in tokens; with an image workload its ``images``
+    (:class:`~pipeline.bench.images.BenchImage`) and the ``image_tokens`` they cost the model (not in ``num_tokens``)."""
 
     num_tokens: int
     ids: np.ndarray | None = None
     text: str | None = None
+    images: tuple[Any, ...] = ()
+    image_tokens: int = 0
 
 
 def _allowed_ids(tokenizer: Any) -> np.ndarray:
@@ -155,7 +158,29 @@ def added_special_tokens(tokenizer: Any) -> int:
     return max(0, len(tokenizer.encode("a")) - len(tokenizer.encode("a", add_special_tokens=False)))
 
 
-def make_prompts(spec: Any, info: Any, isl: int, n: int, tokenizer: Any) -> list[Prompt]:
+def make_prompts(spec: Any, info: Any, isl: int, n: int, tokenizer: Any, images: Any = None) -> list[Prompt]:
+    """:func:`text_and_token_prompts`, then with ``images`` (an :class:`~pipeline.bench.images.ImagePlan`) each prompt
+    gets its images (seeded by ``spec.seed`` and ``isl``) and, where the plan has a placeholder (mllama on Triton), one
+    image token per image before the text — the synthetic text is shortened by as many tokens, so the prompt still
+    encodes to exactly ``isl`` tokens.
+
+    Raises:
+        UserError: as :func:`text_and_token_prompts`; an ISL that cannot hold the image tokens; see
+            :func:`pipeline.bench.images.attach`.
+    """
+    if images is None:
+        return text_and_token_prompts(spec, info, isl, n, tokenizer)
+    from pipeline.bench.images import attach
+
+    k = images.workload.per_request if images.placeholder else 0
+    if k and isl - k < 1 and spec.dataset is None:
+        raise UserError(f"ISL {isl}: the prompt carries {k} image token(s); use ISL > {k}")
+    prompts = text_and_token_prompts(spec, info, isl - k, n, tokenizer)
+    exact = None if spec.dataset is not None else isl
+    return attach(prompts, images, tokenizer, (spec.seed, isl), exact)
+
+
+def text_and_token_prompts(spec: Any, info: Any, isl: int, n: int, tokenizer: Any) -> list[Prompt]:
     """``n`` (≤ :data:`MAX_UNIQUE_PROMPTS`) prompts of exactly ``isl`` tokens for the model's interface.
 
     ``spec`` is the :class:`~pipeline.recipe.bench.BenchSpec` (its ``seed`` and ``dataset``), ``info`` the model's

@@ -75,6 +75,9 @@ class RequestRecord:
             On the text interface the client count already is the server's (Σ ``num_output_tokens``).
         text_tokens: output tokens by re-tokenizing the returned text after the run (text
             interfaces with a tokenizer), else ``None``.
+        images: images sent with the request (image workloads, :mod:`pipeline.bench.images`), else 0.
+        image_tokens: tokens those images cost the model (mllama: encoder length; Qwen2-VL: spliced tokens), not
+            part of ``input_tokens`` (the text ISL).
     """
 
     scenario: str
@@ -94,6 +97,8 @@ class RequestRecord:
     server: dict[str, int] | None = None
     server_tokens: int | None = None
     text_tokens: int | None = None
+    images: int = 0
+    image_tokens: int = 0
 
     @property
     def output_tokens(self) -> int:
@@ -149,7 +154,7 @@ class RequestRecord:
             "server": self.server,
             "server_tokens": self.server_tokens,
             "text_tokens": self.text_tokens,
-        }
+        } | ({"images": self.images, "image_tokens": self.image_tokens} if self.images else {})
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RequestRecord:
@@ -169,6 +174,8 @@ class RequestRecord:
             server=d.get("server"),
             server_tokens=d.get("server_tokens"),
             text_tokens=d.get("text_tokens"),
+            images=d.get("images", 0),
+            image_tokens=d.get("image_tokens", 0),
         )
 
 

@@ -56,6 +56,7 @@ class Summary:
     metrics: dict[str, Any]
     osl_check: OslCheck
     speculative: dict[str, Any] | None = None  # only when the model returned speculative-decoding counters
+    images: dict[str, Any] | None = None  # only for image workloads (pipeline.bench.images.image_summary)
 
     def stat(self, tag: str, stat: str = "avg") -> float | None:
         """One statistic of a distribution metric (e.g. ``stat("time_to_first_token", "p99")``, in its unit)."""
@@ -65,7 +66,8 @@ class Summary:
         """The ``summary`` block of a load point in ``bench.json``."""
         out = {"counts": dataclasses.asdict(self.counts), "duration_s": self.duration_s, "metrics": self.metrics,
                "osl_check": dataclasses.asdict(self.osl_check)}
-        return out | ({"speculative": self.speculative} if self.speculative is not None else {})
+        out |= {"speculative": self.speculative} if self.speculative is not None else {}
+        return out | ({"images": self.images} if self.images is not None else {})
 
 
 @dataclasses.dataclass
@@ -135,6 +137,7 @@ class BenchResult:
     gpus: int | None = None
     metrics_url: str | None = None
     api: Any = None  # the apis.Api it spoke
+    image_plan: Any = None  # the images.ImagePlan of an image workload, else None
 
     @property
     def osl_forced(self) -> bool:

@@ -91,7 +91,7 @@ async def _run_async(run: BenchResult, tokenizer: Any, on_progress: Progress) ->
     try:
         for isl, osl in run.scenarios:
             most = max(spec.warmup_requests + spec.requests_for(v) for _, v in points)
-            prompts = make_prompts(spec, info, isl, most, tokenizer)
+            prompts = make_prompts(spec, info, isl, most, tokenizer, images=run.image_plan)
             requests = [api.build(info, p, osl, perf_metrics=spec.server_timestamps) for p in prompts]
             for mode, value in points:
                 if stop.is_set():
@@ -120,7 +120,8 @@ async def _load_point(run: BenchResult, client: Any, stop: asyncio.Event, point:
     def sender(warmup: bool) -> Callable[[int], Any]:
         async def send(i: int) -> None:
             k = i % len(requests)
-            rec = RequestRecord(scenario, label, i, warmup, prompts[k].num_tokens, point.osl)
+            rec = RequestRecord(scenario, label, i, warmup, prompts[k].num_tokens, point.osl,
+                                images=len(prompts[k].images), image_tokens=prompts[k].image_tokens)
             run.records.append(rec)
             await client.stream(run.api.with_id(requests[k], f"{scenario}-{label}-{i}"), rec)
             if (lost := server_lost(rec.error)) and not stop.is_set():
@@ -237,7 +238,7 @@ def execute(spec: BenchSpec, target: BenchTarget, *, on_progress: Progress | Non
                       info=pre.info, t0_epoch_ns=time.time_ns(), tokenizer_path=None if tokenizer is None else str(tokenizer),
                       notes=pre.notes, url=pre.api.url, layout=target.layout,
                       run_dir=Path(target.out) if target.out is not None else Path("artifacts") / "bench" / now.strftime("%Y%m%d-%H%M%S"),
-                      gpus=build_gpus(target.layout), metrics_url=pre.metrics_url, api=pre.api)
+                      gpus=build_gpus(target.layout), metrics_url=pre.metrics_url, api=pre.api, image_plan=pre.images)
     try:
         measure(run, tok, on_progress or (lambda d, t: (lambda n: None)))
     finally:

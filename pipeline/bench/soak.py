@@ -250,7 +250,7 @@ def _soak(spec: BenchSpec, soak_spec: SoakSpec, target: BenchTarget, pid: int | 
     pre = preflight(spec, url=target.url, api=target.api, openai_endpoint=target.openai_endpoint,
                     served_model=target.served_model, tokenizer=tokenizer, status=on_status, metrics=False)
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
-    prompts = make_prompts(pre.spec, pre.info, isl, min(512, streams * 2), tok)
+    prompts = make_prompts(pre.spec, pre.info, isl, min(512, streams * 2), tok, images=pre.images)
     requests = [pre.api.build(pre.info, p, osl) for p in prompts]
 
     def count(rec: Any) -> None:

@@ -24,6 +24,10 @@ KEY_COLUMNS = (
     "scenario", "isl", "osl", "mode", "concurrency", "request_rate", "requests", "completed", "failed", "short",
     "duration_s", "client_cpu_fraction",
 )
+#: columns of an image workload (after the metrics; only in runs that sent images): images and image tokens per
+#: completed request (ISL stays the text's, ``input_sequence_length_*``), and the load point's image-token total
+IMAGE_COLUMNS = ("images_per_request_avg", "image_tokens_avg", "image_tokens_min", "image_tokens_max",
+                 "total_image_tokens")
 _UNIT_SUFFIX = {"ms": "ms", "tokens": "tokens", "tokens/s": "tokens_per_s", "requests/s": "requests_per_s"}
 
 
@@ -33,12 +37,12 @@ def column(tag: str, stat: str | None = None) -> str:
     return f"{base}_{stat}" if stat else base
 
 
-def csv_columns() -> list[str]:
-    """All CSV columns, in order."""
+def csv_columns(images: bool = False) -> list[str]:
+    """All CSV columns, in order (with :data:`IMAGE_COLUMNS` last when the run sent ``images``)."""
     cols = list(KEY_COLUMNS)
     for tag, spec in METRICS.items():
         cols += [column(tag, s) for s in STAT_FIELDS] if spec.distribution else [column(tag)]
-    return cols
+    return cols + (list(IMAGE_COLUMNS) if images else [])
 
 
 def csv_row(point: LoadPoint) -> dict[str, Any]:
@@ -56,6 +60,10 @@ def csv_row(point: LoadPoint) -> dict[str, Any]:
                 row[column(tag, stat)] = (value or {}).get(stat)
         else:
             row[column(tag)] = value
+    if s.images is not None:
+        img, tok = s.images["images_per_request"], s.images["image_tokens"]
+        row |= {"images_per_request_avg": img["avg"], "image_tokens_avg": tok["avg"], "image_tokens_min": tok["min"],
+                "image_tokens_max": tok["max"], "total_image_tokens": s.images["total_image_tokens"]}
     return row
 
 

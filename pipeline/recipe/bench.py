@@ -24,6 +24,11 @@ from pipeline.recipe.bounds import (
     SEED_MAX,
 )
 
+#: largest synthetic image side in pixels (trtpipe's sanity bound: 16384² RGB is 768 MiB per image)
+MAX_IMAGE_PX = 16384
+#: most images one bench request may carry (trtpipe's sanity bound; the build's vision.max_images_per_request rules)
+MAX_IMAGES_PER_REQUEST = 64
+
 #: goodput SLO keys (ms): ``ttft`` (TTFT), ``itl`` (the request's ITL), ``tpot`` (its TPOT), ``e2e`` (request latency)
 SLO_KEYS = ("ttft", "itl", "tpot", "e2e")
 
@@ -227,6 +232,28 @@ class BenchSpec(StrictModel):
     )] = Field(
         default=False, description="Also ask the server for its per-request perf timestamps (return_perf_metrics)."
     )
+
+    # --------------------------------------------- synthetic images (AIPerf's flags: ai-dynamo/aiperf@db4f6397
+    # aiperf/common/config/image_config.py:22-123; defaults config_defaults.py:69-76: size 0 = no images, batch 1,
+    # png; images only when both means are > 0, dataset/composer/synthetic.py:161-166)
+    image_width_mean: Annotated[float, Flag("--image-width-mean", (
+        "Mean image width in pixels of synthetic images (with --image-height-mean; 0 = no images)."), float)] = Field(
+        default=0.0, ge=0, le=MAX_IMAGE_PX, allow_inf_nan=False, description=(
+            "Mean width in pixels of the synthetic images sent with every request (AIPerf --image-width-mean); "
+            "images are sent only when both means are > 0."))
+    image_width_stddev: Annotated[float, Flag("--image-width-stddev", "Standard deviation of the image width, pixels.", float)] = Field(
+        default=0.0, ge=0, le=MAX_IMAGE_PX, allow_inf_nan=False, description="Standard deviation of the image width in pixels (AIPerf --image-width-stddev).")
+    image_height_mean: Annotated[float, Flag("--image-height-mean", (
+        "Mean image height in pixels of synthetic images (with --image-width-mean; 0 = no images)."), float)] = Field(
+        default=0.0, ge=0, le=MAX_IMAGE_PX, allow_inf_nan=False, description=(
+            "Mean height in pixels of the synthetic images (AIPerf --image-height-mean)."))
+    image_height_stddev: Annotated[float, Flag("--image-height-stddev", "Standard deviation of the image height, pixels.", float)] = Field(
+        default=0.0, ge=0, le=MAX_IMAGE_PX, allow_inf_nan=False, description="Standard deviation of the image height in pixels (AIPerf --image-height-stddev).")
+    image_format: Annotated[Literal["png", "jpeg"], Flag("--image-format", "png | jpeg: how the images are encoded.")] = Field(
+        default="png", description="Image file format sent (AIPerf --image-format; png is its default).")
+    image_batch_size: Annotated[int, Flag("--image-batch-size", "Images per request (AIPerf's name).", int)] = Field(
+        default=1, ge=1, le=MAX_IMAGES_PER_REQUEST, description=(
+            "Images per request (AIPerf --image-batch-size); at most the build's vision.max_images_per_request."))
 
     # ------------------------------------------------------------------ derived values
     def load_points(self) -> list[tuple[str, float]]:

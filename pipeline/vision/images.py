@@ -9,6 +9,7 @@ dataset/generator/image.py:29-57, as read in docs/reference/multimodal-vlm.md §
 
 from __future__ import annotations
 
+import functools
 import io
 
 import numpy as np
@@ -37,6 +38,32 @@ def bundled_sample(name: str) -> Image.Image:
     import skimage.data
 
     return Image.fromarray(np.asarray(getattr(skimage.data, name)())).convert("RGB")
+
+
+@functools.cache
+def _source(name: str) -> Image.Image:
+    return bundled_sample(name)
+
+
+def resized_sample(width: int, height: int, index: int) -> Image.Image:
+    """Bundled photograph ``index`` (modulo :data:`BUNDLED_SAMPLES`) resized to ``width × height`` pixels (bicubic,
+    aspect ratio not kept) — AIPerf's synthetic image: a bundled source image resized to the sampled size
+    (ai-dynamo/aiperf@db4f6397 aiperf/dataset/generator/image.py:54-55). The sources are read once per process.
+
+    Args:
+        width, height: the size in pixels (≥ 1).
+        index: which bundled photograph (any integer; taken modulo the number of samples).
+
+    Returns:
+        an RGB PIL image of ``width × height`` pixels; the same arguments always give the same pixels.
+
+    Raises:
+        UserError: a non-positive size.
+    """
+    if width <= 0 or height <= 0:
+        raise UserError(f"image size {width}×{height}: both sides must be ≥ 1 pixel")
+    src = _source(BUNDLED_SAMPLES[index % len(BUNDLED_SAMPLES)])
+    return src.resize((width, height), Image.Resampling.BICUBIC)
 
 
 def bundled_samples() -> list[Image.Image]:
