@@ -26,9 +26,6 @@ from pipeline.triton_repo.result import RepoResult
 #: CLI spelling of --stage → stage name
 STAGE_ALIASES = {"quantize": "quantize", "vision": "vision", "engine": "engine", "repo": "triton_repo",
                  "triton_repo": "triton_repo"}
-#: issue #46: the multimodal Triton repository (item 4) is not wired into the build yet; a vision recipe's build stops
-#: after the engine stage with one line (:func:`run`). Set True where the repository step takes vision recipes.
-VISION_REPOSITORY = False
 
 
 @dataclasses.dataclass
@@ -96,8 +93,7 @@ def run(
             their content keys match, else rebuilt.
 
     Raises:
-        UserError: a recipe with a ``vision`` section asked for its repository (not built yet: raised after the
-            engine stage, whose results stay), ``--stage vision`` for a text recipe, unknown ``until``, a LoRA adapter that cannot be served (:func:`pipeline.recipe.lora.resolve_adapters`), the planner (:func:`pipeline.plan.check_fits`) finds that
+        UserError: ``--stage vision`` for a text recipe, unknown ``until``, a LoRA adapter that cannot be served (:func:`pipeline.recipe.lora.resolve_adapters`), the planner (:func:`pipeline.plan.check_fits`) finds that
             the recipe cannot fit its target, or a CPU recipe meets a bad ``$TRTPIPE_CPU_KERNELS``
             (before any stage runs); any stage's own errors propagate unchanged.
         StageError: the disk under ``build_dir`` is full or has less free than a stage needs (one line naming the
@@ -117,8 +113,6 @@ def run(
         raise UserError("--stage vision: this recipe has no vision section (a text model has no vision encoder stage)")
     from pipeline.recipe.lora import resolve_adapters
 
-    repo_refused = recipe.vision is not None and last == "triton_repo" and not VISION_REPOSITORY
-    last = "engine" if repo_refused else last
     recipe = resolve_adapters(recipe, recipe_dir)  # adapter files checked (rank, modules), paths absolute
     verdict = check_fits(recipe, recipe_dir=recipe_dir)
     if not verdict.ok:
@@ -155,9 +149,6 @@ def run(
         if created is not None and created.is_dir() and not _files(created) - linked:
             shutil.rmtree(created, ignore_errors=True)  # a failed first build leaves nothing behind (nor links)
         raise
-    if repo_refused:  # after the engine stage: its results (and the vision encoder's) stay for --stage engine reruns
-        raise UserError(f"vision: the multimodal Triton repository is not built yet (issue #46 item 4); quantize, vision "
-                        f"and engine are in {layout.root} (`--stage engine` stops there without this error)")
     return BuildResult(layout, results, changes, seeded)
 
 

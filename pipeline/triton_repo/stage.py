@@ -216,6 +216,7 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
                 "skip_special_tokens": _bool(s.skip_special_tokens),
                 "accumulate_tokens": _bool(s.accumulate_tokens),
                 "tensorrt_llm_model_name": "tensorrt_llm",
+                **mm.get("tensorrt_llm_bls", {}),
             },
         ),
     }
@@ -321,10 +322,15 @@ def _write_llmapi_files(recipe: Recipe, model_dir: Path, quantized: QuantizeResu
 
 
 # ---------------------------------------------------------------------------------------- stage
-def cache_key(recipe: Recipe, *, quantized: QuantizeResult, engine: EngineResult) -> str:
+def cache_key(recipe: Recipe, *, quantized: QuantizeResult, engine: EngineResult, vision_dir: Path | None = None) -> str:
     """Hash of the runtime fields (serving + KV/scheduler knobs, :mod:`pipeline.recipe.consumers`), both upstream
-    cache keys (which cover the build-time fields), the engine path and the templates."""
+    cache keys (which cover the build-time fields), the engine path and the templates; for a vision recipe also the
+    vision stage's key and directory (``multimodal_model_path``)."""
+    mm = {}
+    if recipe.vision is not None and vision_dir is not None:
+        mm = {"vision": (artifacts.read_manifest(vision_dir) or {}).get("cache_key"), "vision_dir": str(Path(vision_dir).resolve())}
     return artifacts.stable_hash({
+        **mm,
         "recipe": consumed(recipe, "runtime"),
         "triton_max_batch_size": recipe.triton_max_batch_size,
         "quantize": quantized.cache_key,
@@ -357,7 +363,7 @@ def run(
         StageError: missing tokenizer/engine config, or a template that renders an invalid config.
     """
     out_dir = layout.triton_repo
-    key = cache_key(recipe, quantized=quantized, engine=engine)
+    key = cache_key(recipe, quantized=quantized, engine=engine, vision_dir=layout.vision)
     if dry_run:
         key = artifacts.stable_hash([key, "dry_run"])
     if not force and (hit := RepoResult.load(out_dir, key)):
@@ -365,7 +371,8 @@ def run(
     t0 = time.perf_counter()
     kind = recipe.build.engine
     lay = layouts()
-    configs = model_configs(recipe, engine.path, paged_context_fmha=engine.paged_context_fmha, repo_dir=out_dir)
+    configs = model_configs(recipe, engine.path, paged_context_fmha=engine.paged_context_fmha, repo_dir=out_dir,
+                            vision_dir=layout.vision)
     impl = serving_path(recipe).tensorrt_llm_model
     problems = repository_problems(configs, impl)
     if problems:  # would not load (or would answer wrong) under the upstream backend / model

@@ -56,6 +56,7 @@ def template_context(recipe: Any, vision_dir: Path | None) -> dict[str, Any]:
         "preprocessing": {"multimodal_model_path": vdir, "max_num_images": images,
                           "allow_http_image_urls": _bool(getattr(v, "allow_http_image_urls", False))},
         "multimodal_encoders": encoders,
+        "tensorrt_llm_bls": {"multimodal_encoders_name": mm["model_name"], "multimodal_model_path": vdir},
         "tensorrt_llm": {} if path.on_cpu else {"cross_kv_cache_fraction": repr(float(v.cross_kv_cache_fraction))},
     }
 

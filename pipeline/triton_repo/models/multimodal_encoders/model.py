@@ -91,6 +91,8 @@ class TritonPythonModel:
         self.max_num_images = get_param(raw, "max_num_images", lambda n, v: parse_int(n, v, minimum=1), None)
         with open(os.path.join(vision_dir, "config.json")) as f:
             vconfig = json.load(f)
+        with open(os.path.join(vision_dir, "preprocessor_config.json")) as f:
+            self.tiles = int(json.load(f)["max_image_tiles"])  # the image processor's tiles per image
         if runtime == "onnxruntime":
             threads = get_param(raw, "cpu_num_threads", lambda n, v: parse_int(n, v, minimum=1), None)
             self.encoder = _Ort(vision_dir, threads)
@@ -110,17 +112,19 @@ class TritonPythonModel:
             raise ImageInputError("image_input and image_bytes_input/image_url_input: send exactly one of image_input, "
                                   "image_bytes_input, image_url_input per request")
         ar_ids, ar_mask = array(request, "aspect_ratio_ids"), array(request, "aspect_ratio_mask")
-        if has_image:  # processed pixel values straight from the client: every tile real, every text row sees them
-            tiles = int(ar_mask.shape[-1]) if ar_mask is not None and ar_mask.ndim == 3 else None
-            if image.ndim != 5 or tiles is None or image.shape[1] % tiles:
-                raise ImageInputError(f"image_input: expected FP16 [1, images*tiles, 3, tile, tile], got {list(image.shape)}")
+        tiles = self.tiles
+        if has_image:  # processed pixel values straight from the client: every tile real
+            if image.ndim != 5 or image.shape[1] % tiles or image.shape[1] == 0:
+                raise ImageInputError(f"image_input: expected FP16 [1, images*{tiles}, 3, tile, tile], got {list(image.shape)}")
             n = image.shape[1] // tiles
             check_image_count(n, self.max_num_images, "image_input")
             pixels = image
             ar_ids = np.full((1, n), self._full_ratio_id(tiles), np.int64)
-            ar_mask, cam = np.ones((1, n, tiles), np.int64), np.ones((1, seq, n, tiles), np.int64)
+            ar_mask = np.ones((1, n, tiles), np.int64)
+            if cam is None or cam.ndim != 4 or cam.shape[2] != n:  # no per-image mask (ensemble image_input): text sees all
+                cam = np.ones((1, seq, n, tiles), np.int64)
         if pixels is None or pixels.size == 0:
-            return self._text_only(max_tokens, seq, tiles=int(ar_mask.shape[-1]) if ar_mask is not None and ar_mask.ndim == 3 else 4)
+            return self._text_only(max_tokens, seq, tiles)
         n, tiles = int(ar_ids.shape[-1]), int(ar_mask.shape[-1])
         feeds = {"pixel_values": pixels.reshape(n, 1, tiles, *pixels.shape[-3:]),
                  "aspect_ratio_ids": ar_ids.reshape(n, 1).astype(np.int64),
