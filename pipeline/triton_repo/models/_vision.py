@@ -64,7 +64,7 @@ def _open_image(data: bytes, what: str):
         img = Image.open(io.BytesIO(data))
         img.load()
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise ImageInputError(f"{what}: not a decodable image ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"[:300]) from None
+        raise ImageInputError(f"{what}: not a decodable image ({type(e).__name__}, {len(data)} bytes)") from None
     return img.convert("RGB")
 
 
