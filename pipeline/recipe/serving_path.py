@@ -195,6 +195,11 @@ def _target_of(gpu: str) -> str:
     return "cpu" if gpu == hardware.CPU_TARGET else "gpu"
 
 
+def on_cpu_target(gpu: str) -> bool:
+    """True when ``target.gpu`` names the CPU target (the one spelling test of it outside the rows)."""
+    return _target_of(gpu) == hardware.CPU_TARGET
+
+
 def path_problem(engine: str, gpu: str, frontend: str, modality: str = TEXT) -> tuple[str, str] | None:
     """``(field, message)`` when ``build.engine`` × ``target.gpu`` × ``serving.frontend`` has no row in :data:`PATHS`
     (``None``: it has one). The engine that does not run on the target is named first (``build.engine``), then a

@@ -34,6 +34,7 @@ from pipeline.core.engine_paths import version_key
 from pipeline.core.errors import UserError
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bounds import INT32_MAX
+from pipeline.recipe.serving_path import on_cpu_target
 from pipeline.vision import geometry as vgeo
 
 #: the vision families the recipe knows (``config.json`` ``model_type``)
@@ -176,9 +177,10 @@ def vision_problems(recipe: Any, base_dir: Path | None = None) -> list[tuple[str
         have = (vcfg or {}).get(cfg_key)
         if have is not None and have != getattr(v, key):
             out.append((f"vision.{key}", f"{getattr(v, key)} disagrees with the checkpoint's vision_config.{cfg_key} {have}"))
-    if (v.encoder_dtype == "float32") != (recipe.target.gpu == "cpu"):  # onnxruntime on CPU; bf16/fp16 TensorRT on a GPU
+    on_cpu = on_cpu_target(recipe.target.gpu)
+    if (v.encoder_dtype == "float32") != on_cpu:  # onnxruntime on CPU; bf16/fp16 TensorRT on a GPU
         out.append(("vision.encoder_dtype", f"'{v.encoder_dtype}' on target.gpu {recipe.target.gpu}: use "
-                    + ("float32 (the CPU target runs the encoder in onnxruntime)" if recipe.target.gpu == "cpu" else "bfloat16 or float16")))
+                    + ("float32 (the CPU target runs the encoder in onnxruntime)" if on_cpu else "bfloat16 or float16")))
     if v.encoder_input_features_data_type != FEATURES_DTYPE[v.family]:
         out.append(("vision.encoder_input_features_data_type", (f"'{v.encoder_input_features_data_type}': {v.family} "
                     f"needs {FEATURES_DTYPE[v.family]} (docs/multimodal.md@efb8a497:229)")))
