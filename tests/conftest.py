@@ -141,6 +141,20 @@ def int4_awq(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Int
     return Int4Awq(recipe, root, res, reference)
 
 
+# --- vision fixtures ---
+
+
+@pytest.fixture(scope="session")
+def smollm2_mllama_dir(smollm2_dir: Path) -> Path:
+    """``embedded:smollm2-135m-mllama`` (pipeline/vision/smollm2_mllama.py): SmolLM2-135M-Instruct's decoder with 2
+    gated cross-attention layers and a tiny seeded vision tower, an ``MllamaForConditionalGeneration`` checkpoint
+    (float32, 0.68 GB) with tokenizer (+ ``<|image|>``), chat template and ``preprocessor_config.json``. Built once
+    into TRTPIPE_CACHE_DIR (~10 s) and reused across sessions; shared by the vision, quantize and CPU-engine tests."""
+    from pipeline.vision.smollm2_mllama import embedded_smollm2_mllama_dir
+
+    return embedded_smollm2_mllama_dir(smollm2_dir)
+
+
 # --- end-to-end fixtures ---
 TRTPIPE = str(Path(sys.executable).parent / "trtpipe")
 CPU_RECIPE = REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"

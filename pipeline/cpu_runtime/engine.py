@@ -42,6 +42,7 @@ import torch
 
 from pipeline.core.geometry import geometry_from_dict
 from pipeline.cpu_runtime.batch import build_step
+from pipeline.cpu_runtime.cross_attention import request_cross
 from pipeline.cpu_runtime.guided import advance, mask
 from pipeline.cpu_runtime.host import CoreShare, release_freed_heap, release_openmp_pool
 from pipeline.cpu_runtime.kv import kv_slots
@@ -183,7 +184,9 @@ class CpuEngine:
     def add_request(self, input_ids: list[int], *, max_new_tokens: int, min_tokens: int = 0, end_id: int | None = None,
                     stop_words: list[list[int]] | None = None, on_tokens: TokensCallback,
                     on_error: ErrorCallback | None = None, matcher: Any = None,
-                    on_context_logits: ContextLogitsCallback | None = None, lora_task_id: int | None = None) -> str:
+                    on_context_logits: ContextLogitsCallback | None = None, lora_task_id: int | None = None,
+                    encoder_input_features: Any = None, cross_attention_mask: Any = None,
+                    skip_cross_attn_blocks: bool = False) -> str:
         """Queue one greedy generation (LoRA adapter ``lora_task_id`` of :attr:`lora`, if given); returns its request id.
 
         ``on_tokens(new_token_ids, finished)`` is called from the engine's delivery thread after
@@ -198,6 +201,7 @@ class CpuEngine:
         A request beyond the free KV slots waits (FIFO) and joins the running batch when a slot frees.
         ``on_context_logits`` (TensorRT-LLM's ``return_context_logits``): called from the delivery thread, before
         the tokens of the same step, with float32 logits ``[n, vocab]`` of every position of each prefill chunk.
+        mllama: ``encoder_input_features`` ``[E, hidden]``, ``cross_attention_mask`` ``[rows, E]``: cross_attention.request_cross.
 
         Raises :class:`~pipeline.cpu_runtime.requests.QueueFullError` when ``max_queue_size`` requests already wait
         beyond the KV slots (refused at once, nothing queued), and ``ValueError`` (message meant for the client) when: ``input_ids`` is empty or holds
@@ -206,8 +210,10 @@ class CpuEngine:
         off and the prompt exceeds ``max_num_tokens``; ``lora_task_id`` names no adapter of this engine.
         ``RuntimeError`` after :meth:`shutdown` or when the scheduler thread has died.
         """
-        ids, min_tokens, eid, words = checked_request(self._cfg, self.chunked, self.vocab_size, input_ids,
+        ids, min_tokens, eid, words = checked_request(self._cfg, self.chunked, self.model.embed.shape[0], input_ids,
                                                       max_new_tokens, min_tokens, end_id, stop_words)
+        cross = request_cross(self.model.cross, self._cfg, len(ids), encoder_input_features, cross_attention_mask,
+                              skip_cross_attn_blocks)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the CPU engine is shut down")
@@ -222,6 +228,7 @@ class CpuEngine:
             seq = SequenceState(rid, ids, int(max_new_tokens), min_tokens, eid, words, on_tokens, on_error, matcher,
                                 on_context_logits)
             seq.lora = selected(self.lora, lora_task_id)  # ValueError for an id no adapter has
+            seq.cross = cross  # (features, mask) until admission computes its cross K/V
             self._requests[rid] = seq
             self._inbox.append(seq)
             self._cv.notify()
@@ -331,6 +338,8 @@ class CpuEngine:
             if seq.done:
                 continue
             seq.slot = len(self._active)
+            if seq.cross is not None:  # mllama: the cross K/V, once per request
+                seq.cross = self.model.cross.prepare(*seq.cross)
             self._active.append(seq)
         self._in_slots = len(self._active)
 
@@ -360,6 +369,7 @@ class CpuEngine:
         if batch.tokens.numel() == 0:
             return
         batch.lora = step_for(batch.slots, [s.lora for s in self._active]) if self.lora is not None else None
+        batch.cross = [s.cross for s in self._active] if self.model.cross is not None else None
         t1 = time.perf_counter()
         logits = self.model.forward(batch)
         t2 = time.perf_counter()

@@ -31,7 +31,7 @@ Numerics follow ``transformers``' Llama in float32 (RMSNorm, rotate-half RoPE fr
 output matches ``generate()``; logits differ from it only by summation order (~1e-6 relative).
 
 Supported ``config.json``: ``LlamaForCausalLM`` / ``MistralForCausalLM`` (no sliding window) /
-``Qwen2ForCausalLM`` (q/k/v bias), rope ``default`` or ``llama3`` scaling (:func:`check_supported`).
+``Qwen2ForCausalLM`` (q/k/v bias), rope ``default``/``llama3`` (:func:`check_supported`); mllama (cross_attention.py).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.core.geometry import ModelGeometry, geometry_from_dict
-from pipeline.cpu_runtime import native
+from pipeline.cpu_runtime import cross_attention, native
 from pipeline.cpu_runtime.linear import (
     NATIVE_GEMM_MAX_ROWS,
     Linear,
@@ -66,6 +66,7 @@ class UnsupportedModelError(ValueError):
 
 def check_supported(cfg: dict[str, Any]) -> None:
     """Raise :class:`UnsupportedModelError` naming the first unsupported feature of ``cfg`` (a config.json dict)."""
+    cfg = cross_attention.checked_view(cfg, UnsupportedModelError)
     arch = (cfg.get("architectures") or ["?"])[0]
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
@@ -164,6 +165,7 @@ class StepBatch:
     chunks: list[tuple[int, int, int, int]]
     logit_rows: torch.Tensor
     lora: Any = None
+    cross: Any = None  # per slot: the request's CrossState (mllama, cross_attention.py) or None
 
 
 class Decoder:
@@ -203,8 +205,8 @@ class Decoder:
         engine_dir = Path(engine_dir)
         cfg = json.loads((engine_dir / "config.json").read_text())
         check_supported(cfg)
-        self.config = cfg
-        self.geo = geo = geometry_from_dict(cfg)  # ModelGeometry: the shape, and the one KV bytes-per-token rule
+        self.config, view = cfg, cross_attention.checked_view(cfg, UnsupportedModelError)  # mllama: its self-attn stack
+        self.geo = geo = geometry_from_dict(view)  # ModelGeometry: the shape, and the one KV bytes-per-token rule
         self.eps = float(geo.rms_norm_eps if geo.rms_norm_eps is not None else DEFAULT_RMS_NORM_EPS)
         self.packed = mkldnn_linear_available(dtype) if pack is None else (pack and mkldnn_linear_available(dtype))
         self.dtype = cd = dtype
@@ -236,7 +238,8 @@ class Decoder:
         # in float32) when lookups need only the rows of the tokens seen
         head = "lm_head.weight" if "lm_head.weight" in w else "model.embed_tokens.weight"
         self.lm_head = Linear(w.get(head, cd), None, packed=self.packed)
-        inv = rope_inv_freq(cfg, geo.head_dim)
+        self.cross = cross_attention.CrossLayers(w, cfg, self.eps) if view is not cfg else None
+        inv = rope_inv_freq(view, geo.head_dim)
         pos = torch.arange(slot_len, dtype=torch.int64).float()
         freqs = torch.outer(pos, inv)  # == transformers' inv_freq @ position_ids (one-term products)
         emb2 = torch.cat((freqs, freqs), dim=-1)
@@ -335,14 +338,15 @@ class Decoder:
         ]
         T = x.shape[0]
         layers = self.layers if b.lora is None else b.lora.wrap(self.layers)  # LoRA: the layer-by-layer path
-        if b.lora is None and self.fused_decode and b.n_decode == T and T <= NATIVE_GEMM_MAX_ROWS:
+        cross = cross_attention.active(self.cross, b.cross)  # mllama steps with encoder features: the torch path
+        if b.lora is None and self.fused_decode and b.n_decode == T <= NATIVE_GEMM_MAX_ROWS and not cross:
             g = self.geo
             self._kernels.decode_layers(
                 self._layer_table, self.dtype != torch.float32, self.cache.dtype != torch.float32, x, g.num_attention_heads,
                 g.num_key_value_heads, g.head_dim,
                 self.layers[0]["down"].in_features, self.cos, self.sin, b.positions.contiguous(), b.slots.contiguous(),
                 b.decode_ctx.contiguous(), self.cache.slots, self.cache.slot_len, self.eps, self.scale, torch.get_num_threads())
-        elif self._kernels:
+        elif self._kernels and not cross:
             x = self._layers_native(b, x, chunk_masks, layers)
         else:
             x = self._layers_torch(b, x, chunk_masks, layers)
@@ -442,4 +446,5 @@ class Decoder:
             gu = L["gate_up"](h.to(cd) if lowp else h)
             inter = gu.shape[1] // 2
             x = x + L["down"](F.silu(gu[:, :inter]) * gu[:, inter:])
+            cross_attention.after_layer(self.cross, i + 1, x, b)  # mllama: the cross layer after this one, if any
         return x

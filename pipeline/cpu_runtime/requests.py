@@ -21,7 +21,8 @@ class SequenceState:
     """One request's state (owned by the scheduler thread except ``done``/``lock``)."""
 
     __slots__ = ("rid", "prompt", "max_new", "min_tokens", "end_id", "stop_words", "on_tokens", "on_error",
-                 "slot", "prefilled", "generated", "done", "lock", "arrival", "matcher", "on_context_logits", "lora")
+                 "slot", "prefilled", "generated", "done", "lock", "arrival", "matcher", "on_context_logits", "lora",
+                 "cross")
 
     def __init__(self, rid, prompt, max_new, min_tokens, end_id, stop_words, on_tokens, on_error, matcher=None,
                  on_context_logits=None):
@@ -38,6 +39,7 @@ class SequenceState:
         self.arrival = time.perf_counter()
         self.matcher = matcher  # xgrammar GrammarMatcher of a guided request (pipeline/cpu_runtime/guided.py), or None
         self.lora = None  # the LoRA adapter this sequence uses (pipeline.cpu_runtime.lora.Adapter), if any
+        self.cross = None  # mllama: (features, mask) until admission, then its CrossState (cross_attention.py)
 
 
 def checked_request(c: dict[str, Any], chunked: bool, vocab_size: int, input_ids: list[int], max_new_tokens: int,

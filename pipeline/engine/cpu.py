@@ -78,7 +78,8 @@ RUNTIME = "trtpipe-torch"
 
 
 def _model_config(hf_ckpt: Path, recipe: Recipe, dry_run: bool) -> dict[str, Any]:
-    """The checkpoint's config.json (its ``text_config`` for multimodal wrappers). In a dry run
+    """The checkpoint's config.json (its ``text_config`` for multimodal wrappers but mllama, whose cross-attention
+    layers the CPU engine runs: the whole config). In a dry run
     without a checkpoint, the known geometry of ``model.source`` stands in (pipeline/data/models.yaml)."""
     path = hf_ckpt / "config.json"
     if not path.is_file() and dry_run:
@@ -90,7 +91,7 @@ def _model_config(hf_ckpt: Path, recipe: Recipe, dry_run: bool) -> dict[str, Any
     if not path.is_file():
         raise StageError(f"{path} is missing: the quantize stage output is incomplete; rebuild it with --force")
     cfg = json.loads(path.read_text())
-    return cfg.get("text_config", cfg)
+    return cfg if (cfg.get("architectures") or [""])[0] == "MllamaForConditionalGeneration" else cfg.get("text_config", cfg)
 
 
 def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
@@ -105,6 +106,7 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
     for an unsupported model, ``kv_cache_config.max_tokens`` below ``max_seq_len``, or ``max_seq_len`` above the
     model's ``max_position_embeddings``.
     """
+    from pipeline.cpu_runtime.cross_attention import checked_view
     from pipeline.cpu_runtime.model import (
         COMPUTE_DTYPES,
         UnsupportedModelError,
@@ -114,6 +116,7 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
     b = recipe.build
     try:
         check_supported(model_cfg)
+        full_cfg, model_cfg = model_cfg, checked_view(model_cfg, UnsupportedModelError)  # mllama: its self-attn stack
     except UnsupportedModelError as e:
         raise UserError(f"model.source: {e}") from None
     max_seq_len = derived.require_max_seq_len(b, model_cfg.get("max_position_embeddings"))
@@ -129,7 +132,7 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
         "kind": "cpu",
         "runtime": RUNTIME,
         "builder_version": BUILDER_VERSION,
-        "architecture": (model_cfg.get("architectures") or ["unknown"])[0],
+        "architecture": (full_cfg.get("architectures") or ["unknown"])[0],
         "dtype": b.cpu.dtype,
         "compute_dtype": compute,
         "num_threads": b.cpu.num_threads,
@@ -160,7 +163,47 @@ def engine_config(recipe: Recipe, model_cfg: dict[str, Any]) -> dict[str, Any]:
         },
         "emulated": {"weights": q.qformat != "full_prec", "activations": False, "kv_cache": False},
         "vocab_size": model_cfg["vocab_size"],
+        **(_encoder_limits(recipe, full_cfg) if full_cfg is not model_cfg else {}),
     }
+
+
+def _encoder_limits(recipe: Recipe, cfg: dict[str, Any]) -> dict[str, int]:
+    """mllama: ``encoder_len_per_image`` and ``max_encoder_input_len`` (vectors per request: the recipe's
+    ``vision.max_images_per_request``, one image without a vision section), by the one rule of
+    :func:`pipeline.vision.geometry.mllama_encoder_len` on the checkpoint's ``vision_config`` (``recipe validate``
+    checks that the recipe's vision section agrees with it)."""
+    from pipeline.vision.geometry import mllama_encoder_len
+
+    vc = cfg["vision_config"]
+    vision = getattr(recipe, "vision", None)
+    images = vision.max_images_per_request if vision is not None else 1
+    geo = (int(vc["max_num_tiles"]), int(vc["image_size"]), int(vc["patch_size"]))
+    return {"encoder_len_per_image": mllama_encoder_len(1, *geo), "max_encoder_input_len": mllama_encoder_len(images, *geo)}
+
+
+def write_weights(hf_ckpt: Path, out_dir: Path, dtype: str) -> None:
+    """``out_dir/model.safetensors`` + ``config.json`` from the (quantized) checkpoint: dequantized to ``dtype``
+    (pipeline/cpu_runtime/dequant.py); an mllama checkpoint's language model only, renamed to the engine's layout
+    (:func:`pipeline.cpu_runtime.cross_attention.engine_tensor_name`: the vision tower and projector stay out — they
+    run in the vision encoder). Raises :class:`StageError` for a layout that cannot be dequantized."""
+    import torch
+    from safetensors.torch import save_file
+
+    from pipeline.cpu_runtime.cross_attention import engine_tensor_name
+    from pipeline.cpu_runtime.dequant import (
+        DequantError,
+        iter_dequantized,
+        plain_config,
+    )
+
+    cfg = plain_config(hf_ckpt, dtype)
+    try:
+        state = {new: t for name, t in iter_dequantized(hf_ckpt, getattr(torch, dtype))
+                 if (new := engine_tensor_name(name, cfg)) is not None}
+    except (DequantError, FileNotFoundError) as e:
+        raise StageError(f"cannot dequantize {hf_ckpt}: {e}") from e
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def _cache_key(recipe: Recipe, quantized: QuantizeResult, dry_run: bool) -> str:
@@ -285,14 +328,6 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
         StageError: ``hf_ckpt/`` is missing or holds a tensor layout that cannot be dequantized; less free disk
             than the dequantized weights need (:func:`pipeline.core.disk.cpu_engine_bytes`), or the disk filled.
     """
-    import torch
-
-    from pipeline.cpu_runtime.dequant import (
-        DequantError,
-        iter_dequantized,
-        plain_config,
-    )
-
     out_dir = layout.engine
     if not dry_run:
         # the runtime's native kernels are built once per machine (pipeline/cpu_runtime/native.py), here so that
@@ -333,22 +368,12 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
             if linked:
                 timings["link_weights"] = time.perf_counter() - t
         if not dry_run and not linked:
-            from safetensors.torch import save_file
-
             t = time.perf_counter()
-            try:
-                state = dict(iter_dequantized(hf_ckpt, getattr(torch, ecfg["dtype"])))
-            except (DequantError, FileNotFoundError) as e:
-                raise StageError(f"cannot dequantize {hf_ckpt}: {e}") from e
+            write_weights(hf_ckpt, tmp, ecfg["dtype"])
             timings["dequantize"] = time.perf_counter() - t
-            t = time.perf_counter()
-            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            del state
-            (tmp / "config.json").write_text(json.dumps(plain_config(hf_ckpt, ecfg["dtype"]), indent=2) + "\n")
             for f in sorted(hf_ckpt.iterdir()):
                 if f.is_file() and f.suffix != ".safetensors" and f.name not in _SKIP:
                     shutil.copy2(f, tmp / f.name)
-            timings["write"] = time.perf_counter() - t
         extra: dict[str, Any] = {}
         if serving_path(recipe).llm_api:  # pytorch on the cpu target: the LLM facade's LLM() arguments
             extra = {"llm_api_config": LLM_API_CONFIG, "llm_api_kwargs": _write_llm_api_config(tmp, recipe, out_dir)}
