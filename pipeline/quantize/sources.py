@@ -8,8 +8,8 @@ Four spellings are accepted (see :class:`pipeline.recipe.ModelSpec`):
     (its ``llm`` dependency is deliberately not installed).
 ``embedded:smollm2-135m-mllama``
     An ``MllamaForConditionalGeneration`` built here from a seed by
-    :func:`pipeline.vision.tiny_mllama.build_smollm2_mllama` (SmolLM2's decoder + gated cross-attention layers + a
-    small vision tower; issue #46), once, into the cache; keyed by the SmolLM2 GGUF and the builder's source.
+    :func:`pipeline.vision.smollm2_mllama.build_smollm2_mllama` (SmolLM2's decoder + gated cross-attention layers + a
+    small vision tower; issue #46), once, into the cache.
 a local ``.gguf`` file
     Dequantized by transformers (+ the ``gguf`` package) into a plain HF checkpoint, once.
 a local HF directory
@@ -133,30 +133,11 @@ MLLAMA_SEED = 0
 
 
 def _embedded_mllama() -> ResolvedSource:
-    """``embedded:smollm2-135m-mllama``: built once into ``cache_dir()/models/smollm2-135m-mllama-<key12>/``
-    (atomic, under a lock), where the key hashes the SmolLM2 GGUF's sha256, the builder module's source and the seed:
-    a changed builder gives a new directory. The content hash is the built files' (same seed → same bytes)."""
-    import inspect
+    """``embedded:smollm2-135m-mllama``: :func:`pipeline.vision.smollm2_mllama.embedded_smollm2_mllama_dir` (built once
+    into the cache from the converted SmolLM2 and :data:`MLLAMA_SEED`); the content hash is the built files'."""
+    from pipeline.vision.smollm2_mllama import embedded_smollm2_mllama_dir
 
-    from pipeline.vision import tiny_mllama
-
-    build = getattr(tiny_mllama, "build_smollm2_mllama", None)
-    base = embedded_smollm2_dir()  # the SmolLM2 decoder it grafts (converted once)
-    key = artifacts.stable_hash({"gguf": SMOLLM2_GGUF_SHA256, "builder": artifacts.stable_hash(inspect.getsource(tiny_mllama)),
-                                 "seed": MLLAMA_SEED})
-    models = artifacts.cache_dir() / "models"
-    final = models / f"smollm2-135m-mllama-{key[:12]}"
-    with _lock(models / f".{final.name}.lock"):
-        if not (final / PROVENANCE).is_file():
-            with artifacts.atomic_dir(final) as tmp:
-                if build is not None:
-                    build(tmp, seed=MLLAMA_SEED)
-                else:  # until the SmolLM2 graft lands: the tiny random mllama (no tokenizer of its own)
-                    tiny_mllama.build_tiny_mllama(tmp, seed=MLLAMA_SEED)
-                (tmp / PROVENANCE).write_text(json.dumps({
-                    "builder": "build_smollm2_mllama" if build is not None else "build_tiny_mllama", "key": key,
-                    "seed": MLLAMA_SEED, "base": str(base), "versions": artifacts.library_versions("transformers", "torch"),
-                    "created_at": artifacts.utc_now()}, indent=2) + "\n")
+    final = embedded_smollm2_mllama_dir(embedded_smollm2_dir(), seed=MLLAMA_SEED)
     return ResolvedSource("embedded", final, _tree_hash(final), None,
                           "SmolLM2-135M-Instruct's decoder as an mllama with seeded cross-attention layers and vision tower")
 

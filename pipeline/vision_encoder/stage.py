@@ -182,7 +182,7 @@ def _export(recipe: Recipe, tmp: Path, key: str, source: Any) -> dict[str, Any]:
         timings["export_onnx_" + dtype] = time.perf_counter() - t
     signature = ox.onnx_signature(onnx_path)
     expected_len = encoder_len_per_image(recipe)
-    out_shape = [-1 if isinstance(d, str) else int(d) for d in signature[ox.OUTPUT_NAME]]
+    out_shape = [-1, *parity.output_shape[1:]]  # [batch, images, tiles, P, text hidden]; the graph names batch only
     if out_shape[1] * out_shape[2] * out_shape[3] != expected_len:
         raise StageError(f"{ONNX_FILE}: encoder_output {out_shape} holds {out_shape[1] * out_shape[2] * out_shape[3]} "
                          f"vectors per image, the vision section derives {expected_len}")
