@@ -189,11 +189,12 @@ def test_each_bad_image_url_is_one_line_naming_the_input(url, fragment):
 
 
 def test_an_allowed_http_url_that_is_not_an_image_is_refused(tmp_path):
+    import functools
     import http.server
     import threading
 
     (tmp_path / "page.html").write_text("<html>not an image</html>")
-    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path), **k)  # noqa: E731
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
     http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
