@@ -14,13 +14,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from test_cpu_runtime import END_ID, _submit  # noqa: E402
+from test_cpu_runtime import END_ID, _submit
 
-from pipeline.cpu_runtime.cross_attention import expand_tile_mask  # noqa: E402
-from pipeline.cpu_runtime.engine import CpuEngine  # noqa: E402
-from pipeline.engine import cpu as cpu_stage  # noqa: E402
-from pipeline.recipe import load_recipe  # noqa: E402
-from pipeline.vision.images import bundled_sample  # noqa: E402
+from pipeline.cpu_runtime.cross_attention import expand_tile_mask
+from pipeline.cpu_runtime.engine import CpuEngine
+from pipeline.engine import cpu as cpu_stage
+from pipeline.recipe import load_recipe
+from pipeline.vision.images import bundled_sample
 
 REPO = Path(__file__).resolve().parents[1]
 NEW = 24
@@ -143,3 +143,19 @@ def test_bad_encoder_inputs_are_refused_in_one_line(engine: CpuEngine, kw, field
     msg = str(e.value)
     assert field in msg and "\n" not in msg
     assert engine.num_active == 0  # nothing queued
+
+
+def test_torch_layer_path_gives_the_same_tokens_with_an_image(engine: CpuEngine, engine_dir: Path, hf, monkeypatch):
+    """Image steps run the self-attention layers on the native kernels (when they build here) with the cross layers
+    in torch between them; the all-torch path gives the same greedy tokens."""
+    model, processor = hf
+    inputs = _inputs(processor, "What is in the picture?", "rocket")
+    kw = {"encoder_input_features": _features(model, inputs),
+          "cross_attention_mask": expand_tile_mask(inputs["cross_attention_mask"][0], PER_TILE)}
+    ids = inputs["input_ids"][0].tolist()
+    first = _submit(engine, ids, NEW, **kw).wait()
+    monkeypatch.setenv("TRTPIPE_CPU_KERNELS", "torch")
+    with CpuEngine(engine_dir, num_threads=1) as eng:
+        assert eng.runtime["kernels"] == "torch"
+        assert _submit(eng, ids, NEW, **kw).wait() == first
+    assert first == _generate(model, inputs)

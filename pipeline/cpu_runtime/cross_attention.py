@@ -20,6 +20,7 @@ and the installed 5.14.1, same code:
   through the attention gate; only its MLP is zeroed. Reproduced as is (greedy output must equal ``generate``);
 - rows: token at position p uses mask row min(p, rows − 1): the prompt's rows, then ``generate`` appends the last row
   for each new token (``_update_model_kwargs_for_generation``, v4.57.3 :1732-1746, 5.14.1 :1576-1590);
+- the self-attention layers keep their kernels (native or torch); the cross layers run in torch between them;
 - no features → the layers are skipped (text-only; v4.57.3 :1252-1257, 5.14.1 :1139-1145). ``cross_attention_mask``
   None with features → no mask (every row attends to every vector, transformers with ``cross_attention_mask=None``).
 
@@ -91,11 +92,20 @@ def active(layers: CrossLayers | None, states: list | None) -> CrossLayers | Non
     return layers if layers is not None and states and any(s is not None for s in states) else None
 
 
-def after_layer(layers: CrossLayers | None, n_before: int, x: torch.Tensor, b: Any) -> None:
+def after_layer(layers: CrossLayers | None, n_before: int, x: torch.Tensor, b: Any,
+                add: torch.Tensor | None = None) -> torch.Tensor | None:
     """The decoder's hook after each self-attention layer: run the cross layer that follows ``n_before`` of them
-    (if there is one and a sequence of step ``b`` has encoder features) on ``x`` in place."""
-    if (cross := active(layers, b.cross)) is not None and n_before in cross.after:
-        cross.apply(n_before, x, b.slots, b.positions, b.cross)
+    (if there is one and a sequence of step ``b`` has encoder features) on ``x`` in place.
+
+    ``add``: the layer's MLP output not yet added to ``x`` (the native path fuses that add into the next RMSNorm):
+    returned as is when no cross layer runs; else added to ``x`` first and None returned (nothing left to add).
+    """
+    if (cross := active(layers, b.cross)) is None or n_before not in cross.after:
+        return add
+    if add is not None:
+        x += add
+    cross.apply(n_before, x, b.slots, b.positions, b.cross)
+    return None
 
 
 def engine_tensor_name(name: str, cfg: dict[str, Any]) -> str | None:

@@ -338,15 +338,14 @@ class Decoder:
         ]
         T = x.shape[0]
         layers = self.layers if b.lora is None else b.lora.wrap(self.layers)  # LoRA: the layer-by-layer path
-        cross = cross_attention.active(self.cross, b.cross)  # mllama steps with encoder features: the torch path
-        if b.lora is None and self.fused_decode and b.n_decode == T <= NATIVE_GEMM_MAX_ROWS and not cross:
+        if b.lora is None and self.fused_decode and b.n_decode == T <= NATIVE_GEMM_MAX_ROWS and not cross_attention.active(self.cross, b.cross):
             g = self.geo
             self._kernels.decode_layers(
                 self._layer_table, self.dtype != torch.float32, self.cache.dtype != torch.float32, x, g.num_attention_heads,
                 g.num_key_value_heads, g.head_dim,
                 self.layers[0]["down"].in_features, self.cos, self.sin, b.positions.contiguous(), b.slots.contiguous(),
                 b.decode_ctx.contiguous(), self.cache.slots, self.cache.slot_len, self.eps, self.scale, torch.get_num_threads())
-        elif self._kernels and not cross:
+        elif self._kernels:
             x = self._layers_native(b, x, chunk_masks, layers)
         else:
             x = self._layers_torch(b, x, chunk_masks, layers)
@@ -386,7 +385,7 @@ class Decoder:
             gu = L["gate_up"](h)
             down = L["down"](kn.silu_mul(gu))
             if i + 1 < len(layers):
-                kn.add_rms_norm(x, down, layers[i + 1]["ln1"], eps, h, threads)
+                kn.add_rms_norm(x, cross_attention.after_layer(self.cross, i + 1, x, b, add=down), layers[i + 1]["ln1"], eps, h, threads)
             else:
                 x += down
         return x

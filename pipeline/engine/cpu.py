@@ -3,7 +3,10 @@
 Output (``<build>/engine/``, written atomically)::
 
     model.safetensors    dequantized weights in build.cpu.dtype (they carry the weight-quantization
-                         error of the exported format; see pipeline/cpu_runtime/dequant.py)
+                         error of the exported format; see pipeline/cpu_runtime/dequant.py); for mllama the
+                         language model only, renamed (pipeline/cpu_runtime/cross_attention.py: the vision
+                         tower and projector stay out, they run in the vision encoder's ONNX model), and
+                         engine_config.json gains encoder_len_per_image / max_encoder_input_len
     config.json          plain transformers config (no quantization_config)
     tokenizer files      copied from <build>/quantize/hf_ckpt/ (tokenizer.json, chat template, …)
     engine_config.json   what pipeline.cpu_runtime.CpuEngine needs: runtime, limits, KV-cache rule, precision, and

@@ -43,7 +43,7 @@ CROSS_LAYERS: tuple[int, ...] = (10, 21)
 GATE = 0.25
 IMAGE_TOKEN = "<|image|>"
 #: bump when the built checkpoint changes (a new cache entry for :func:`embedded_smollm2_mllama_dir`)
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 PROVENANCE = "trtpipe_source.json"
 #: SmolLM2's ChatML template, with ``{"type": "image"}`` content parts rendered as ``<|image|>`` before the text
 CHAT_TEMPLATE = (
@@ -194,6 +194,7 @@ def _compat_config(path: Path, cfg: Any) -> None:
     tc_path = path.parent / "tokenizer_config.json"
     tc = json.loads(tc_path.read_text())
     tc["tokenizer_class"] = "PreTrainedTokenizerFast"  # 4.57 has no TokenizersBackend (as quantize/sources.py does)
+    tc["model_input_names"] = ["input_ids", "attention_mask"]  # 4.57's fast tokenizer adds token_type_ids otherwise
     for k in ("is_local", "local_files_only"):
         tc.pop(k, None)
     tc_path.write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
