@@ -119,6 +119,9 @@ def test_dry_run_of_the_gpu_vision_recipes_lists_export_tensorrt_build_and_encod
     argv = shlex.split((build / "engine" / "trtllm_build.sh").read_text().strip().splitlines()[-1])
     derived = derived_vision(recipe.vision, recipe.build.max_batch_size).max_encoder_input_len
     assert int(argv[argv.index("--max_encoder_input_len") + 1]) == derived == 6404
+    from pipeline.trtllm import contract
+
+    assert {a for a in argv if a.startswith("--")} <= contract.build_flag_names()  # trtllm-build 1.2.1's flag table
     assert json.loads((build / "engine" / "build_config.json").read_text())["max_encoder_input_len"] == 6404
     assert json.loads((build / "engine" / "checkpoint_config.json").read_text())["architecture"] == "MLLaMAForCausalLM"
     q = (build / "quantize" / "quantize_command.sh").read_text().replace(" \\\n    ", " ")
