@@ -146,6 +146,6 @@ def test_cpu_mllama_recipe_quantizes_with_images_and_exports_its_encoder(tmp_pat
     assert hfq["quant_algo"] == "FP8" and "multi_modal_projector" in hfq["exclude_modules"]
     cfg = json.loads((res.quantize.hf_ckpt / "config.json").read_text())
     assert cfg["model_type"] == "mllama" and cfg["vision_config"]["image_size"] == 56
-    assert (res.quantize.hf_ckpt / "preprocessor_config.json").is_file() or (res.quantize.hf_ckpt / "processor_config.json").is_file()
+    assert (res.quantize.hf_ckpt / "preprocessor_config.json").is_file()
     v = res.stages["vision"]
     assert v.parity["max_abs_diff"] <= v.parity["tolerance"] and v.encoder_len_per_image == 68
