@@ -57,7 +57,8 @@ def test_pytorch_engine_is_refused_for_mllama_images_on_1_2():
 
 
 def test_release_data_mllama_images_engine_path_only_and_ends_after_1_2():
-    assert image_engines("mllama", "1.2.1") == {"tensorrt": True, "cpu": False}  # True: end-of-life; cpu: trtpipe's engine
+    # True: end-of-life; the CPU engine (issue #46 item 5) behind the same 1.2.x multimodal repository
+    assert image_engines("mllama", "1.2.1") == {"tensorrt": True, "cpu": False}
     assert image_engines("mllama", "1.1.0") == {"tensorrt": True, "cpu": False}
     assert image_engines("mllama", "1.3.0rc20") == {}
     msg = _error(R11, "target.tensorrt_llm=1.3.0rc20")
@@ -152,3 +153,13 @@ def test_a_vision_recipe_dry_run_writes_the_multimodal_repository(tmp_path):
     assert "multimodal_encoders" in configs and triton_contract.repository_problems(configs, "cpp") == []
     enc = {k: v.string_value for k, v in configs["multimodal_encoders"].parameters.items()}
     assert enc["multimodal_model_path"] == str(BuildLayout(tmp_path / "build").vision.resolve())
+
+
+@pytest.mark.parametrize("path,gpu,dtype,ok", [(R11, "h200", "float32", False), (R11, "h200", "float16", True)])
+def test_float32_encoder_only_on_the_cpu_target(path, gpu, dtype, ok):
+    if ok:
+        assert load_recipe(path, [f"vision.encoder_dtype={dtype}"]).vision.encoder_dtype == dtype
+    else:
+        assert "vision.encoder_dtype" in _error(path, f"vision.encoder_dtype={dtype}")
+    cpu = REPO / "recipes" / "tiny_mllama_cpu.yaml"
+    assert "vision.encoder_dtype" in _error(cpu, "vision.encoder_dtype=bfloat16")

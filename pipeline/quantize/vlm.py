@@ -33,6 +33,7 @@ pin) does not, so the explicit disabling above is what makes both behave the sam
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -248,6 +249,9 @@ def quantize_mllama(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_dir
             exported[k] = original[k]
     (hf_dir / "config.json").write_text(json.dumps(exported, indent=2, sort_keys=True) + "\n")
     proc.save_pretrained(hf_dir)
+    for name in ("preprocessor_config.json", "chat_template.json"):  # transformers 5 folds them into processor_config.json;
+        if (Path(source.hf_dir) / name).is_file() and not (hf_dir / name).is_file():  # 4.57 and the repository read them
+            shutil.copyfile(Path(source.hf_dir) / name, hf_dir / name)
     tokenizer_adjustments = common.portable_tokenizer(hf_dir, common.runtime_transformers())
     timings["export_hf"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
