@@ -26,7 +26,8 @@ from pipeline.trtllm import contract, runtime
 
 REPO = Path(__file__).resolve().parents[1]
 FAKES = REPO / "tests" / "fakes"
-# vision recipes (issue #46) do not build yet (tests/test_recipe_vision.py checks the refusal)
+# vision recipes: the fake trtllm-build knows Llama/Mistral checkpoints only (no MLLaMAForCausalLM); their command is
+# checked in tests/test_vision_stage.py
 GPU_RECIPES = [p for p in sorted((REPO / "recipes").glob("*.yaml"))
                if load_recipe(p).build.engine == "tensorrt" and getattr(load_recipe(p).vision, "family", None) != "mllama"]
 IDS = [p.stem for p in GPU_RECIPES]

@@ -126,8 +126,8 @@ SPEC = "build.pytorch.speculative_config"
     (lambda t: [f"{SPEC}.speculative_model_dir={draft_dir(t, architectures=['LlamaForCausalLM'])}"],
      f"{SPEC}.speculative_model_dir", "not an EAGLE-3 head"),
     (lambda t: [f"{SPEC}={{decoding_type: MTP, num_nextn_predict_layers: 1}}"], f"{SPEC}.decoding_type", "MTP layers"),
-    (lambda t: [f"{SPEC}.decoding_type=Eagle3"], SPEC, "Eagle3"),
-    (lambda t: [f"{SPEC}={{decoding_type: NGram, max_draft_len: 3}}"], f"{SPEC}.NGram.max_matching_ngram_size", "missing"),
+    (lambda t: [f"{SPEC}.decoding_type=Eagle3"], f"{SPEC}.decoding_type", "Eagle3"),
+    (lambda t: [f"{SPEC}={{decoding_type: NGram, max_draft_len: 3}}"], f"{SPEC}.max_matching_ngram_size", "missing"),  # the section tag (NGram) is not in the path
     (lambda t: ["target.ep_size=2"], "target.ep_size", "no experts"),
     (lambda t: ["target.gpu=h100_sxm"], "quantization.qformat", None),  # the eagle recipe is fp8: fine on H100
 ])

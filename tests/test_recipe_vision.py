@@ -57,8 +57,9 @@ def test_pytorch_engine_is_refused_for_mllama_images_on_1_2():
 
 
 def test_release_data_mllama_images_engine_path_only_and_ends_after_1_2():
-    assert image_engines("mllama", "1.2.1") == {"tensorrt": True}  # True: end-of-life
-    assert image_engines("mllama", "1.1.0") == {"tensorrt": True}
+    # True: end-of-life; the CPU engine (issue #46 item 5) behind the same 1.2.x multimodal repository
+    assert image_engines("mllama", "1.2.1") == {"tensorrt": True, "cpu": False}
+    assert image_engines("mllama", "1.1.0") == {"tensorrt": True, "cpu": False}
     assert image_engines("mllama", "1.3.0rc20") == {}
     msg = _error(R11, "target.tensorrt_llm=1.3.0rc20")
     assert "target.tensorrt_llm" in msg and "end-of-life" in msg
@@ -140,11 +141,25 @@ def test_cli_plan_json_counts_the_encoder_and_splits_the_kv_pool(path):
     assert json.loads(res.stdout)["memory"]["kv_tokens"] > m["kv_tokens"]
 
 
-def test_build_refuses_a_vision_recipe_in_one_line(tmp_path):
+def test_a_vision_recipe_dry_run_writes_the_multimodal_repository(tmp_path):
+    """issue #46 Done-when (GPU recipes): `build --dry-run` holds the multimodal repository, passing the contract."""
     from pipeline.build.stage import run as run_build
-    from pipeline.core.errors import UserError
+    from pipeline.core.layout import BuildLayout
+    from pipeline.trtllm import triton_contract
 
-    with pytest.raises(UserError) as e:
-        run_build(load_recipe(R11), tmp_path / "build", recipe_dir=R11.parent, dry_run=True, warn=lambda _m: None)
-    assert str(e.value).startswith("vision:") and "not implemented yet" in str(e.value)
-    assert not (tmp_path / "build").exists()  # nothing half-written
+    run_build(load_recipe(R11), tmp_path / "build", recipe_dir=R11.parent, dry_run=True, warn=lambda _m: None)
+    repo = BuildLayout(tmp_path / "build").triton_repo
+    configs = triton_contract.load_repository(repo)
+    assert "multimodal_encoders" in configs and triton_contract.repository_problems(configs, "cpp") == []
+    enc = {k: v.string_value for k, v in configs["multimodal_encoders"].parameters.items()}
+    assert enc["multimodal_model_path"] == str(BuildLayout(tmp_path / "build").vision.resolve())
+
+
+@pytest.mark.parametrize("path,gpu,dtype,ok", [(R11, "h200", "float32", False), (R11, "h200", "float16", True)])
+def test_float32_encoder_only_on_the_cpu_target(path, gpu, dtype, ok):
+    if ok:
+        assert load_recipe(path, [f"vision.encoder_dtype={dtype}"]).vision.encoder_dtype == dtype
+    else:
+        assert "vision.encoder_dtype" in _error(path, f"vision.encoder_dtype={dtype}")
+    cpu = REPO / "recipes" / "tiny_mllama_cpu.yaml"
+    assert "vision.encoder_dtype" in _error(cpu, "vision.encoder_dtype=bfloat16")

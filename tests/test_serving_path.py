@@ -43,17 +43,33 @@ ROWS = {
     "pytorch/cpu/triton": (CPU_LLMAPI, []),
     "pytorch/cpu/trtllm-serve": (CPU_LLMAPI, TS),
 }
+#: the vision rows (modality ``vision``, issue #46): one recipe each
+VISION_ROWS = {
+    "tensorrt/gpu/triton/vision": (REPO / "recipes" / "llama32_11b_vision_h200_fp8.yaml", []),
+    "cpu/cpu/triton/vision": (REPO / "recipes" / "tiny_mllama_cpu.yaml", []),
+}
 
 #: branches on the serving path left outside the table (the ratchet: lower them, never raise them). The goal of
 #: issue #45: engine-kind comparisons ≤ 3 outside the table, frontend comparisons 0.
 MAX_BRANCHES = {"engine_kind": 9, "frontend": 2, "cpu_target": 11}
 
 
-def test_the_table_is_the_six_real_paths():
-    assert set(PATHS) == set(ROWS)
+def test_the_table_is_the_six_real_paths_and_two_vision_rows():
+    assert set(PATHS) == set(ROWS) | set(VISION_ROWS)
     for key, path in PATHS.items():
         assert path.key == key and PATHS[path.twin].twin == key and path.on(PATHS[path.twin].target) is PATHS[path.twin]
-        assert path.modality == "text"
+        assert path.modality == ("vision" if key in VISION_ROWS else "text")
+        assert ("multimodal_encoders" in path.repo_models) == (key in VISION_ROWS)
+    for key, (recipe_file, sets) in VISION_ROWS.items():  # the text row of the same engine/target/frontend
+        assert PATHS[key.removesuffix("/vision")].repo_models == tuple(m for m in PATHS[key].repo_models if m != "multimodal_encoders")
+
+
+@pytest.mark.parametrize("key", sorted(VISION_ROWS))
+def test_a_vision_recipe_resolves_to_its_vision_row(key):
+    recipe_file, sets = VISION_ROWS[key]
+    if not recipe_file.is_file():
+        pytest.skip(f"{recipe_file.name} is not in this checkout yet")
+    assert serving_path(load_recipe(recipe_file, sets)).key == key
 
 
 def test_the_frontend_names_are_the_recipe_field_choices():

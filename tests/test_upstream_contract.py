@@ -19,8 +19,8 @@ from pipeline.recipe import load_recipe
 from pipeline.trtllm import triton_contract as upstream
 
 REPO = Path(__file__).resolve().parents[1]
-# vision recipes (issue #46) do not build a repository yet (tests/test_recipe_vision.py checks the refusal)
-GPU_RECIPES = [p for p in sorted((REPO / "recipes").glob("*.yaml")) if load_recipe(p).target.gpu != "cpu" and getattr(load_recipe(p).vision, "family", None) != "mllama"]
+# vision recipes (issue #46) included: their repository is the multimodal one (triton_multimodal_contract.yaml)
+GPU_RECIPES = [p for p in sorted((REPO / "recipes").glob("*.yaml")) if load_recipe(p).target.gpu != "cpu"]
 
 
 def _repo(path: Path, tmp_path: Path):

@@ -1,6 +1,7 @@
 """``trtpipe build``: run the build stages of one recipe in order, reusing unchanged results.
 
-quantize (ModelOpt) → engine (tensorrt | pytorch | cpu) → triton_repo. Each stage writes its directory
+quantize (ModelOpt) → [vision: the encoder's ONNX / TensorRT, for a recipe with a ``vision`` section] → engine
+(tensorrt | pytorch | cpu) → triton_repo. Each stage writes its directory
 of the :class:`~pipeline.core.layout.BuildLayout` atomically with a manifest; a stage whose cache key (hash
 of what it consumes: its recipe fields, its upstream results' keys and library versions) is unchanged
 is reused, not rebuilt.
@@ -20,10 +21,12 @@ from pipeline.core.results import StageResult
 from pipeline.engine.result import EngineResult
 from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe, dump_recipe
+from pipeline.recipe.vision import cross_attention
 from pipeline.triton_repo.result import RepoResult
 
 #: CLI spelling of --stage → stage name
-STAGE_ALIASES = {"quantize": "quantize", "engine": "engine", "repo": "triton_repo", "triton_repo": "triton_repo"}
+STAGE_ALIASES = {"quantize": "quantize", "vision": "vision", "engine": "engine", "repo": "triton_repo",
+                 "triton_repo": "triton_repo"}
 
 
 @dataclasses.dataclass
@@ -78,7 +81,7 @@ def run(
         recipe: the validated recipe.
         build_dir: where stage directories go (created).
         recipe_dir: directory of the recipe file; relative paths in the recipe resolve against it.
-        until: stop after this stage (``quantize``, ``engine`` or ``repo``); default: all.
+        until: stop after this stage (``quantize``, ``vision``, ``engine`` or ``repo``); default: all.
         force: rebuild every stage even when its cache key matches.
         dry_run: write commands and configs only (no ModelOpt run, no trtllm-build).
         on_stage: called after each stage with its name, result and the consumed recipe fields that changed
@@ -91,7 +94,7 @@ def run(
             their content keys match, else rebuilt.
 
     Raises:
-        UserError: a recipe with a ``vision`` section (its stages are not built yet), unknown ``until``, a LoRA adapter that cannot be served (:func:`pipeline.recipe.lora.resolve_adapters`), the planner (:func:`pipeline.plan.check_fits`) finds that
+        UserError: ``--stage vision`` for a text recipe, unknown ``until``, a LoRA adapter that cannot be served (:func:`pipeline.recipe.lora.resolve_adapters`), the planner (:func:`pipeline.plan.check_fits`) finds that
             the recipe cannot fit its target, or a CPU recipe meets a bad ``$TRTPIPE_CPU_KERNELS``
             (before any stage runs); any stage's own errors propagate unchanged.
         StageError: the disk under ``build_dir`` is full or has less free than a stage needs (one line naming the
@@ -106,12 +109,11 @@ def run(
 
     last = STAGE_ALIASES.get(until or "triton_repo")
     if last is None:
-        raise UserError(f"--stage {until!r}: expected one of quantize, engine, repo")
+        raise UserError(f"--stage {until!r}: expected one of quantize, vision, engine, repo")
+    if last == "vision" and not cross_attention(recipe.vision):
+        raise UserError("--stage vision: this recipe has no vision section (a text model has no vision encoder stage)")
     from pipeline.recipe.lora import resolve_adapters
 
-    if recipe.vision is not None and recipe.vision.family == "mllama":  # issue #46: the stages that feed mllama images do not exist yet
-        raise UserError("vision: building a vision-language recipe is not implemented yet (issue #46 items 2-4: image-"
-                        "calibrated quantize, vision encoder stage, multimodal repository); `recipe validate` and `plan` work")
     recipe = resolve_adapters(recipe, recipe_dir)  # adapter files checked (rank, modules), paths absolute
     verdict = check_fits(recipe, recipe_dir=recipe_dir)
     if not verdict.ok:
@@ -185,7 +187,8 @@ def _run_stages(
     from pipeline.recipe.consumers import changed
     from pipeline.triton_repo import stage as triton_repo
 
-    before = {s: (artifacts.read_manifest(layout.stage_dir(s)) or {}).get("consumed") for s in ("quantize", "engine", "triton_repo")}
+    dirs = {"quantize": layout.quantize, "vision": layout.vision, "engine": layout.engine, "triton_repo": layout.triton_repo}
+    before = {s: (artifacts.read_manifest(d) or {}).get("consumed") for s, d in dirs.items()}
 
     def done(res: StageResult) -> bool:
         results[res.stage] = res
@@ -198,6 +201,11 @@ def _run_stages(
     q = quantize.run(recipe, layout, recipe_dir=recipe_dir, force=force, dry_run=dry_run)
     if done(q):
         return
+    if cross_attention(recipe.vision):  # the image path: the encoder from the source checkpoint (issue #46 item 3)
+        from pipeline.vision_encoder import stage as vision
+
+        if done(vision.run(recipe, layout, recipe_dir=recipe_dir, force=force, dry_run=dry_run)):
+            return
     e = engine.run(recipe, layout, quantized=q, force=force, dry_run=dry_run)
     if done(e):
         return

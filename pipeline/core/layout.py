@@ -3,6 +3,7 @@
 A build (``trtpipe build RECIPE --out OUT``, default ``artifacts/<recipe name>``) is::
 
     OUT/quantize/               ModelOpt stage: manifest.json, trtllm_ckpt/, hf_ckpt/ (or quantize_command.sh)
+    OUT/vision/                 vision encoder stage (vision-language recipes): onnx/model.onnx, config.json, manifest.json
     OUT/engine/                 engine stage: TensorRT engine / LLM-API config / CPU engine + manifest.json
     OUT/triton_repo/            the Triton model repository + manifest.json
     OUT/recipe.yaml             the resolved recipe of the last successful build
@@ -20,6 +21,9 @@ from pathlib import Path
 
 #: the build stages in pipeline order; each owns the directory of the same name
 STAGES = ("quantize", "engine", "triton_repo")
+#: the vision encoder stage of a vision-language recipe (issue #46): runs between quantize and engine, only when the
+#: recipe has a ``vision`` section (so not in :data:`STAGES`, which every build runs)
+VISION_STAGE = "vision"
 RECIPE_FILE = "recipe.yaml"
 LOCK_FILE = ".build.lock"
 #: the quantize stage's two exports (subdirectories of its stage directory)
@@ -60,6 +64,12 @@ class BuildLayout:
     def hf_ckpt(self) -> Path:
         """ModelOpt's unified HF checkpoint with the tokenizer files."""
         return self.quantize / HF_CKPT
+
+    @property
+    def vision(self) -> Path:
+        """The vision encoder stage directory (ONNX graph, TensorRT engine on a GPU host, ``config.json`` as the
+        Triton ``multimodal_encoders`` model reads it)."""
+        return self.root / VISION_STAGE
 
     @property
     def engine(self) -> Path:

@@ -69,8 +69,10 @@ def chart_values(spec: DeploySpec) -> dict[str, Any]:
 
 def _triton_values(spec: DeploySpec) -> dict[str, Any]:
     from pipeline.recipe import dump_recipe
+    from pipeline.triton_repo.vision import tritonserver_options
 
     r = spec.recipe
+    mm = tritonserver_options(r)
     cpu = max(MIN_CPU, spec.gpus_per_pod)
     signals = metrics.signals_for(spec.engine)
     bench = r.bench
@@ -107,6 +109,9 @@ def _triton_values(spec: DeploySpec) -> dict[str, Any]:
         "service": {"type": "ClusterIP"},
         "triton": {"binary": TRITONSERVER, "ports": dict(PORTS), "exitTimeoutSecs": 5, "logVerbose": 0,
                    "shmRegionPrefix": DEFAULT_SHM_PREFIX,
+                   # launch_triton_server.py --tensorrt_llm_model_name / --multimodal_gpu0_cuda_mem_pool_bytes as
+                   # tritonserver flags (pipeline.triton_repo.vision.tritonserver_options; the multimodal repository)
+                   "loadModels": list(mm["load_models"]), "cudaMemoryPoolGpu0Bytes": mm["cuda_pool_gpu0_bytes"],
                    # as `trtpipe serve` off loopback: these APIs answer only requests with header `<header>: <key>`;
                    # the key is in a Secret (created with a random key, kept across upgrades, or an existing one)
                    "adminApi": {"apis": list(ADMIN_APIS), "header": ADMIN_HEADER,

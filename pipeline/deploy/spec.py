@@ -164,10 +164,12 @@ class DeploySpec(BaseModel):
     def triton_argv(self, ports: dict[str, int] | None = None, extra_args: list[str] | tuple[str, ...] = ()) -> list[str]:
         """``tritonserver`` argv for one pod (single node): :func:`pipeline.triton.server.triton_command`."""
 
+        from pipeline.triton_repo.vision import tritonserver_options
+
         p = ports or PORTS
         return triton_command(
             TRITONSERVER, self.repository, http_port=p["http"], grpc_port=p["grpc"], metrics_port=p["metrics"],
-            host=POD_HOST, world_size=self.world_size, extra_args=extra_args,
+            host=POD_HOST, world_size=self.world_size, extra_args=extra_args, **tritonserver_options(self.recipe),
         )
 
 

@@ -51,6 +51,7 @@ from pipeline.recipe import Recipe, derived
 from pipeline.recipe.consumers import consumed
 from pipeline.recipe.eval import needs_context_logits
 from pipeline.recipe.serving_path import serving_path
+from pipeline.recipe.vision import cross_attention
 from pipeline.trtllm import contract
 from pipeline.trtllm.runtime import (
     BUILD_CONFIG,
@@ -64,6 +65,8 @@ from pipeline.trtllm.runtime import (
 )
 
 TOOL = "trtllm-build"
+#: the decoder architecture TensorRT-LLM's mllama checkpoint carries (convert_checkpoint.py@25b6cdd8 from_cli_args)
+MLLAMA_ARCHITECTURE = "MLLaMAForCausalLM"
 #: Seconds to wait for trtllm-build to exit after SIGTERM (Ctrl-C) before SIGKILL.
 TERMINATE_GRACE_S = 10.0
 
@@ -88,7 +91,21 @@ def _checkpoint(recipe: Recipe, quantized: QuantizeResult) -> tuple[Path, dict[s
             f"model.source {recipe.model.source!r}: no TensorRT-LLM checkpoint at {ckpt} and the model geometry is "
             "unknown (not in pipeline/data/models.yaml), so no checkpoint config can be synthesized"
         )
-    return Path(MODEL_CONFIG), contract.synthesize_checkpoint_config(recipe, geo), True
+    cfg = contract.synthesize_checkpoint_config(recipe, geo)
+    if cross_attention(recipe.vision):  # mllama: convert_checkpoint.py / quantize.py write the decoder as MLLaMAForCausalLM
+        cfg["architecture"] = MLLAMA_ARCHITECTURE  # (examples/models/core/mllama/convert_checkpoint.py@25b6cdd8)
+    return Path(MODEL_CONFIG), cfg, True
+
+
+def max_encoder_input_len(recipe: Recipe) -> int | None:
+    """``--max_encoder_input_len`` of a vision recipe: the vision section's derived value (images × max tiles ×
+    ((tile / patch)² + 1) = 6404 at 560 px; :func:`pipeline.recipe.vision.derived_vision`, never recomputed here);
+    ``None`` for a text recipe (the flag is left out)."""
+    if not cross_attention(recipe.vision):
+        return None
+    from pipeline.recipe.vision import derived_vision
+
+    return derived_vision(recipe.vision, recipe.build.max_batch_size).max_encoder_input_len
 
 
 def resolve_max_seq_len(recipe: Recipe, ckpt_cfg: dict[str, Any]) -> int:
@@ -116,6 +133,8 @@ def build_command(recipe: Recipe, *, source: Path, from_model_config: bool, plug
              ("max_num_tokens", b.max_num_tokens), ("max_beam_width", b.max_beam_width)]
     if b.opt_num_tokens is not None:
         sizes.append(("opt_num_tokens", b.opt_num_tokens))
+    if (enc := max_encoder_input_len(recipe)) is not None:  # the one cross-attention sizing flag for mllama
+        sizes.append(("max_encoder_input_len", enc))  # (tensorrtllm_backend docs/multimodal.md@efb8a497:162-169)
     for name, value in sizes:
         argv += [f"--{name}", str(value)]
     argv += ["--kv_cache_type", b.kv_cache_type, "--tokens_per_block", str(b.tokens_per_block)]
@@ -159,6 +178,8 @@ def build_config_dict(recipe: Recipe, *, plugins: dict[str, Any], max_seq_len: i
                max_beam_width=b.max_beam_width, max_num_tokens=b.max_num_tokens, opt_num_tokens=b.opt_num_tokens,
                kv_cache_type=c["kv_cache_type_names"][b.kv_cache_type], output_timing_cache=TIMING_CACHE,
                gather_context_logits=needs_context_logits(recipe.eval))
+    if (enc := max_encoder_input_len(recipe)) is not None:
+        cfg["max_encoder_input_len"] = enc
     plugin_config = contract.plugin_defaults()
     plugin_config.update({k: contract.plugin_config_value(k, contract.plugin_cli_value(k, v)) for k, v in plugins.items()})
     plugin_config.update(tokens_per_block=b.tokens_per_block, dtype=dtype, paged_kv_cache=b.kv_cache_type == "paged")

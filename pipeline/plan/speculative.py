@@ -36,6 +36,7 @@ from pipeline.core.errors import UserError
 from pipeline.core.geometry import ModelGeometry, _known, known_geometry
 from pipeline.core.weights import DTYPE_BYTES, weight_bytes
 from pipeline.plan.step import Efficiency, StepCost, StepMix, step_time
+from pipeline.recipe.serving_path import unread_knobs
 
 #: acceptance length assumed when neither the recipe's bench nor the CLI gives one (tokens per step incl. the bonus).
 #: NGram 1.4: NVIDIA's first-turn chat figure for k=3-5, v=3-5 (1.37-1.40, blog 7 @d513eeaf, reference §1.4);
@@ -77,7 +78,8 @@ def spec_draft(recipe, geo: ModelGeometry, dtype_bytes: int, *, tp_size: int = 1
     → 0 with a note). NGram: nothing. MTP: the model's own layers, already in the weights.
     """
     b = recipe.build
-    spec = getattr(getattr(b, "pytorch", None), "speculative_config", None) if b.engine in ("pytorch", "cpu") else None
+    # the LLM-API knob section (build.pytorch) is read on the paths that do not ignore it (the serving-path table)
+    spec = None if "build.pytorch" in unread_knobs(b.engine, recipe.target.gpu) else getattr(getattr(b, "pytorch", None), "speculative_config", None)
     if spec is None:
         return None
     kind = spec.decoding_type

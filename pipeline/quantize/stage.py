@@ -35,21 +35,33 @@ from typing import Any
 
 from pipeline.core import artifacts
 from pipeline.core.disk import quantize_bytes
-from pipeline.core.errors import StageError, UserError
+from pipeline.core.errors import StageError
 from pipeline.core.layout import HF_CKPT, TRTLLM_CKPT, BuildLayout
 from pipeline.core.scripts import save_tokenizer
 from pipeline.quantize import ptq
+from pipeline.quantize.common import (  # shared with the vision-language path (pipeline/quantize/vlm.py)
+    HF_GEOMETRY_FIELDS,
+    TRANSFORMERS5_TOKENIZER_CLASSES,  # noqa: F401 (tests read it here)
+    VERSIONED,
+    consumed_fields,
+    hf_geometry_problems,
+    portable_tokenizer,
+    recipe_hash,
+)
+from pipeline.quantize.common import checkpoint_dtype as _checkpoint_dtype
+from pipeline.quantize.common import export_errors as _export_errors
+from pipeline.quantize.common import runtime_transformers as _runtime_transformers
+from pipeline.quantize.common import warn as _warn
 from pipeline.quantize.result import QuantizeResult
 from pipeline.quantize.vlm_command import vlm_quantize_args
 from pipeline.recipe import Recipe, derived
-from pipeline.recipe.consumers import consumed
 from pipeline.recipe.serving_path import serving_path
+from pipeline.recipe.vision import cross_attention
 from pipeline.trtllm.checkpoint import check_checkpoint_dir
 
 STAGE = QuantizeResult.STAGE
 #: Bump when the stage's output for the same inputs changes (invalidates cached results).
 STAGE_VERSION = 3  # 3: hf_ckpt's tokenizer_config.json names a class the serving image's transformers has
-VERSIONED = ("nvidia-modelopt", "torch", "transformers")
 
 
 def cache_key(recipe: Recipe, *, source_hash: str | None, dataset_hash: str | None, dry_run: bool) -> str:
@@ -58,18 +70,8 @@ def cache_key(recipe: Recipe, *, source_hash: str | None, dataset_hash: str | No
     return artifacts.stable_hash({
         "stage_version": STAGE_VERSION, "recipe": recipe_hash(recipe), "source": source_hash,
         "dataset": dataset_hash, "versions": artifacts.library_versions(*VERSIONED), "dry_run": dry_run,
+        **({"vision": recipe.vision.family} if cross_attention(recipe.vision) else {}),  # images in calibration (pipeline/quantize/vlm.py)
     })
-
-
-def consumed_fields(recipe: Recipe) -> dict[str, Any]:
-    """The recipe fields this stage consumes (:mod:`pipeline.recipe.consumers`), plus whether the target is the
-    CPU (it decides the export dtype of an fp32 checkpoint: :func:`pipeline.recipe.derived.model_dtype`)."""
-    return {**consumed(recipe, "quantize"), "target.is_cpu": serving_path(recipe).on_cpu}
-
-
-def recipe_hash(recipe: Recipe) -> str:
-    """Hash of :func:`consumed_fields`."""
-    return artifacts.stable_hash(consumed_fields(recipe))
 
 
 def run(recipe: Recipe, layout: BuildLayout, *, recipe_dir: Path, force: bool = False, dry_run: bool = False) -> QuantizeResult:
@@ -102,6 +104,10 @@ def run(recipe: Recipe, layout: BuildLayout, *, recipe_dir: Path, force: bool = 
 
     with quiet_libraries():
         source = resolve_source(recipe.model, Path(recipe_dir))
+    if cross_attention(recipe.vision):  # issue #46: the checkpoint is the vision family and geometry (one line, nothing loaded)
+        from pipeline.quantize import vlm
+
+        vlm.check_source(recipe, Path(source.hf_dir))
     key = cache_key(recipe, source_hash=source.content_hash, dataset_hash=_dataset_hash(recipe, recipe_dir), dry_run=False)
     if not force and (hit := QuantizeResult.load(out_dir, key)):
         return hit
@@ -111,7 +117,12 @@ def run(recipe: Recipe, layout: BuildLayout, *, recipe_dir: Path, force: bool = 
                           tp_size=t.tp_size, pp_size=t.pp_size)
     with _threads(), artifacts.atomic_dir(out_dir, need_bytes=need) as tmp:
         with quiet_libraries() as library_log:
-            manifest = _quantize(recipe, tmp, key, source, Path(recipe_dir))
+            if cross_attention(recipe.vision):  # the decoder with images, the vision tower excluded (pipeline/quantize/vlm.py)
+                from pipeline.quantize import vlm
+
+                manifest = vlm.quantize_mllama(recipe, tmp, key, source, Path(recipe_dir))
+            else:
+                manifest = _quantize(recipe, tmp, key, source, Path(recipe_dir))
         manifest["library_log"] = library_log
         artifacts.write_manifest(tmp, manifest)
     return QuantizeResult.from_manifest(out_dir, manifest)
@@ -234,84 +245,10 @@ def _quantize(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_dir: Path
     )
 
 
-#: geometry fields the unified HF export must keep from the source config (experts included)
-HF_GEOMETRY_FIELDS = ("architecture", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
-                      "head_dim", "intermediate_size", "vocab_size", "num_experts", "num_experts_per_tok",
-                      "num_shared_experts", "moe_intermediate_size")
-
-
-def hf_geometry_problems(source_config: Path, exported_config: Path) -> list[str]:
-    """``"field: source → exported"`` for each of :data:`HF_GEOMETRY_FIELDS` the unified HF export changed (empty = kept).
-    Both configs are read with :func:`pipeline.core.geometry.geometry_from_config` (either HF spelling of the expert
-    count)."""
-    from pipeline.core.geometry import geometry_from_config
-
-    a, b = geometry_from_config(source_config), geometry_from_config(exported_config)
-    return [f"{k}: {getattr(a, k)!r} → {getattr(b, k)!r}" for k in HF_GEOMETRY_FIELDS if getattr(a, k) != getattr(b, k)]
-
-
 # --------------------------------------------------------------------------------- helpers
 #: TensorRT-LLM's examples in the Triton trtllm image: tensorrtllm_backend dockerfile/
 #: Dockerfile.triton.trt_llm_backend@ce68ff5fd0a7:170,175 copies them to /app/examples
 TRTLLM_EXAMPLES = "/app/examples"
-#: ``tokenizer_class`` values transformers 5 writes that transformers 4.x does not define (transformers 5.14
-#: tokenization_utils_tokenizers.py ``class TokenizersBackend``, tokenization_utils_sentencepiece.py
-#: ``class SentencePieceBackend``), and the 4.x class that loads the same files (``None``: none does)
-TRANSFORMERS5_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast", "SentencePieceBackend": None}
-
-
-def _runtime_transformers() -> str | None:
-    """The transformers of the serving image (release matrix, default TensorRT-LLM), e.g. ``4.57.3``."""
-    from pipeline.trtllm.release import default_release
-
-    return default_release().transformers
-
-
-def portable_tokenizer(hf_dir: Path, runtime_transformers: str | None) -> list[dict[str, Any]]:
-    """Make ``hf_dir/tokenizer_config.json`` loadable by ``runtime_transformers``; return what was changed.
-
-    transformers 5 saves a generic fast tokenizer as ``"tokenizer_class": "TokenizersBackend"``; transformers 4.57.3
-    (what TensorRT-LLM 1.2.1 pins) refuses that name ("Tokenizer class TokenizersBackend does not exist"). With a
-    ``tokenizer.json`` present the 4.x generic fast class loads the same files, so the name is rewritten to it.
-
-    Raises:
-        StageError: the tokenizer is one the runtime's transformers cannot load (a transformers-5-only class with
-            no 4.x equivalent, or no tokenizer.json for the fast class).
-    """
-    cfg_path = hf_dir / "tokenizer_config.json"
-    major = int(str(runtime_transformers).split(".")[0]) if runtime_transformers and str(runtime_transformers)[0].isdigit() else None
-    if major is None or major >= 5 or not cfg_path.is_file():
-        return []
-    cfg = json.loads(cfg_path.read_text())
-    cls = cfg.get("tokenizer_class")
-    if cls not in TRANSFORMERS5_TOKENIZER_CLASSES:
-        return []
-    target = TRANSFORMERS5_TOKENIZER_CLASSES[cls]
-    if target is None or (target.endswith("Fast") and not (hf_dir / "tokenizer.json").is_file()):
-        raise StageError(f"hf_ckpt/tokenizer_config.json: tokenizer_class {cls!r} does not exist in transformers "
-                         f"{runtime_transformers} (the serving image's); quantize with transformers "
-                         f"{runtime_transformers} or give the model a tokenizer.json")
-    cfg["tokenizer_class"] = target
-    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
-    return [{"key": "tokenizer_config.json:tokenizer_class", "value": target, "default": cls,
-             "reason": f"transformers {runtime_transformers} (serving image) has no {cls}"}]
-
-
-def _warn(msg: str) -> None:
-    from rich.console import Console
-
-    Console(stderr=True).print(f"[yellow]warning:[/] {msg}", highlight=False)
-
-
-def _checkpoint_dtype(hf_dir: Path) -> str | None:
-    """The ``dtype``/``torch_dtype`` a HF ``config.json`` states (its ``text_config``'s for multimodal wrappers)."""
-    cfg = json.loads((Path(hf_dir) / "config.json").read_text())
-    for c in (cfg, cfg.get("text_config") or {}):
-        if c.get("dtype") or c.get("torch_dtype"):
-            return str(c.get("dtype") or c.get("torch_dtype"))
-    return None
-
-
 def _dataset_hash(recipe: Recipe, recipe_dir: Path) -> str | None:
     """Content hash of local calibration text (embedded corpus or file); ``None`` for HF names."""
     ds = recipe.quantization.calibration.dataset
@@ -337,23 +274,15 @@ def _threads() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-@contextlib.contextmanager
-def _export_errors(what: str) -> Iterator[None]:
-    try:
-        yield
-    except (StageError, UserError):
-        raise
-    except Exception as e:
-        first = (str(e).strip().splitlines() or ["(no message)"])[0]
-        raise StageError(f"ModelOpt export of the {what} failed: {type(e).__name__}: {first}") from e
-
-
 def _dry_run(recipe: Recipe, out_dir: Path, key: str, recipe_dir: Path) -> QuantizeResult:
     q, c, t = recipe.quantization, recipe.quantization.calibration, recipe.target
     src = recipe.model.source
     local = Path(src).expanduser() if Path(src).is_absolute() else Path(recipe_dir) / src
     model_dir = str(local.resolve()) if local.exists() else src
-    dataset = c.dataset if c.dataset != "embedded" else "cnn_dailymail"
+    # mllama is calibrated with images: quantize.py's VLM dataset, scienceqa (examples/models/core/multimodal/README.md
+    # @89fd9b74 §MLLaMA FP8: --calib_dataset scienceqa; hf_ptq.py@5a4242fa:443-453)
+    default_ds = "scienceqa" if cross_attention(recipe.vision) else "cnn_dailymail"
+    dataset = c.dataset if c.dataset != "embedded" else default_ds
     args = ["python3", "${TRTLLM_EXAMPLES}/quantization/quantize.py", "--model_dir", model_dir,
             "--dtype", recipe.model.dtype, "--qformat", q.qformat]
     if q.kv_cache_dtype != "none":
@@ -377,7 +306,7 @@ def _dry_run(recipe: Recipe, out_dir: Path, key: str, recipe_dir: Path) -> Quant
     nxt = "../engine/trtllm_build.sh" if ckpt == TRTLLM_CKPT else "../triton_repo (or trtpipe serve --print-command)"
     chain = f"# The chain (run top to bottom in the container): this script writes ${{OUT_DIR}}/{ckpt}/; next: {nxt}.\n"
     note = ("# calibration.dataset is trtpipe's offline 'embedded' text; quantize.py has no equivalent, so its\n"
-            "# default cnn_dailymail is used.\n" if c.dataset == "embedded" else "")
+            f"# {'image dataset' if cross_attention(recipe.vision) else 'default'} {default_ds} is used.\n" if c.dataset == "embedded" else "")
     note = chain + (vlm[1] if vlm else note)
     if q.qformat == "int4_wo" and q.awq_block_size != 128:
         note += f"# quantize.py uses group size 128 for int4_wo; trtpipe uses awq_block_size {q.awq_block_size}.\n"

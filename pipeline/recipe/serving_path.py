@@ -7,7 +7,8 @@ Every stage that used to branch on the engine kind, the frontend or "target is C
 key existed is read by the one fallback in :func:`path_of_engine`). A combination not in :data:`PATHS` is refused
 with one line naming the field at fault (:func:`path_problem`).
 
-The rows (``engine/target/frontend``, modality ``text``):
+The rows (``engine/target/frontend``, modality ``text``; a recipe with a ``vision:`` section resolves to the same key
+with ``/vision``: the two engine-path rows below, whose repository adds ``multimodal_encoders``):
 
 =============================  ==========  ==============================================================
 key                            builder     serves with
@@ -18,6 +19,8 @@ key                            builder     serves with
 ``cpu/cpu/triton``             cpu         Triton, trtpipe's CPU ``tensorrt_llm`` python model
 ``pytorch/cpu/triton``         cpu         Triton, the ``llmapi`` model over the CPU engine's LLM facade
 ``pytorch/cpu/trtllm-serve``   cpu         trtpipe's CPU stand-in for trtllm-serve (pipeline.serve.openai_cpu)
+``tensorrt/gpu/triton/vision`` tensorrt    Triton, the C++ backend + ``multimodal_encoders`` (TensorRT vision engine)
+``cpu/cpu/triton/vision``      cpu         Triton, the CPU ``tensorrt_llm`` model + ``multimodal_encoders`` (onnxruntime)
 =============================  ==========  ==============================================================
 
 The repository layouts (which Triton models, which ``tensorrt_llm`` implementation) were ``layouts:`` of
@@ -38,11 +41,18 @@ from pipeline.core.errors import IncompatibleArtifactError
 TRITON = "triton"
 TRTLLM_SERVE = "trtllm-serve"
 FRONTENDS = (TRITON, TRTLLM_SERVE)
-#: the ``modality`` column: ``text`` only for now (vision-language models add rows, not branches)
+#: the ``modality`` column: ``text``, and ``vision`` (a recipe with a ``vision:`` section; issue #46)
 TEXT = "text"
+VISION = "vision"
+#: the vision families whose images take the vision rows (cross-attention over trtpipe's vision encoder: mllama); a
+#: family whose images become prompt tokens (Qwen2-VL) serves on the text rows (the PyTorch backend runs its tower)
+CROSS_ATTENTION_FAMILIES = ("mllama",)
 
 #: the ensemble layout of the C++ backend and the CPU engine (docs/reference/triton-model-repository.md §3.1)
 ENSEMBLE_MODELS = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
+#: the multimodal layout (tensorrtllm_backend docs/multimodal.md@efb8a497:200-217: inflight_batcher_llm + the
+#: multimodal ensemble and multimodal_encoders)
+MULTIMODAL_MODELS = (*ENSEMBLE_MODELS, "multimodal_encoders")
 #: the LLM-API layout: one python model configured by 1/model.yaml (§3.7)
 LLMAPI_MODELS = ("tensorrt_llm",)
 #: recipe knobs only ``trtllm-build`` reads (no PyTorch-backend equivalent: the LLM API has no plugins, KV-cache
@@ -80,7 +90,7 @@ class ServingPath:
         unread_knobs: recipe knobs this path never reads (refused when they differ from their defaults).
         lm_head_copy: the engine holds a tied ``lm_head`` as its own copy (a TensorRT engine; the planner counts it).
         twin: the key of the same engine/frontend on the other target (what ``trtpipe plan --gpu`` plans).
-        modality: ``text`` (the modality column; vision-language rows come next).
+        modality: ``text`` | ``vision`` (the modality column: a vision row's repository adds ``multimodal_encoders``).
     """
 
     engine: Literal["tensorrt", "pytorch", "cpu"]
@@ -155,16 +165,24 @@ _ROWS = (
     ("pytorch", "cpu", TRTLLM_SERVE, "cpu", "llmapi", _F, _F, _T, _F, _F, "trtllm-serve-cpu",
      "hf_ckpt", "cpu", TRT_ONLY_KNOBS, "pytorch/gpu/trtllm-serve"),
 )
+#: the vision rows (modality :data:`VISION`): the engine path only (pipeline/recipe/vision.py ``image_engines``)
+_VISION_ROWS = (
+    ("tensorrt", "gpu", TRITON, "tensorrt", "cpp", _T, _F, _F, _T, _T, "tritonserver",
+     "repo", "tensorrt", PYTORCH_ONLY_KNOBS, "cpu/cpu/triton/vision"),
+    ("cpu", "cpu", TRITON, "cpu", "cpu", _F, _F, _T, _F, _F, "tritonserver",
+     "repo", "cpu", PYTORCH_ONLY_KNOBS, "tensorrt/gpu/triton/vision"),
+)
 
 
-def _path(row: tuple[Any, ...]) -> ServingPath:
+def _path(row: tuple[Any, ...], modality: str = TEXT) -> ServingPath:
     cols = dict(zip(_COLUMNS, row, strict=True))
-    models = LLMAPI_MODELS if cols["tensorrt_llm_model"] == "llmapi" else ENSEMBLE_MODELS
-    return ServingPath(repo_models=models, **cols)
+    models = {TEXT: ENSEMBLE_MODELS, VISION: MULTIMODAL_MODELS}[modality]
+    return ServingPath(repo_models=LLMAPI_MODELS if cols["tensorrt_llm_model"] == "llmapi" else models,
+                       modality=modality, **cols)
 
 
 #: every real serving path by its :attr:`ServingPath.key`
-PATHS: dict[str, ServingPath] = {p.key: p for p in map(_path, _ROWS)}
+PATHS: dict[str, ServingPath] = {p.key: p for p in [*map(_path, _ROWS), *(_path(r, VISION) for r in _VISION_ROWS)]}
 
 
 class ServingPathError(ValueError):
@@ -186,6 +204,11 @@ def builder_paths(gpu: str, frontend: str = TRITON) -> list[ServingPath]:
     target = _target_of(gpu)
     return [p for p in PATHS.values()
             if p.target == target and p.frontend == frontend and p.modality == TEXT and p.engine == p.builder]
+
+
+def on_cpu_target(gpu: str) -> bool:
+    """True when ``target.gpu`` names the CPU target (the one spelling test of it outside the rows)."""
+    return _target_of(gpu) == hardware.CPU_TARGET
 
 
 def path_problem(engine: str, gpu: str, frontend: str, modality: str = TEXT) -> tuple[str, str] | None:
@@ -219,10 +242,12 @@ def serving_path(recipe: Any, *, target: str | None = None) -> ServingPath:
         ServingPathError: the combination has no row (a validated recipe always has one).
     """
     engine, gpu, frontend = recipe.build.engine, recipe.target.gpu, recipe.serving.frontend
-    problem = path_problem(engine, gpu, frontend)
+    modality = VISION if getattr(getattr(recipe, "vision", None), "family", None) in CROSS_ATTENTION_FAMILIES else TEXT
+    problem = path_problem(engine, gpu, frontend, modality)
     if problem:
         raise ServingPathError(*problem)
-    path = PATHS[f"{engine}/{_target_of(gpu)}/{frontend}"]
+    base = f"{engine}/{_target_of(gpu)}/{frontend}"
+    path = PATHS[base if modality == TEXT else f"{base}/{modality}"]
     return path if target is None else path.on(target)
 
 

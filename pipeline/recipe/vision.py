@@ -34,12 +34,17 @@ from pipeline.core.engine_paths import version_key
 from pipeline.core.errors import UserError
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bounds import INT32_MAX
-from pipeline.recipe.serving_path import ServingPath, ServingPathError, serving_path
+from pipeline.recipe.serving_path import (
+    CROSS_ATTENTION_FAMILIES,
+    ServingPath,
+    ServingPathError,
+    on_cpu_target,
+    serving_path,
+)
 from pipeline.vision import geometry as vgeo
 
 #: the vision families the recipe knows (``config.json`` ``model_type``), by how an image reaches the decoder:
 #: cross-attention over encoder features (mllama) or image tokens spliced into the sequence (the Qwen2-VL family)
-CROSS_ATTENTION_FAMILIES = ("mllama",)
 TOKEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 FAMILIES = CROSS_ATTENTION_FAMILIES + TOKEN_FAMILIES
 #: ``encoder_input_features_data_type`` per family: "TYPE_BF16 for mllama" (docs/multimodal.md@efb8a497:229)
@@ -55,9 +60,9 @@ class VisionSpec(StrictModel):
     patch_size: int = Field(default=14, ge=1, le=INT32_MAX, description="Patch edge in pixels = vision_config.patch_size (14).")
     max_tiles: int = Field(default=4, ge=1, le=INT32_MAX, description="Tiles per image = the processor's max_image_tiles / vision_config.max_num_tiles (4); the processor pads every image to it.")
     max_images_per_request: int = Field(default=1, ge=1, le=INT32_MAX, description="Images one request may carry = the Triton preprocessing max_num_images (docs/multimodal.md@efb8a497:208 uses 1).")
-    encoder_dtype: Literal["bfloat16", "float16"] = Field(
+    encoder_dtype: Literal["bfloat16", "float16", "float32"] = Field(
         default="bfloat16",
-        description="Vision encoder (and projector) dtype; never quantized: ModelOpt quantizes only the language model of a VLM "
+        description="Vision encoder (and projector) dtype; float32 on the cpu target only (onnxruntime); never quantized: ModelOpt quantizes only the language model of a VLM "
                     "(TensorRT-Model-Optimizer examples/llm_ptq/hf_ptq.py@5a4242fa:348-368, 646-651; the mllama README keeps "
                     "the visual engine in BF16 for an FP8 decoder).")
     max_batch_size: int | None = Field(default=None, ge=1, le=INT32_MAX, description="Vision engine batch limit; derived = build.max_batch_size × max_images_per_request (docs/multimodal.md@efb8a497:171). Leave unset; a typed value must equal the derived one.")
@@ -250,10 +255,11 @@ def vision_problems(recipe: Any, base_dir: Path | None = None) -> list[tuple[str
         return []
     out: list[tuple[str, str]] = []
     try:
-        path = serving_path(recipe)  # the image engine is the path's builder: tensorrt, pytorch, or cpu on the host
-    except ServingPathError:
-        return out  # the knob checks name the field at fault
-    problem = _release_problem(v.family, path.builder, recipe.target.tensorrt_llm)
+        path: ServingPath | None = serving_path(recipe)  # the image engine is the path's builder (cpu on the host)
+    except ServingPathError:  # no row for this engine × target × frontend (× modality): the release rule still names why
+        path = None
+    builder = path.builder if path is not None else ("cpu" if on_cpu_target(recipe.target.gpu) else recipe.build.engine)
+    problem = _release_problem(v.family, builder, recipe.target.tensorrt_llm)
     out += [problem] if problem else []
     model_type, vcfg = vision_config_of(recipe.model.source, base_dir)
     if model_type is not None and model_type != v.family:
@@ -268,6 +274,10 @@ def _mllama_problems(recipe: Any, v: VisionSpec, vcfg: dict) -> list[tuple[str, 
         have = vcfg.get(cfg_key)
         if have is not None and have != getattr(v, key):
             out.append((f"vision.{key}", f"{getattr(v, key)} disagrees with the checkpoint's vision_config.{cfg_key} {have}"))
+    on_cpu = on_cpu_target(recipe.target.gpu)
+    if (v.encoder_dtype == "float32") != on_cpu:  # onnxruntime on CPU; bf16/fp16 TensorRT on a GPU
+        out.append(("vision.encoder_dtype", f"'{v.encoder_dtype}' on target.gpu {recipe.target.gpu}: use "
+                    + ("float32 (the CPU target runs the encoder in onnxruntime)" if on_cpu else "bfloat16 or float16")))
     if v.encoder_input_features_data_type != FEATURES_DTYPE[v.family]:
         out.append(("vision.encoder_input_features_data_type", (f"'{v.encoder_input_features_data_type}': {v.family} "
                     f"needs {FEATURES_DTYPE[v.family]} (docs/multimodal.md@efb8a497:229)")))
@@ -279,7 +289,7 @@ def _mllama_problems(recipe: Any, v: VisionSpec, vcfg: dict) -> list[tuple[str, 
     return out
 
 
-def _token_problems(recipe: Any, path: ServingPath, v: QwenVLVision, vcfg: dict) -> list[tuple[str, str]]:
+def _token_problems(recipe: Any, path: ServingPath | None, v: QwenVLVision, vcfg: dict) -> list[tuple[str, str]]:
     """Qwen2-VL family rules; the image tokens of one full request (:meth:`QwenVLVision.request_image_tokens`) plus one
     text token must fit ``build.max_input_len``, leave ``build.max_seq_len`` room for one output token and, without
     chunked prefill, fit one step's ``build.max_num_tokens`` (the backend prefills a prompt in one step then)."""
@@ -288,7 +298,7 @@ def _token_problems(recipe: Any, path: ServingPath, v: QwenVLVision, vcfg: dict)
         have = vcfg.get(cfg_key)
         if have is not None and have != getattr(v, key):
             out.append((f"vision.{key}", f"{getattr(v, key)} disagrees with the checkpoint's vision_config.{cfg_key} {have}"))
-    if path.server == "tritonserver" and not path.on_cpu and not triton_llmapi_images(recipe.target.tensorrt_llm):
+    if path is not None and path.server == "tritonserver" and not path.on_cpu and not triton_llmapi_images(recipe.target.tensorrt_llm):
         out.append(("serving.frontend", (f"triton: the Triton llmapi model of TensorRT-LLM {recipe.target.tensorrt_llm} takes no "
                     f"images ({_matrix_all()['vision_triton_llmapi']['why']}): use serving.frontend: trtllm-serve")))
     if v.min_pixels > v.max_pixels:

@@ -72,6 +72,21 @@ class ServeTarget:
         engine = EngineResult.load(self.layout.engine)
         return engine.world_size if engine is not None else 1
 
+    @property
+    def launch_options(self) -> dict:
+        """The tritonserver options the build's recipe needs beyond the repository (the multimodal repository's
+        ``load_models`` / ``cuda_pool_gpu0_bytes``: :func:`pipeline.triton_repo.vision.tritonserver_options`);
+        ``{}`` without a build recipe."""
+        if self.layout is None or not self.layout.recipe_file.is_file():
+            return {}
+        from pipeline.recipe import load_recipe
+        from pipeline.triton_repo.vision import tritonserver_options
+
+        try:
+            return tritonserver_options(load_recipe(self.layout.recipe_file))
+        except Exception:  # a build recipe this trtpipe no longer validates: serve the repository as it is
+            return {}
+
     def log_file(self, grpc_port: int) -> Path:
         """Where the server log goes: next to the build, else next to the repository."""
         return (self.layout or BuildLayout(self.repo.parent)).server_log(grpc_port)

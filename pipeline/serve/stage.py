@@ -179,6 +179,7 @@ def run(
         resolved.repo, http_port=options.http_port, grpc_port=options.grpc_port, metrics_port=options.metrics_port,
         host=options.host, exit_timeout_s=options.exit_timeout_s, world_size=resolved.world_size, install=install,
         ready_timeout_s=ready_timeout_s, die_with_parent=die_with_parent, extra_args=extra_args,
+        launch=resolved.launch_options,
     )
     server.log_file = options.log_file or resolved.log_file(server.grpc_port)
     server.start()  # checks the ports first: nothing is launched when one is taken

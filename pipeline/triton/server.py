@@ -153,6 +153,8 @@ def triton_command(
     cache_dir: Path | None = None,
     log_verbose: int = 0,
     extra_args: Sequence[str] = (),
+    load_models: Sequence[str] = (TRTLLM_MODEL_NAME,),
+    cuda_pool_gpu0_bytes: int = 0,
 ) -> list[str]:
     """The argv that starts Triton on ``model_repository``.
 
@@ -162,6 +164,10 @@ def triton_command(
     ``--disable-auto-complete-config --backend-config=python,shm-region-prefix-name=<prefix>{i}_``
     and ranks ≠ 0 add ``--model-control-mode=explicit --load-model=tensorrt_llm``.
     ``host`` is passed as ``--http-address/--grpc-address/--metrics-address``.
+    ``load_models`` / ``cuda_pool_gpu0_bytes``: what ``launch_triton_server.py --tensorrt_llm_model_name A,B
+    --multimodal_gpu0_cuda_mem_pool_bytes N`` makes of them (scripts/launch_triton_server.py@c2e65b88d852:173-182):
+    ranks ≠ 0 load each of ``load_models``, rank 0 gets ``--cuda-memory-pool-byte-size=0:N`` when N ≠ 0 (the
+    multimodal repository: ``pipeline.triton_repo.vision.tritonserver_options``).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -187,7 +193,9 @@ def triton_command(
         if cache_dir is not None:
             cmd.append(f"--cache-directory={cache_dir}")
         if rank != 0:
-            cmd += ["--model-control-mode=explicit", f"--load-model={TRTLLM_MODEL_NAME}"]
+            cmd += ["--model-control-mode=explicit", *(f"--load-model={m}" for m in load_models)]
+        elif cuda_pool_gpu0_bytes:
+            cmd.append(f"--cuda-memory-pool-byte-size=0:{int(cuda_pool_gpu0_bytes)}")
         cmd += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name={prefix}"]
         cmd += list(extra_args)
         if world_size > 1 and rank != world_size - 1:
@@ -233,7 +241,10 @@ class TritonServer:
         install: TritonInstall | None = None,
         ready_timeout_s: float = 120.0,
         die_with_parent: bool = True,
+        launch: dict | None = None,
     ) -> None:
+        #: ``load_models`` / ``cuda_pool_gpu0_bytes`` of :func:`triton_command` (the multimodal repository's)
+        self.launch = dict(launch or {})
         self.model_repository = Path(model_repository).resolve()
         self.host = host
         self.http_port, self.grpc_port, self.metrics_port = (
@@ -286,7 +297,7 @@ class TritonServer:
             inst.binary, self.model_repository, http_port=self.http_port, grpc_port=self.grpc_port,
             metrics_port=self.metrics_port, host=self.host, exit_timeout_s=self.exit_timeout_s,
             world_size=self.world_size, shm_prefix=self.shm_prefix, backend_dir=inst.backend_dir,
-            cache_dir=inst.cache_dir, extra_args=self.extra_args,
+            cache_dir=inst.cache_dir, extra_args=self.extra_args, **self.launch,
         )
 
     def start(self) -> TritonServer:

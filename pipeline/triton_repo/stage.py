@@ -50,8 +50,9 @@ from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe
 from pipeline.recipe.consumers import consumed
 from pipeline.recipe.serving_path import serving_path
+from pipeline.recipe.vision import cross_attention
 from pipeline.triton.model_config import write_model_config
-from pipeline.triton_repo import PACKAGE_DIR, layouts
+from pipeline.triton_repo import PACKAGE_DIR, layouts, vision
 from pipeline.triton_repo.render import render_model_config
 from pipeline.triton_repo.result import RepoResult
 from pipeline.trtllm.guided import TOKENIZER_INFO_FILE, write_tokenizer_info
@@ -168,9 +169,10 @@ def tensorrt_llm_parameters(recipe: Recipe, engine_dir: Path, *, paged_context_f
 
 # ---------------------------------------------------------------------------------------- configs
 def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool = True,
-                  repo_dir: Path | None = None) -> dict[str, Any]:
+                  repo_dir: Path | None = None, vision_dir: Path | None = None) -> dict[str, Any]:
     """``{model name: ModelConfig}`` of every model the repository for ``recipe`` contains
-    (``paged_context_fmha``, ``repo_dir``: see :func:`tensorrt_llm_parameters`)."""
+    (``paged_context_fmha``, ``repo_dir``: see :func:`tensorrt_llm_parameters`; ``vision_dir``: the build's vision
+    stage directory, default beside ``engine_dir``; a vision recipe adds ``multimodal_encoders``, :mod:`.vision`)."""
     s, lay, path = recipe.serving, layouts(), serving_path(recipe)
     common = dict(
         max_batch_size=recipe.triton_max_batch_size,
@@ -187,16 +189,21 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
     post_count = lay["streaming_postprocessing_instance_count"] if s.decoupled_mode else s.postprocessing_instance_count
     backend = lay["cpp"]["triton_backend"] if path.tensorrt_llm_model == "cpp" else "python"
     engine_text = _engine_writes_text(recipe)
+    mm = vision.template_context(recipe, vision_dir or vision.vision_dir_of(engine_dir))
+    common["vision"], common["features_data_type"] = mm["vision"], mm["features_data_type"]
+    encoders = {"multimodal_encoders": render_model_config(
+        "multimodal_encoders", **common, parameters=mm["multimodal_encoders"])} if mm["vision"] else {}
     return {
         "ensemble": render_model_config("ensemble", **common, engine_text=engine_text),
         "preprocessing": render_model_config(
             "preprocessing", **common, instance_count=s.preprocessing_instance_count,
-            parameters={"tokenizer_dir": tok, "add_special_tokens": _bool(s.add_special_tokens)},
+            parameters={"tokenizer_dir": tok, "add_special_tokens": _bool(s.add_special_tokens), **mm.get("preprocessing", {})},
         ),
+        **encoders,
         "tensorrt_llm": render_model_config(
             "tensorrt_llm", **common, backend=backend, engine_text=engine_text,
-            parameters=tensorrt_llm_parameters(recipe, engine_dir, paged_context_fmha=paged_context_fmha,
-                                               repo_dir=repo_dir),
+            parameters={**tensorrt_llm_parameters(recipe, engine_dir, paged_context_fmha=paged_context_fmha,
+                                                  repo_dir=repo_dir), **mm.get("tensorrt_llm", {})},
         ),
         "postprocessing": render_model_config(
             "postprocessing", **common, instance_count=post_count,
@@ -210,6 +217,7 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
                 "skip_special_tokens": _bool(s.skip_special_tokens),
                 "accumulate_tokens": _bool(s.accumulate_tokens),
                 "tensorrt_llm_model_name": "tensorrt_llm",
+                **mm.get("tensorrt_llm_bls", {}),
             },
         ),
     }
@@ -315,10 +323,15 @@ def _write_llmapi_files(recipe: Recipe, model_dir: Path, quantized: QuantizeResu
 
 
 # ---------------------------------------------------------------------------------------- stage
-def cache_key(recipe: Recipe, *, quantized: QuantizeResult, engine: EngineResult) -> str:
+def cache_key(recipe: Recipe, *, quantized: QuantizeResult, engine: EngineResult, vision_dir: Path | None = None) -> str:
     """Hash of the runtime fields (serving + KV/scheduler knobs, :mod:`pipeline.recipe.consumers`), both upstream
-    cache keys (which cover the build-time fields), the engine path and the templates."""
+    cache keys (which cover the build-time fields), the engine path and the templates; for a vision recipe also the
+    vision stage's key and directory (``multimodal_model_path``)."""
+    mm = {}
+    if cross_attention(recipe.vision) and vision_dir is not None:
+        mm = {"vision": (artifacts.read_manifest(vision_dir) or {}).get("cache_key"), "vision_dir": str(Path(vision_dir).resolve())}
     return artifacts.stable_hash({
+        **mm,
         "recipe": consumed(recipe, "runtime"),
         "triton_max_batch_size": recipe.triton_max_batch_size,
         "quantize": quantized.cache_key,
@@ -351,7 +364,7 @@ def run(
         StageError: missing tokenizer/engine config, or a template that renders an invalid config.
     """
     out_dir = layout.triton_repo
-    key = cache_key(recipe, quantized=quantized, engine=engine)
+    key = cache_key(recipe, quantized=quantized, engine=engine, vision_dir=layout.vision)
     if dry_run:
         key = artifacts.stable_hash([key, "dry_run"])
     if not force and (hit := RepoResult.load(out_dir, key)):
@@ -359,7 +372,8 @@ def run(
     t0 = time.perf_counter()
     kind = recipe.build.engine
     lay = layouts()
-    configs = model_configs(recipe, engine.path, paged_context_fmha=engine.paged_context_fmha, repo_dir=out_dir)
+    configs = model_configs(recipe, engine.path, paged_context_fmha=engine.paged_context_fmha, repo_dir=out_dir,
+                            vision_dir=layout.vision)
     impl = serving_path(recipe).tensorrt_llm_model
     problems = repository_problems(configs, impl)
     if problems:  # would not load (or would answer wrong) under the upstream backend / model

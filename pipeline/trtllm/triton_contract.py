@@ -18,12 +18,16 @@ from typing import Any
 import yaml
 
 CONTRACT_RESOURCE = "data/triton_backend_contract.yaml"
+#: the multimodal repository's sibling (issue #46): its ``templates`` are merged into :func:`contract`'s
+MULTIMODAL_RESOURCE = "data/triton_multimodal_contract.yaml"
 #: our model name → upstream template name, per repository kind (layouts of triton_repo/layouts.yaml)
 TEMPLATE_OF = {
     "cpp": {"tensorrt_llm": "tensorrt_llm", "ensemble": "ensemble", "preprocessing": "preprocessing",
             "postprocessing": "postprocessing", "tensorrt_llm_bls": "tensorrt_llm_bls"},
     "llmapi": {"tensorrt_llm": "llmapi_tensorrt_llm"},
 }
+#: the multimodal repository (a repository with ``multimodal_encoders``): upstream's multimodal ensemble and encoder
+MULTIMODAL_TEMPLATE_OF = {"ensemble": "multimodal_ensemble", "multimodal_encoders": "multimodal_encoders"}
 #: a request flag → the outputs the backend then writes (model_instance_state.cc@c2e65b88d852:1079-1305,
 #: fillTritonResponse; the ensemble/BLS templates forward the same outputs): a model that accepts the
 #: flag must declare them, or the values are dropped (python models) / the response fails (C++ backend)
@@ -38,8 +42,19 @@ FLAG_OUTPUTS = {
 
 @functools.cache
 def contract() -> dict[str, Any]:
-    """The parsed contract (read once)."""
-    return yaml.safe_load(resources.files("pipeline").joinpath(CONTRACT_RESOURCE).read_text())
+    """The parsed contract (read once), with the multimodal sibling's ``templates`` merged in and its
+    ``trtpipe_deviations`` (``{template: {"inputs": {name: {data_type, dims, why}}}}``) under ``deviations``."""
+    data = yaml.safe_load(resources.files("pipeline").joinpath(CONTRACT_RESOURCE).read_text())
+    mm = yaml.safe_load(resources.files("pipeline").joinpath(MULTIMODAL_RESOURCE).read_text())
+    data["templates"] = {**data["templates"], **mm["templates"]}
+    data["deviations"] = mm.get("trtpipe_deviations") or {}
+    # the multimodal ensemble copy (c2e65b8) predates tensors the inflight_batcher_llm ensemble (2a9abd95) has since
+    # gained (return_perf_metrics, lora_*, guided_decoding_*, the kv/timing outputs): held to both, multimodal first
+    ens, mm_ens = data["templates"]["ensemble"], data["templates"]["multimodal_ensemble"]
+    for kind in ("inputs", "outputs"):
+        have = {x["name"] for x in mm_ens[kind]}
+        mm_ens[kind] = [*mm_ens[kind], *(dict(x, from_inflight_ensemble=True) for x in ens[kind] if x["name"] not in have)]
+    return data
 
 
 def _perf_outputs() -> tuple[str, ...]:
@@ -136,8 +151,11 @@ def tensor_problems(model: str, template: str, cfg: Any, extra_outputs: dict[str
     t = contract()["templates"][template]
     name_of = model_config_pb2.DataType.Name
     out: list[str] = []
+    deviate = contract()["deviations"].get(template, {})
     for kind, ours, theirs in (("input", cfg.input, t["inputs"]), ("output", cfg.output, t["outputs"])):
         up = {x["name"]: x for x in theirs}
+        for name, d in (deviate.get(f"{kind}s") or {}).items():  # trtpipe's recorded departures, each with its why
+            up[name] = {**up.get(name, {"optional": True}), "name": name, "data_type": d["data_type"], "dims": d["dims"]}
         for x in ours:
             u = up.get(x.name)
             extra = (extra_outputs if kind == "output" else extra_inputs) or {}
@@ -181,9 +199,13 @@ def repository_problems(configs: dict[str, Any], implementation: str) -> list[st
         configs: the parsed configs (e.g. from :func:`pipeline.triton.model_config.load_model_config`).
         implementation: the ``tensorrt_llm`` implementation of the layout: ``cpp`` (C++ ``tensorrtllm``
             backend: tensors and parameters are checked), ``llmapi`` (the LLM-API python model) or
-            ``cpu`` (trtpipe's python model behind the same tensors: tensors only).
+            ``cpu`` (trtpipe's python model behind the same tensors: tensors only). A repository with
+            ``multimodal_encoders`` is held to upstream's multimodal ensemble and encoder
+            (``pipeline/data/triton_multimodal_contract.yaml``).
     """
     templates = TEMPLATE_OF["llmapi" if implementation == "llmapi" else "cpp"]
+    if "multimodal_encoders" in configs:
+        templates = {**templates, **MULTIMODAL_TEMPLATE_OF}
     out: list[str] = []
     for model, cfg in configs.items():
         template = templates.get(model)

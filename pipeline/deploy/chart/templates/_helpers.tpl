@@ -19,8 +19,10 @@ trtpipe.dev/recipe: {{ .Values.model.recipe | quote }}
 
 {{/* The Triton rank commands, as TensorRT-LLM's launch_triton_server.py lays them out and
      pipeline.triton.server.triton_command writes them: one tritonserver per rank, `-n 1 … :` between
-     ranks when there are several; ranks other than 0 load only tensorrt_llm, and on several nodes they
-     also close their endpoints (only rank 0 serves). Returns a JSON list. */}}
+     ranks when there are several; ranks other than 0 load only triton.loadModels (tensorrt_llm, and
+     multimodal_encoders for a vision recipe), rank 0 gets the multimodal CUDA pool on GPU 0 when
+     triton.cudaMemoryPoolGpu0Bytes is set (launch_triton_server.py@c2e65b88d852:173-182), and on several nodes
+     ranks other than 0 also close their endpoints (only rank 0 serves). Returns a JSON list. */}}
 {{- define "trtpipe.rankArgv" -}}
 {{- $v := .Values -}}
 {{- $world := mul (int $v.parallelism.tp) (int $v.parallelism.pp) -}}
@@ -39,7 +41,10 @@ trtpipe.dev/recipe: {{ .Values.model.recipe | quote }}
       (printf "--exit-timeout-secs=%d" (int $v.triton.exitTimeoutSecs))
       (printf "--log-verbose=%d" (int $v.triton.logVerbose))) -}}
 {{- if ne $rank 0 }}
-{{- $argv = concat $argv (list "--model-control-mode=explicit" "--load-model=tensorrt_llm") -}}
+{{- $argv = append $argv "--model-control-mode=explicit" -}}
+{{- range $m := $v.triton.loadModels }}{{ $argv = append $argv (printf "--load-model=%s" $m) }}{{ end -}}
+{{- else if $v.triton.cudaMemoryPoolGpu0Bytes }}
+{{- $argv = append $argv (printf "--cuda-memory-pool-byte-size=0:%d" (int64 $v.triton.cudaMemoryPoolGpu0Bytes)) -}}
 {{- end -}}
 {{- $argv = concat $argv (list "--disable-auto-complete-config" (printf "--backend-config=python,shm-region-prefix-name=%s" $prefix)) -}}
 {{- $argv = concat $argv (include "trtpipe.restrictedApiArgs" $ | fromJsonArray) -}}

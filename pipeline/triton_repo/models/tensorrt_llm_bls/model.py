@@ -13,7 +13,11 @@ many concurrent streams. Client cancellation (``request.is_cancelled()``) stops 
 Every error becomes a ``TritonError`` response with the final flag.
 
 Parameters: tokenizer_dir, add_special_tokens, skip_special_tokens, accumulate_tokens,
-tensorrt_llm_model_name.
+tensorrt_llm_model_name; in the multimodal repository also multimodal_encoders_name (upstream's BLS parameter,
+tensorrt_llm_bls/config.pbtxt@0193dbd4:436) and multimodal_model_path (the vision dir: the image processor's tile
+count). Images: ``image_input`` only, as upstream's BLS ("tensorrt_llm_bls only supports image_input"): FP16
+[1, images·tiles, 3, tile, tile] processed pixel values, every tile real; the model asks multimodal_encoders for the
+encoder features (a BLS call) and hands them to tensorrt_llm. A bad image_input is an INVALID_ARGUMENT error.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ from _common import (
     scalar,
     text,
     word_list,
+)
+from _vision import (
+    ENCODER_INPUTS,
+    ImageInputError,
+    cross_attention_mask,
+    insert_image_tokens,
 )
 from detokenize import IncrementalDetokenizer
 
@@ -64,6 +74,8 @@ class Params:
     skip_special_tokens: bool
     accumulate_tokens: bool
     tensorrt_llm_model_name: str
+    multimodal_encoders_name: str | None = None
+    multimodal_model_path: str | None = None
 
 
 class TritonPythonModel:
@@ -80,10 +92,47 @@ class TritonPythonModel:
             skip_special_tokens=get_param(raw, "skip_special_tokens", parse_bool, True),
             accumulate_tokens=get_param(raw, "accumulate_tokens", parse_bool, True),
             tensorrt_llm_model_name=get_param(raw, "tensorrt_llm_model_name", lambda n, v: v, "tensorrt_llm"),
+            multimodal_encoders_name=get_param(raw, "multimodal_encoders_name", lambda n, v: v, None),
+            multimodal_model_path=get_param(raw, "multimodal_model_path", lambda n, v: resolve_dir(args["model_repository"], v), None),
         )
+        self.tiles = self.image_token_id = None
+        if self.params.multimodal_model_path is not None:
+            import os
+
+            with open(os.path.join(self.params.multimodal_model_path, "preprocessor_config.json")) as f:
+                self.tiles = int(json.load(f)["max_image_tiles"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.tokenizer = load_tokenizer(self.params.tokenizer_dir)
         self.end_id, self.pad_id = default_end_pad_ids(self.tokenizer, self.params.tokenizer_dir)
+        if self.tiles is not None:
+            self.image_token_id = self.tokenizer.backend.token_to_id("<|image|>")
+            bos = self.tokenizer.encode("", add_special_tokens=True)
+            self.bos_id = bos[0] if bos else None
+
+    def _encoder_inputs(self, request, ids: list[int], max_tokens: int):
+        """``(ids with <|image|> tags, [tensorrt_llm encoder tensors])`` for an ``image_input`` request (a BLS call to
+        multimodal_encoders); ``(ids, [])`` without one. Raises ImageInputError for a malformed image_input."""
+        image = array(request, "image_input")
+        if image is None or image.size == 0 or self.params.multimodal_encoders_name is None:
+            return ids, []
+        if image.ndim != 5 or image.shape[1] % self.tiles or image.shape[1] == 0:
+            raise ImageInputError(f"image_input: expected FP16 [1, images*{self.tiles}, 3, tile, tile], got {list(image.shape)}")
+        n = image.shape[1] // self.tiles
+        ids = insert_image_tokens(ids, n, self.image_token_id, self.bos_id if self.params.add_special_tokens else None)
+        cam = cross_attention_mask(ids, self.image_token_id, [self.tiles] * n, self.tiles, n)
+        enc = pb_utils.InferenceRequest(
+            model_name=self.params.multimodal_encoders_name,
+            inputs=[pb_utils.Tensor("IMAGE", image.astype(np.float16)),
+                    pb_utils.Tensor("aspect_ratio_mask", np.ones((1, n, self.tiles), np.int64)),
+                    pb_utils.Tensor("cross_attention_mask", cam[None]),
+                    pb_utils.Tensor("max_tokens", np.array([[max_tokens]], np.int32))],
+            requested_output_names=["ENCODER_INPUT_FEATURES", "ENCODER_OUTPUT_LENGTHS", "CROSS_ATTENTION_MASK",
+                                    "SKIP_CROSS_ATTN_BLOCKS"]).exec()
+        if enc.has_error():
+            raise ImageInputError(enc.error().message())
+        out = ["ENCODER_INPUT_FEATURES", "ENCODER_OUTPUT_LENGTHS", "CROSS_ATTENTION_MASK", "SKIP_CROSS_ATTN_BLOCKS"]
+        return ids, [pb_utils.Tensor(dst, pb_utils.get_output_tensor_by_name(enc, src).as_numpy())
+                     for src, dst in zip(out, ENCODER_INPUTS)]
 
     # ------------------------------------------------------------------ one request
     def _inner_request(self, request, streaming: bool):
@@ -94,6 +143,8 @@ class TritonPythonModel:
 
         def i32(v):
             return np.array([[v]], dtype=np.int32)
+
+        ids, encoder = self._encoder_inputs(request, ids, int(scalar(request, "max_tokens")))
 
         def words(name):
             arr = array(request, name)
@@ -108,6 +159,7 @@ class TritonPythonModel:
             pb_utils.Tensor("streaming", np.array([[streaming]], dtype=bool)),
             pb_utils.Tensor("stop_words_list", words("stop_words")),
             pb_utils.Tensor("bad_words_list", words("bad_words")),
+            *encoder,
         ]
         for src, dst in FORWARD.items():
             arr = array(request, src)
@@ -197,8 +249,7 @@ class TritonPythonModel:
             self._generate(request, send)
         except Exception as e:
             if not finished:
-                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_bls: {e}")),
-                            flags=FINAL)
+                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=_error(e)), flags=FINAL)
 
     def execute(self, requests):
         if self.decoupled:
@@ -212,5 +263,12 @@ class TritonPythonModel:
                 self._generate(request, lambda r, final: box.append(r) if final else None)
                 results.append(box[-1])
             except Exception as e:
-                results.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_bls: {e}")))
+                results.append(pb_utils.InferenceResponse(output_tensors=[], error=_error(e)))
         return results
+
+
+def _error(e: Exception):
+    """The TritonError of a failed request: INVALID_ARGUMENT for the client's image, else the default code."""
+    if isinstance(e, ImageInputError):
+        return pb_utils.TritonError(f"tensorrt_llm_bls: {e}", pb_utils.TritonError.INVALID_ARG)
+    return pb_utils.TritonError(f"tensorrt_llm_bls: {e}")

@@ -42,8 +42,7 @@ that does not compile, or a guide sent to a model without guided decoding is an 
 silently ignores an unknown type, utils.cc@c2e65b88d852:835-838).
 
 Only the outputs the request asked for are built (``request.requested_output_names()``, python_backend
-src/pb_stub.cc@a2564ea:1844), and the tensors
-of a response stay referenced until ``send`` returns. The python backend prunes unrequested outputs after
+src/pb_stub.cc@a2564ea:1844), and the tensors of a response stay referenced until ``send`` returns. The python backend prunes unrequested outputs after
 releasing the GIL (python_backend src/response_sender.cc@a2564ea:124-129, ``ResponseSender::Send``): a
 pruned tensor whose last owner was the response frees its numpy array there, without the GIL. Sending
 output_ids + sequence_length + text_output to an ensemble that asked for text_output only killed the stub
@@ -57,6 +56,8 @@ max_beam_width (must be 1), exclude_input_in_output, cancellation_check_period_m
 skip_special_tokens, guided_decoding_backend + xgrammar_tokenizer_info_path (optional, as the C++ backend reads
 them: guided decoding is on only when both are set, model_instance_state.cc@c2e65b88d852:424-449). The KV cache, scheduler and chunked-prefill settings are the engine directory's
 ``engine_config.json`` (pipeline/engine/cpu.py), sized at load by pipeline.cpu_runtime.kv.kv_slots.
+Multimodal: encoder_input_features / encoder_output_lengths / cross_attention_mask / skip_cross_attn_blocks (from
+multimodal_encoders) go to ``CpuEngine.add_request`` (_vision.encoder_kwargs); a text repository sends none of them.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ from _common import (
     scalar,
     text,
 )
+from _vision import ENCODER_INPUTS, encoder_kwargs
 from detokenize import IncrementalDetokenizer
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -114,8 +116,7 @@ class Params:
     cancellation_check_period_ms: int
     stats_check_period_ms: int
     num_threads: int | None
-    #: set: the model writes ``text_output`` (relative to the model directory, like every tokenizer_dir)
-    tokenizer_dir: str | None
+    tokenizer_dir: str | None  # set: the model writes ``text_output`` (relative to the model dir, like every tokenizer_dir)
     skip_special_tokens: bool
     #: the xgrammar tokenizer-info file when guided decoding is on (both guided parameters set), else None
     tokenizer_info_path: str | None = None
@@ -136,9 +137,7 @@ class Params:
         return cls(
             engine_dir=get_param(raw, "gpt_model_path", lambda n, v: v),
             exclude_input_in_output=get_param(raw, "exclude_input_in_output", parse_bool, False),
-            cancellation_check_period_ms=get_param(
-                raw, "cancellation_check_period_ms", lambda n, v: parse_int(n, v, minimum=1), 100
-            ),
+            cancellation_check_period_ms=get_param(raw, "cancellation_check_period_ms", lambda n, v: parse_int(n, v, minimum=1), 100),
             stats_check_period_ms=get_param(raw, "stats_check_period_ms", lambda n, v: parse_int(n, v, minimum=1), 100),
             num_threads=get_param(raw, "cpu_num_threads", lambda n, v: parse_int(n, v, minimum=1), None),
             tokenizer_dir=get_param(raw, "tokenizer_dir", lambda n, v: v, None),
@@ -404,6 +403,7 @@ class TritonPythonModel:
                 on_error=lambda msg, j=job: self._finish(j, error=msg),
                 matcher=matcher, lora_task_id=scalar(request, "lora_task_id", None),
                 on_context_logits=(lambda t, j=job: j.ctx_logits.append(t)) if ctx else None,
+                **encoder_kwargs(*(array(request, name) for name in ENCODER_INPUTS)),
             )
             if job.done:  # finished (client gone) before the engine's id was known here
                 self.engine.cancel(job.engine_id)
