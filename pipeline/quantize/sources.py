@@ -126,7 +126,7 @@ def _tiny_qwen2_vl() -> ResolvedSource:
     with _lock(models / f".{final.name}.lock"):
         if not (final / "config.json").is_file():
             with artifacts.atomic_dir(final) as tmp:
-                build_tiny_qwen2_vl(Path(tmp), seed=0)
+                build_tiny_qwen2_vl(Path(tmp), seed=0, decoder_dir=embedded_smollm2_dir())
     return ResolvedSource("embedded", final, digest, None,
                           "tiny Qwen2-VL (SmolLM2-135M-Instruct decoder grafted, random seeded vision tower)")
 

