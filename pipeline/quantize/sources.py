@@ -42,6 +42,7 @@ from pipeline.recipe.model import (
     EMBEDDED_SMOLLM2,
     EMBEDDED_SMOLLM2_MLLAMA,
     EMBEDDED_SOURCES,
+    EMBEDDED_TINY_QWEN2_VL,
     ModelSpec,
 )
 from pipeline.recipe.paths import classify_source
@@ -54,6 +55,8 @@ SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728
 #: Bump when the conversion output changes (forces a new cache entry's provenance check to fail).
 CONVERTER_VERSION = 2
 PROVENANCE = "trtpipe_source.json"
+#: a tiny Qwen2-VL built locally: SmolLM2's decoder grafted + a seeded random vision tower (pipeline/vision/tiny_qwen2_vl.py)
+TINY_QWEN2_VL_VERSION = 1
 
 SourceKind = Literal["embedded", "gguf", "local_dir", "hub"]
 
@@ -100,6 +103,8 @@ def resolve_source(model: ModelSpec, recipe_dir: Path) -> ResolvedSource:
         StageError: a GGUF conversion that does not reload with identical logits.
     """
     src = model.source.strip()
+    if src == EMBEDDED_TINY_QWEN2_VL:
+        return _tiny_qwen2_vl()
     if src.startswith("embedded:"):
         if src not in EMBEDDED_SOURCES:
             raise UserError(f"model.source {src!r}: unknown embedded model; use one of {', '.join(map(repr, EMBEDDED_SOURCES))}")
@@ -117,6 +122,23 @@ def resolve_source(model: ModelSpec, recipe_dir: Path) -> ResolvedSource:
     if kind == "hub":
         return _from_hub(src, model.revision)
     raise UserError(f"model.source {problem}")
+
+
+def _tiny_qwen2_vl() -> ResolvedSource:
+    """``embedded:tiny-qwen2-vl``: built once (seed 0) into ``artifacts.cache_dir()/models/`` and reused."""
+    import hashlib
+
+    from pipeline.vision.tiny_qwen2_vl import build_tiny_qwen2_vl
+
+    digest = hashlib.sha256(f"{SMOLLM2_GGUF_SHA256}:tiny-qwen2-vl:{TINY_QWEN2_VL_VERSION}:seed0".encode()).hexdigest()
+    models = artifacts.cache_dir() / "models"
+    final = models / f"tiny-qwen2-vl-{digest[:12]}"
+    with _lock(models / f".{final.name}.lock"):
+        if not (final / "config.json").is_file():
+            with artifacts.atomic_dir(final) as tmp:
+                build_tiny_qwen2_vl(Path(tmp), seed=0, decoder_dir=embedded_smollm2_dir())
+    return ResolvedSource("embedded", final, digest, None,
+                          "tiny Qwen2-VL (SmolLM2-135M-Instruct decoder grafted, random seeded vision tower)")
 
 
 def embedded_smollm2_dir() -> Path:

@@ -12,7 +12,9 @@ EMBEDDED_SMOLLM2 = "embedded:smollm2-135m-instruct"
 #: a small mllama (Llama 3.2 Vision layout) grafted onto SmolLM2-135M-Instruct's decoder, built locally from a seed
 #: (:func:`pipeline.vision.tiny_mllama.build_smollm2_mllama`; issue #46 item 5)
 EMBEDDED_SMOLLM2_MLLAMA = "embedded:smollm2-135m-mllama"
-EMBEDDED_SOURCES = (EMBEDDED_SMOLLM2, EMBEDDED_SMOLLM2_MLLAMA)
+#: the tiny Qwen2-VL (SmolLM2-grafted decoder, seeded vision tower) of pipeline/vision/tiny_qwen2_vl.py (issue #47)
+EMBEDDED_TINY_QWEN2_VL = "embedded:tiny-qwen2-vl"
+EMBEDDED_SOURCES = (EMBEDDED_SMOLLM2, EMBEDDED_SMOLLM2_MLLAMA, EMBEDDED_TINY_QWEN2_VL)
 
 
 class ModelSpec(StrictModel):
