@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import typing
 from pathlib import Path
 
@@ -242,6 +243,9 @@ def test_compare_reads_the_tune_results_and_held_allows_only_tied_swaps(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("TRTPIPE_RUN_VERIFY") != "1",
+                    reason="a measurement (~4.5 min: three builds, servers and benches), outside CI's 30-minute budget; "
+                           "TRTPIPE_RUN_VERIFY=1 --run-slow runs it (figures: docs/recipe-new.md)")
 def test_cpu_verify_measures_the_top_3_for_real(tmp_path):
     """The CPU default end to end: three points built, served and benched by trtpipe tune (~4 min, slow tier). At the
     default ISL 64: the accuracy gate's prompt template alone is 51 tokens, so a smaller max_input_len fails the gate."""
