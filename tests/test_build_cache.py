@@ -91,7 +91,8 @@ BUILD_OVERRIDES = {
 #: build-time fields with no other value to try on this recipe: the engine kind (another builder), the only KV
 #: cache type that supports in-flight batching, workers (needs tp × pp > 1, another quantized checkpoint), LoRA
 #: (needs real adapter directories matching the model: tests/test_lora.py builds with peft adapters)
-BUILD_FIXED = {"build.engine", "build.kv_cache_type", "build.workers", "build.lora"}
+BUILD_FIXED = {"build.engine", "build.kv_cache_type", "build.workers", "build.lora",
+               "target.mig"}  # a MIG slice of a GPU: the fake trtllm-build path has none to vary (tests/test_mig.py)
 
 
 @pytest.fixture

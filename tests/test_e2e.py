@@ -82,7 +82,7 @@ def test_build_serve_bench_stop_on_the_cpu_default(cpu_build: Path, tmp_path: Pa
         rows = list(csv.DictReader((out / "summary.csv").open()))
         assert [int(r["concurrency"]) for r in rows] == [1, 4]
         assert all(int(r["completed"]) == 4 and int(r["short"]) == 0 for r in rows)
-        assert len(list((out / "plots").glob("*.png"))) == 4
+        assert len(list((out / "plots").glob("*.png"))) == 5  # 4 latency/throughput plots + the server's telemetry
         # in-flight batching: at c4 the four streams interleave, every request's first token arriving before any
         # request of the load point has finished (served one after another, each would start after the last ended).
         # An order of events, not a speed: the throughput gain is measured by benchmarks/bench_cpu.py

@@ -78,7 +78,10 @@ def _qwen2_vl_processor():
         )
     except ImportError:  # transformers 4.57 (TensorRT-LLM 1.2.1's pin): numpy/PIL already
         from transformers import Qwen2VLImageProcessor as cls
-    return cls()
+    # the processor's documented defaults, spelled out: a processor built earlier in the session with other bounds
+    # (the tiny Qwen2-VL's, 448² px) changes transformers 5.x's class-level size defaults for later instances
+    px = (g.QWEN2_VL_MIN_PIXELS, g.QWEN2_VL_MAX_PIXELS)
+    return cls(min_pixels=px[0], max_pixels=px[1], size={"shortest_edge": px[0], "longest_edge": px[1]})
 
 
 def test_qwen2_vl_504px_is_upstreams_324_tokens():
