@@ -379,6 +379,18 @@ class CpuEngine:
         self._active.pop()
         self._in_slots = len(self._active)
 
+    def _retire(self, finished: list[SequenceState], out: list) -> None:
+        """After a step: forget and release the ``finished`` sequences' slots, then queue the step's ``out`` items for
+        the delivery thread (one place for the plain and the speculative step)."""
+        if finished:
+            with self._cv:
+                for seq in finished:
+                    self._requests.pop(seq.rid, None)
+            for seq in finished:
+                self._release(seq)
+        for item in out:
+            self._out.put(item)
+
     def _step(self) -> None:
         t0 = time.perf_counter()
         if self._share and (n := self._share.poll()):
@@ -418,14 +430,7 @@ class CpuEngine:
             out.append(("tokens", seq, [tok], end))
             if end:
                 finished.append(seq)
-        if finished:
-            with self._cv:
-                for seq in finished:
-                    self._requests.pop(seq.rid, None)
-            for seq in finished:
-                self._release(seq)
-        for item in out:
-            self._out.put(item)
+        self._retire(finished, out)
         c = self._counters
         c["forward_passes"] += 1
         c["forward_s"] += t2 - t1

@@ -371,14 +371,7 @@ class NGramSpeculator:
             self._finished[s.rid] = tuple(self._per_request.pop(s.rid, (0, 0)))
             while len(self._finished) > _KEEP_FINISHED:
                 self._finished.popitem(last=False)
-        if finished:
-            with eng._cv:
-                for s in finished:
-                    eng._requests.pop(s.rid, None)
-            for s in finished:
-                eng._release(s)
-        for item in out:
-            eng._out.put(item)
+        eng._retire(finished, out)
         step_s = time.perf_counter() - t0
         tt = self.totals
         tt["draft_tokens"] += n_draft
