@@ -15,6 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from pipeline.advise import render
 from pipeline.advise import search as se
 from pipeline.advise import space as sp
 from pipeline.cli import app
@@ -133,6 +134,25 @@ def test_ranking_groups_ties_within_the_band(llama8b_h200):
         assert o.per_gpu == pytest.approx(o.pred.output_tokens_per_s * o.replicas / 1)
     best = s.best
     assert qformats.risk_rank(best.cand.qformat) == min(qformats.risk_rank(o.cand.qformat) for o in groups[1])
+
+
+def test_a_tie_goes_to_the_maintained_llmapi_path(llama8b_h200):
+    """Inside a tie group, at equal accuracy risk, the PyTorch LLM-API path comes before the TensorRT-engine path, whose
+    end (and that of its C++ ``tensorrtllm`` backend) the release matrix records: Llama-3.1-8B FP8 on one H200 ties
+    on both paths, and the written recipe is the pytorch one."""
+    matrix = yaml.safe_load((Path(__file__).resolve().parents[1] / "pipeline" / "data" / "release_matrix.yaml").read_text())
+    last = matrix["engine_paths"]["tensorrt_engine_last"]
+    group = [o for o in llama8b_h200.ranked if o.rank == 1]
+    engines = {o.cand.engine for o in group if o.cand.qformat == "fp8"}
+    assert engines == {"pytorch", "tensorrt"}  # the premise: both paths tie at fp8
+    assert llama8b_h200.best.cand.engine == "pytorch" and llama8b_h200.best.cand.qformat == "fp8"
+    for a, b in itertools.pairwise(group):
+        if qformats.risk_rank(a.cand.qformat) == qformats.risk_rank(b.cand.qformat):
+            assert not (a.cand.engine == "tensorrt" and b.cand.engine == "pytorch"), (a.cand.label, b.cand.label)
+    assert se.path_last_release(next(o.cand for o in group if o.cand.engine == "tensorrt")) == last
+    assert se.path_last_release(llama8b_h200.best.cand) is None
+    head = "\n".join(render.header(llama8b_h200, llama8b_h200.best, "trtpipe recipe new"))
+    assert f"ends after TensorRT-LLM {last}" in head
 
 
 # --------------------------------------------------------------------------- the done-when command

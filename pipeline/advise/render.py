@@ -14,7 +14,7 @@ from typing import Any
 from rich.table import Table
 
 from pipeline.advise import space as sp
-from pipeline.advise.search import Outcome, Search
+from pipeline.advise.search import Outcome, Search, path_last_release
 from pipeline.plan.achievable import slo_value
 from pipeline.recipe import qformats
 
@@ -162,6 +162,12 @@ def yaml_text(data: dict[str, Any], comments: dict[str, str], header: list[str])
     return "\n".join(lines) + "\n"
 
 
+def _ends(s: Search, best: Outcome) -> str:
+    """``; the TensorRT-engine path ends after X (release matrix)`` when the best's tie group holds a path that ends."""
+    last = {path_last_release(o.cand) for o in s.ranked if o.rank == best.rank} - {None}
+    return f"; the TensorRT-engine path ends after TensorRT-LLM {next(iter(last))} (release matrix)" if last else ""
+
+
 def header(s: Search, best: Outcome, command: str, note: Callable[[Outcome], str] = rank_label) -> list[str]:
     """The recipe's top comment: the command, the prediction of what is written, the top of the table."""
     p = best.pred
@@ -173,8 +179,8 @@ def header(s: Search, best: Outcome, command: str, note: Callable[[Outcome], str
              f"per instance, TTFT p99 {slo_value(p, 'ttft'):,.0f} ms, ITL {p.itl_ms:.1f} ms, "
              f"{p.per_user_tokens_per_s:,.0f} tok/s per user."),
              f"Rank {note(best)} of {len(s.ranked)} candidates within the SLO ({len(s.outcomes)} judged)"
-             + (f"; {len(ties)} other layout(s) tie within the band (the lowest accuracy risk, then the fewest GPUs, is "
-                "written):" if ties else ".")]
+             + (f"; {len(ties)} other layout(s) tie within the band (the lowest accuracy risk, then a maintained path, then the fewest "
+                "GPUs, is written" + _ends(s, best) + "):" if ties else ".")]
     lines += [f"  {rank_label(o)} {o.cand.label}: {tps(o)} tok/s/GPU" for o in ties[:4]]
     lines += ["Check it: trtpipe recipe validate FILE; trtpipe plan FILE; trtpipe build FILE --dry-run."]
     return lines

@@ -8,8 +8,10 @@ charges the GPUs no whole replica can use (AIConfigurator's ``tokens/s/gpu_clust
 
 Ties: the planner's relative error band e (:func:`band`) makes B a tie of A (A ahead) when B ≥ A / (1 + max(e_A, e_B)).
 Candidates are grouped from the top: a group is a leader and every later candidate within its band; inside a group the
-order is the qformat's accuracy risk (least first), then fewer GPUs per instance, then the point estimate (in 1 %
-steps), then the lower TTFT p99.
+order is the qformat's accuracy risk (least first), then a maintained serving path before one whose end the release
+matrix records (:func:`path_last_release`: the TensorRT-engine path and its C++ ``tensorrtllm`` Triton backend end
+with ``engine_paths.tensorrt_engine_last``, so a tie goes to the PyTorch LLM-API path), then fewer GPUs per instance,
+then the point estimate (in 1 % steps), then the lower TTFT p99.
 
 Errors (:class:`pipeline.core.errors.UserError`, one line, exit 2): nothing fits the N GPUs (names the smallest N
 that fits, searching up to one 8-GPU node), no candidate meets the SLO even at one client (names the closest and by
@@ -25,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pipeline.advise import space as sp
+from pipeline.core import engine_paths
 from pipeline.core.errors import UserError
 from pipeline.plan.achievable import SLO_FIELDS, Prediction, slo_value
 from pipeline.plan.planner import plan_recipe
@@ -115,11 +118,20 @@ def judge(c: sp.Candidate, req: sp.Request, *, num_gpus: int | None = None, fit_
     return out
 
 
+def path_last_release(c: sp.Candidate) -> str | None:
+    """The last TensorRT-LLM release that still has candidate ``c``'s serving path, as the release matrix records it
+    (``engine_paths`` of pipeline/data/release_matrix.yaml, :mod:`pipeline.core.engine_paths`): the TensorRT-engine
+    path (``build.engine: tensorrt``, served by the C++ ``tensorrtllm`` backend) ends with ``tensorrt_engine_last``;
+    None for a path with no recorded end (the PyTorch LLM-API path, the CPU engine)."""
+    return engine_paths.tensorrt_engine_last() if c.engine == "tensorrt" else None
+
+
 def _within_tie(o: Outcome) -> tuple:
-    """Order inside a tie group: accuracy risk (least first), GPUs per instance, the point estimate in 1 % steps (finer
-    differences are noise of the model), then the lower TTFT p99."""
+    """Order inside a tie group: accuracy risk (least first), a maintained path before one that ends
+    (:func:`path_last_release`), GPUs per instance, the point estimate in 1 % steps (finer differences are noise of the
+    model), then the lower TTFT p99."""
     assert o.pred is not None
-    return (qformats.risk_rank(o.cand.qformat), o.cand.world, -round(math.log(o.per_gpu) / math.log(1.01)),
+    return (qformats.risk_rank(o.cand.qformat), path_last_release(o.cand) is not None, o.cand.world, -round(math.log(o.per_gpu) / math.log(1.01)),
             slo_value(o.pred, "ttft"))
 
 
