@@ -149,3 +149,15 @@ def quantized_stage(
     hit = QuantizeResult.load(out, key)
     assert hit is not None
     return hit
+
+
+#: the shipped recipes (recipes/*.yaml)
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+
+def shipped_recipe(name: str, overrides: list[str] | tuple[str, ...] = ()):
+    """``recipes/<name>.yaml`` loaded and validated with ``--set``-style ``overrides`` (the planner tests' preamble:
+    tests/test_plan_kv_runtime.py, tests/test_plan_speculative.py)."""
+    from pipeline.recipe import load_recipe
+
+    return load_recipe(RECIPES / f"{name}.yaml", list(overrides))

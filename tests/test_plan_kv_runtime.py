@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from support import shipped_recipe
 
 from pipeline.plan import plan_recipe
 from pipeline.plan.kv_runtime import (
@@ -15,11 +14,9 @@ from pipeline.plan.kv_runtime import (
     pytorch_kv_tokens,
     pytorch_reserve,
 )
-from pipeline.recipe import load_recipe
 
-REPO = Path(__file__).resolve().parents[1]
-PYTORCH = REPO / "recipes" / "llama31_8b_h200_fp8_pytorch.yaml"
-EAGLE = REPO / "recipes" / "llama31_8b_h200_fp8_eagle3.yaml"
+PYTORCH = "llama31_8b_h200_fp8_pytorch"
+EAGLE = "llama31_8b_h200_fp8_eagle3"
 GIB, KIB = 1 << 30, 1 << 10
 
 
@@ -56,18 +53,18 @@ def test_kv_tokens_worked_case_and_the_temporary_cache_cancels():
 
 
 def test_cuda_graph_batch_follows_the_config():
-    r = load_recipe(PYTORCH)
+    r = shipped_recipe(PYTORCH)
     assert cuda_graph_batch(r.build) == 2048  # batch_sizes up to max_batch_size 2048
-    assert cuda_graph_batch(load_recipe(EAGLE).build) == 512  # max_batch_size 512
-    assert cuda_graph_batch(load_recipe(PYTORCH, ["build.pytorch.cuda_graph_config=null"]).build) == 0
-    assert cuda_graph_batch(load_recipe(PYTORCH, ["build.pytorch.cuda_graph_config.batch_sizes=null"]).build) == 128
+    assert cuda_graph_batch(shipped_recipe(EAGLE).build) == 512  # max_batch_size 512
+    assert cuda_graph_batch(shipped_recipe(PYTORCH, ["build.pytorch.cuda_graph_config=null"]).build) == 0
+    assert cuda_graph_batch(shipped_recipe(PYTORCH, ["build.pytorch.cuda_graph_config.batch_sizes=null"]).build) == 128
 
 
 def test_pytorch_plan_uses_the_runtime_arithmetic():
     """The plan's KV tokens are (total − weights − reserve) × fraction // KV bytes per token in whole blocks, recomputed
     here from the plan's own memory figures; the reserve holds the estimation pass's logits (3 dummy prompts) and the
     CUDA-graph pool, not max_batch_size logits rows."""
-    r = load_recipe(PYTORCH)
+    r = shipped_recipe(PYTORCH)
     m = plan_recipe(r).memory
     free = m.total_bytes - m.weights.per_gpu_bytes - m.activation_bytes - m.overhead_bytes
     assert m.kv_tokens == int(free * 0.95 // m.kv_token_bytes) // 32 * 32
@@ -77,13 +74,13 @@ def test_pytorch_plan_uses_the_runtime_arithmetic():
     assert m.activation_bytes == res.total_bytes and res.dummy_requests == 2  # 8192 tokens in prompts of 8191 + 1
     assert res.dummy_logits_bytes == 2 * 128_256 * 4
     # without CUDA graphs the pool is gone and the KV cache grows by about its size
-    m0 = plan_recipe(load_recipe(PYTORCH, ["build.pytorch.cuda_graph_config=null"])).memory
+    m0 = plan_recipe(shipped_recipe(PYTORCH, ["build.pytorch.cuda_graph_config=null"])).memory
     assert m0.activation_bytes == res.total_bytes - res.cuda_graph_pool_bytes
     assert (m0.kv_tokens - m.kv_tokens) * m.kv_token_bytes == pytest.approx(res.cuda_graph_pool_bytes * 0.95, rel=0.01)
 
 
 def test_engine_path_keeps_its_sizing():
     """The TensorRT engine path's reserve still holds max_batch_size logits rows (runtime buffers before the fraction)."""
-    r = load_recipe(REPO / "recipes" / "llama31_8b_h200_fp8.yaml")
+    r = shipped_recipe("llama31_8b_h200_fp8")
     m = plan_recipe(r).memory
     assert m.activation_bytes >= r.build.max_batch_size * 128_256 * 4

@@ -23,6 +23,16 @@ The speed model (:func:`decode_speedup`): per decode step at batch B and mean co
 B·c̄ KV) + t_draft`` with d the verified drafts per sequence (v on a GPU), ``t_draft`` = v draft forwards (EAGLE-3:
 one head layer + draft lm_head at B tokens each; draft/target: the draft model; n-gram: 0 — CPU-side lookup).
 Tokens per step go from 1 to AL, so ITL_spec = t_spec / AL and speed-up = AL · t_plain / t_spec.
+
+On the CPU target two more facts of the served deployment enter (measured, docs/speculative.md "Predicted vs
+measured"): (1) the CPU time the rest of the deployment spends per *streamed token* (Triton, the serving models'
+response path, the bench client: the host's ``serving_cpu_per_token_us``, :func:`pipeline.plan.host.serving_cpu_per_token`)
+runs on the engine's cores; :func:`pipeline.plan.model_inputs.cpu_efficiency` charges it once per sequence per step (one
+token each), but a speculative step streams AL tokens per sequence, so t_spec adds B · (AL − 1) of it; (2) the CPU
+engine pads nothing: a sequence verifies 1 + the drafts found at that step, so AL and d are means over *every*
+generation step (the bench's ``accepted_tokens_per_step`` = Σ(OSL − 1) / Σ(OSL − 1 − accepted) and draft tokens /
+those steps), not over the drafted steps only (TensorRT-LLM's ``acceptanceLength``, which overstates what a run with
+undrafted steps gains).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from pipeline.core import hardware
 from pipeline.core.errors import UserError
 from pipeline.core.geometry import ModelGeometry, _known, known_geometry
 from pipeline.core.weights import DTYPE_BYTES, weight_bytes
@@ -143,11 +154,14 @@ class SpecSpeedup(BaseModel):
 
 
 def decode_speedup(cost: StepCost, eff: Efficiency, *, batch: int, context: float, acceptance_length: float,
-                   verified_drafts_per_seq: float, draft_s: float = 0.0, max_concurrency: int | None = None) -> SpecSpeedup:
+                   verified_drafts_per_seq: float, draft_s: float = 0.0, max_concurrency: int | None = None,
+                   token_overhead_s: float = 0.0) -> SpecSpeedup:
     """The speed-up of decode steps at ``batch`` sequences of mean ``context`` tokens (module docstring): AL · t_plain /
     t_spec. ``verified_drafts_per_seq``: draft tokens verified per sequence per step (max_draft_len on a GPU with CUDA
-    graphs; the mean drafted on the CPU engine); ``draft_s``: :func:`draft_step_s`. Above ``max_concurrency`` speculation
-    is off (speed-up 1).
+    graphs; the mean drafted on the CPU engine); ``draft_s``: :func:`draft_step_s`; ``token_overhead_s``: seconds per
+    streamed token outside the engine on the same cores, which the step model's per-sequence overhead already charges for
+    one token per sequence (the CPU target's served deployment, :func:`serving_token_s`; 0 on a GPU): the speculative
+    step adds ``batch · (AL − 1)`` of it. Above ``max_concurrency`` speculation is off (speed-up 1).
 
     Raises:
         ValueError: an acceptance length below 1 or above 1 + the verified drafts, a batch below 1.
@@ -165,9 +179,19 @@ def decode_speedup(cost: StepCost, eff: Efficiency, *, batch: int, context: floa
                            active=False)
     n = batch * (1 + verified_drafts_per_seq)
     spec = step_time(cost, eff, StepMix(n_seqs=batch, n_tokens=n, n_logits=n, kv_read_tokens=batch * context)).total_s + draft_s
+    spec += batch * (acceptance_length - 1.0) * token_overhead_s
     return SpecSpeedup(batch=batch, acceptance_length=acceptance_length, verified_drafts_per_seq=verified_drafts_per_seq,
                        plain_step_ms=plain * 1e3, spec_step_ms=spec * 1e3, draft_ms=draft_s * 1e3, plain_itl_ms=plain * 1e3,
                        itl_ms=spec / acceptance_length * 1e3, speedup=acceptance_length * plain / spec, active=True)
+
+
+def serving_token_s(on_gpu: bool) -> float:
+    """Seconds of CPU per streamed token that a served deployment spends outside the engine on the engine's own cores:
+    the planner's host (:func:`pipeline.core.hardware.cpu_host`) ``serving_cpu_per_token_us`` on the CPU target, 0 on a
+    GPU (the GPU step does not wait for the server's CPU) or when the host file has no served measurement."""
+    if on_gpu:
+        return 0.0
+    return (hardware.cpu_host().serving_cpu_per_token_us or 0.0) * 1e-6
 
 
 def parse_acceptance(text: str) -> float | Path:
@@ -192,10 +216,34 @@ def point_speculation(pt: object) -> dict:
     return out
 
 
+def step_figures(pt: object) -> tuple[float, float | None] | None:
+    """``(acceptance length, mean drafts per step or None)`` of one bench load point, or None when it has neither.
+
+    ``trtpipe bench`` (:func:`pipeline.bench.metrics.speculative`): ``accepted_tokens_per_step`` is tokens per generation
+    step over *every* step (Σ(OSL − 1) / Σ(OSL − 1 − accepted)), and drafts per step = ``draft_tokens`` / those steps
+    (steps = Σ(OSL − 1) − accepted, Σ(OSL − 1) from ``requests`` × (mean output length − 1)). Preferred to an
+    ``acceptance_length`` (the engine's ``acceptanceLength``, over drafted request-steps only: its drafts per step come
+    from ``draft_tokens`` / ``spec_steps`` or ``requests_with_drafts``) where a point has both (module docstring).
+    """
+    s = point_speculation(pt)
+    if s.get("accepted_tokens_per_step"):
+        al = float(s["accepted_tokens_per_step"])
+        osl = ((s.get("output_sequence_length") or {}) if isinstance(s.get("output_sequence_length"), dict) else {}).get("avg")
+        drafts = None
+        if s.get("draft_tokens") is not None and s.get("requests") and osl:
+            steps = float(s["requests"]) * (float(osl) - 1) - float(s.get("accepted_draft_tokens") or 0)
+            drafts = float(s["draft_tokens"]) / steps if steps > 0 else None
+        return al, drafts
+    if s.get("acceptance_length"):
+        steps = s.get("requests_with_drafts") or s.get("spec_steps")
+        drafts = float(s["draft_tokens"]) / float(steps) if s.get("draft_tokens") and steps else None
+        return float(s["acceptance_length"]), drafts
+    return None
+
+
 def acceptance_from_bench(path: Path) -> tuple[float, float | None]:
     """``(acceptance length, mean drafts per step or None)`` measured by a ``trtpipe bench`` run (``bench.json`` or its
-    directory): the mean over its load points (``load_points``, ``points``) of ``acceptance_length``
-    (:func:`point_speculation`); drafts per step from ``draft_tokens`` / ``spec_steps`` (or ``requests_with_drafts``) when present.
+    directory): the mean over its load points (``load_points``, ``points``) of :func:`step_figures`.
 
     Raises:
         UserError: no such file, not JSON, or no load point with an acceptance length.
@@ -206,18 +254,12 @@ def acceptance_from_bench(path: Path) -> tuple[float, float | None]:
     except (OSError, ValueError) as e:
         raise UserError(f"--acceptance {path}: cannot read a bench.json ({e.__class__.__name__})") from None
     points = (doc.get("load_points") or doc.get("points") or []) if isinstance(doc, dict) else doc
-    als, drafts = [], []
-    for pt in points if isinstance(points, list) else []:
-        s = point_speculation(pt)
-        if s.get("acceptance_length"):
-            als.append(float(s["acceptance_length"]))
-            steps = s.get("requests_with_drafts") or s.get("spec_steps")
-            if s.get("draft_tokens") and steps:
-                drafts.append(float(s["draft_tokens"]) / float(steps))
-    if not als:
-        raise UserError(f"--acceptance {path}: no load point reports an acceptance_length (run the bench on a "
-                        "recipe with speculative decoding)")
-    return sum(als) / len(als), (sum(drafts) / len(drafts) if drafts else None)
+    figs = [f for pt in (points if isinstance(points, list) else []) if (f := step_figures(pt))]
+    if not figs:
+        raise UserError(f"--acceptance {path}: no load point reports an acceptance length (run the bench with "
+                        "--server-timestamps on a recipe with speculative decoding)")
+    drafts = [d for _, d in figs if d is not None]
+    return sum(al for al, _ in figs) / len(figs), (sum(drafts) / len(drafts) if drafts else None)
 
 
 class SpecPoint(BaseModel):
@@ -273,16 +315,17 @@ def speculative_plan(draft: DraftMemory, cost: StepCost, eff: Efficiency, predic
     batch and mean context ISL + OSL/2; ITL_spec = ITL / speed-up; tokens/s scaled by E2E / E2E_spec with E2E_spec =
     TTFT + (OSL − 1) · ITL_spec. Verified drafts per sequence: max_draft_len on a GPU (CUDA-graph padding), the
     measured drafts per step on the CPU engine (``drafts_per_step``, else the bench run's, else max_draft_len: an upper
-    bound on the cost)."""
+    bound on the cost); on the CPU target the served deployment's CPU per streamed token (:func:`serving_token_s`)."""
     al, drafts, src = resolve_acceptance(draft, acceptance)
     drafts = drafts_per_step if drafts_per_step is not None else drafts
     verified = float(draft.max_draft_len) if on_gpu or drafts is None else drafts
+    tok_s = serving_token_s(on_gpu)
     points = []
     for p in predictions:
         ctx = p.isl + p.osl / 2
         s = decode_speedup(cost, eff, batch=p.batch, context=ctx, acceptance_length=min(al, 1 + verified),
                            verified_drafts_per_seq=verified, draft_s=draft_step_s(draft, cost, eff, p.batch, ctx, target_layers),
-                           max_concurrency=draft.max_concurrency)
+                           max_concurrency=draft.max_concurrency, token_overhead_s=tok_s)
         itl = p.itl_ms / s.speedup
         e2e = p.ttft_ms + (p.osl - 1) * itl
         points.append(SpecPoint(isl=p.isl, osl=p.osl, concurrency=p.concurrency, plain_tokens_per_s=p.output_tokens_per_s,
