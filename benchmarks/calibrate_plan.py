@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pipeline
@@ -95,6 +96,21 @@ def _print_pytorch(data: dict, markdown: bool) -> None:
               f"{r['error']:+.1%} | {r['batch']} ({r['limited_by'].replace('_', ' ')}) |")
 
 
+def check_or_write(data: dict, *, shipped: Callable[[], dict], drift: Callable[[dict, dict], dict], dump: Callable[[dict], str],
+                   out: Path, check: bool, what: str = "parameters") -> int:
+    """The end of every refit here (the engine path's, the PyTorch backend's, benchmarks/plan_generalisation.py's held-out
+    bands): with ``check``, compare the fresh ``data`` with the shipped file (``drift(shipped(), data)``: what differs,
+    empty when it reproduces), print the verdict and return 1 on a difference, 0 otherwise, writing nothing; without,
+    write ``dump(data)`` to ``out`` and return 0."""
+    if check:
+        diff = drift(shipped(), data)
+        print(f"shipped {what} reproduce" if not diff else f"shipped {what} differ: {diff}")
+        return 1 if diff else 0
+    out.write_text(dump(data))
+    print(f"\nwrote {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", choices=["tensorrt", "pytorch"], default="tensorrt",
@@ -107,25 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine == "pytorch":
         data = calp.calibrate()
         _print_pytorch(data, args.markdown)
-        if args.check:
-            diff = cal.drift(calp.shipped(), data)
-            print("shipped parameters reproduce" if not diff else f"shipped parameters differ: {diff}")
-            return 1 if diff else 0
-        out = args.out or OUT_PYTORCH
-        out.write_text(calp.dump(data))
-        print(f"\nwrote {out}")
-        return 0
-    args.out = args.out or OUT
+        return check_or_write(data, shipped=calp.shipped, drift=cal.drift, dump=calp.dump, out=args.out or OUT_PYTORCH,
+                              check=args.check)
     data = cal.calibrate()
     _print(data, args.markdown)
     _print_held_out(data)
-    if args.check:
-        diff = cal.drift(cal.shipped(), data)
-        print("shipped parameters reproduce" if not diff else f"shipped parameters differ: {diff}")
-        return 1 if diff else 0
-    args.out.write_text(cal.dump(data))
-    print(f"\nwrote {args.out}")
-    return 0
+    return check_or_write(data, shipped=cal.shipped, drift=cal.drift, dump=cal.dump, out=args.out or OUT, check=args.check)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,18 @@ import math
 import sys
 from pathlib import Path
 
+from calibrate_plan import check_or_write
+
 import pipeline
 from pipeline.plan import generalisation as gen
 
 OUT = Path(pipeline.__file__).resolve().parent / gen.GENERALISATION_FILE
+
+
+def band_drift(old: dict, new: dict) -> dict:
+    """``{engine: (shipped band, recomputed band)}`` for each engine whose band moved by more than 0.002."""
+    return {e: (old["engines"][e]["band"], v["band"]) for e, v in new["engines"].items()
+            if not math.isclose(old["engines"][e]["band"], v["band"], abs_tol=2e-3)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,15 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     doc = gen.document(datetime.date.today().isoformat())
     print(gen.markdown(doc))
-    if args.check:
-        old = gen.shipped()
-        diff = {e: (old["engines"][e]["band"], v["band"]) for e, v in doc["engines"].items()
-                if not math.isclose(old["engines"][e]["band"], v["band"], abs_tol=2e-3)}
-        print("shipped bands reproduce" if not diff else f"shipped bands differ: {diff}")
-        return 1 if diff else 0
-    args.out.write_text(gen.dump(doc))
-    print(f"wrote {args.out}")
-    return 0
+    return check_or_write(doc, shipped=gen.shipped, drift=band_drift, dump=gen.dump, out=args.out, check=args.check,
+                          what="bands")
 
 
 if __name__ == "__main__":
