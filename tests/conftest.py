@@ -141,6 +141,33 @@ def int4_awq(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Int
     return Int4Awq(recipe, root, res, reference)
 
 
+# --- CPU engine fixtures ---
+# Shared by tests/test_cpu_runtime.py, tests/test_prefix_reuse_cpu.py, tests/test_speculative_cpu.py and (with its own
+# ``engine_dir``) tests/test_cpu_mllama.py.
+
+
+@pytest.fixture(scope="session")
+def engine_dir() -> Path:
+    """The FP8 SmolLM2 CPU engine directory (batch 8, 1,024-token sequences, 16,384 KV tokens: ``support.CPU_BS8``),
+    built once per session by the real ``cpu`` engine stage and cached across sessions (:func:`support.cpu_fp8_build`).
+    A test module may override it (tests/test_cpu_mllama.py: its mllama engine); ``engine`` then opens that one."""
+    from support import CPU_BS8, cpu_fp8_build
+
+    return cpu_fp8_build("build-fp8-bs8", CPU_BS8)
+
+
+@pytest.fixture(scope="module")
+def engine(engine_dir: Path):
+    """A :class:`~pipeline.cpu_runtime.engine.CpuEngine` on ``engine_dir`` with one thread (the cores are shared), shut
+    down after the module (module scope: its weights and threads do not outlive the tests that use it, and a module's own
+    ``engine_dir`` is honoured)."""
+    from pipeline.cpu_runtime.engine import CpuEngine
+
+    eng = CpuEngine(engine_dir, num_threads=1)
+    yield eng
+    eng.shutdown()
+
+
 # --- vision fixtures ---
 
 

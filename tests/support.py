@@ -161,3 +161,27 @@ def shipped_recipe(name: str, overrides: list[str] | tuple[str, ...] = ()):
     from pipeline.recipe import load_recipe
 
     return load_recipe(RECIPES / f"{name}.yaml", list(overrides))
+
+
+def cpu_engine_fixtures() -> Path:
+    """Where the CPU-engine tests keep their cached quantize and engine stages: ``$TRTPIPE_CACHE_DIR/cpu-engine-fixtures``
+    (tests/conftest.py points TRTPIPE_CACHE_DIR at the repo-local ``.trtpipe-cache/``)."""
+    import os
+
+    return Path(os.environ.get("TRTPIPE_CACHE_DIR", Path(__file__).resolve().parents[1] / ".trtpipe-cache")) / "cpu-engine-fixtures"
+
+
+#: the CPU tests' shared engine (tests/conftest.py ``engine_dir``): batch 8, 1,024-token sequences, 16,384 KV tokens
+CPU_BS8 = ("build.max_batch_size=8", "build.max_seq_len=1024", "build.kv_cache_config.max_tokens=16384")
+
+
+def cpu_fp8_build(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Path:
+    """The engine directory of ``recipes/smollm2_135m_cpu_fp8.yaml`` with ``overrides``, built by the real ``cpu`` engine
+    stage on the cached FP8 quantize stage (:func:`quantized_stage`) into ``cpu_engine_fixtures()/name`` — once: the
+    stage reuses a build whose content key matches."""
+    from pipeline.core.layout import BuildLayout
+    from pipeline.engine import cpu as cpu_stage
+
+    root = cpu_engine_fixtures()
+    q = quantized_stage(root, "fp8", kv_cache_dtype="fp8")
+    return cpu_stage.run(shipped_recipe("smollm2_135m_cpu_fp8", overrides), BuildLayout(root / name), quantized=q).path

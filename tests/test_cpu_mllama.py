@@ -30,7 +30,8 @@ PER_TILE = (56 // 14) ** 2 + 1
 
 @pytest.fixture(scope="module")
 def engine_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_mllama_dir: Path) -> Path:
-    """The engine directory the cpu stage writes for the float32 grafted checkpoint (weights + engine_config)."""
+    """The engine directory the cpu stage writes for the float32 grafted checkpoint (weights + engine_config). Overrides
+    tests/conftest.py's FP8 ``engine_dir`` in this module, so conftest's ``engine`` opens this one."""
     d = tmp_path_factory.mktemp("mllama-engine")
     cpu_stage.write_weights(smollm2_mllama_dir, d, "float32")
     for f in smollm2_mllama_dir.iterdir():
@@ -41,13 +42,6 @@ def engine_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_mllama_dir: Pat
     ecfg = cpu_stage.engine_config(recipe, json.loads((d / "config.json").read_text()))
     (d / "engine_config.json").write_text(json.dumps(ecfg))
     return d
-
-
-@pytest.fixture(scope="module")
-def engine(engine_dir: Path):
-    eng = CpuEngine(engine_dir, num_threads=1)
-    yield eng
-    eng.shutdown()
 
 
 @pytest.fixture(scope="module")

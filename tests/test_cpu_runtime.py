@@ -12,33 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import quantized_stage
+from support import cpu_fp8_build
 
-from pipeline.core.layout import BuildLayout
 from pipeline.cpu_runtime import native
 from pipeline.cpu_runtime.engine import CpuEngine
-from pipeline.engine import cpu as cpu_stage
-from pipeline.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(os.environ.get("TRTPIPE_CACHE_DIR", REPO / ".trtpipe-cache")) / "cpu-engine-fixtures"
 WAIT_S = 120  # bound on every wait: the machine is shared
 END_ID = 2  # SmolLM2 <|im_end|> (= its eos and pad token)
-
-
-@pytest.fixture(scope="module")
-def engine_dir() -> Path:
-    q = quantized_stage(FIXTURES, "fp8", kv_cache_dtype="fp8")
-    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.max_batch_size=8", "build.max_seq_len=1024",
-                                                                           "build.kv_cache_config.max_tokens=16384"])
-    return cpu_stage.run(recipe, BuildLayout(FIXTURES / "build-fp8-bs8"), quantized=q).path
-
-
-@pytest.fixture(scope="module")
-def engine(engine_dir: Path):
-    eng = CpuEngine(engine_dir, num_threads=1)
-    yield eng
-    eng.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -170,9 +151,7 @@ def test_bfloat16_engine_runs_bf16_gemms_and_kv_cache_around_float32_attention(e
 
     from pipeline.cpu_runtime.model import Decoder, StepBatch
 
-    q = quantized_stage(FIXTURES, "fp8", kv_cache_dtype="fp8")
-    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.max_batch_size=8", "build.cpu.dtype=bfloat16"])
-    bf_dir = cpu_stage.run(recipe, BuildLayout(FIXTURES / "build-fp8-bs8-bf16"), quantized=q).path
+    bf_dir = cpu_fp8_build("build-fp8-bs8-bf16", ["build.max_batch_size=8", "build.cpu.dtype=bfloat16"])
     ec = json.loads((bf_dir / "engine_config.json").read_text())
     f32_ec = json.loads((engine_dir / "engine_config.json").read_text())
     assert ec["compute_dtype"] == "bfloat16" and ec["kv_cache"]["dtype"] == "bfloat16"
@@ -498,9 +477,7 @@ def test_engine_threads_spin_after_the_creating_thread_ran_openmp(engine_dir: Pa
 def test_throughput_1_vs_16_concurrent(tok) -> None:
     """ISL ~100, OSL 16: 1 and 16 concurrent requests each return exactly OSL tokens; prints the tokens/s of both
     (a figure, not a check: the speed-up is measured by benchmarks/bench_cpu.py, with OSL 200)."""
-    q = quantized_stage(FIXTURES, "fp8", kv_cache_dtype="fp8")
-    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml")  # max_batch_size 32
-    eng = CpuEngine(cpu_stage.run(recipe, BuildLayout(FIXTURES / "build-fp8"), quantized=q).path, num_threads=2)
+    eng = CpuEngine(cpu_fp8_build("build-fp8"), num_threads=2)  # the shipped recipe: max_batch_size 32
     try:
         ids = _prompt(tok, "The history of the city " * 20)[:100]
 

@@ -5,31 +5,18 @@ same as without reuse, on a real FP8 SmolLM2 engine directory; the LLM facade re
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from pathlib import Path
 
 import pytest
-from support import quantized_stage
 
-from pipeline.core.layout import BuildLayout
 from pipeline.cpu_runtime.engine import CpuEngine
-from pipeline.engine import cpu as cpu_stage
 from pipeline.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(os.environ.get("TRTPIPE_CACHE_DIR", REPO / ".trtpipe-cache")) / "cpu-engine-fixtures"
 WAIT_S = 180
 END_ID = 2
 TPB = 16
-
-
-@pytest.fixture(scope="module")
-def engine_dir() -> Path:
-    q = quantized_stage(FIXTURES, "fp8", kv_cache_dtype="fp8")
-    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.max_batch_size=8", "build.max_seq_len=1024",
-                                                                           "build.kv_cache_config.max_tokens=16384"])
-    return cpu_stage.run(recipe, BuildLayout(FIXTURES / "build-fp8-bs8"), quantized=q).path
 
 
 @pytest.fixture(scope="module")

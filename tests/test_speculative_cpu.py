@@ -4,21 +4,16 @@ speculation is token-for-token the output without it, on a real FP8 SmolLM2 engi
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
 import pytest
-from support import quantized_stage
 
-from pipeline.core.layout import BuildLayout
 from pipeline.cpu_runtime.engine import CpuEngine
 from pipeline.cpu_runtime.speculative import NGramConfig, NGramPool
-from pipeline.engine import cpu as cpu_stage
 from pipeline.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(os.environ.get("TRTPIPE_CACHE_DIR", REPO / ".trtpipe-cache")) / "cpu-engine-fixtures"
 WAIT_S = 180
 END_ID = 2  # SmolLM2 <|im_end|>
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 5, "max_matching_ngram_size": 3}
@@ -83,14 +78,6 @@ def test_cpu_recipe_takes_ngram_and_refuses_other_types() -> None:
 
 
 # ---------------------------------------------------------------- the engine, for real
-@pytest.fixture(scope="module")
-def engine_dir() -> Path:
-    q = quantized_stage(FIXTURES, "fp8", kv_cache_dtype="fp8")
-    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.max_batch_size=8", "build.max_seq_len=1024",
-                                                                           "build.kv_cache_config.max_tokens=16384"])
-    return cpu_stage.run(recipe, BuildLayout(FIXTURES / "build-fp8-bs8"), quantized=q).path
-
-
 @pytest.fixture(scope="module")
 def prompts(engine_dir: Path) -> list[list[int]]:
     from transformers import AutoTokenizer
