@@ -152,6 +152,10 @@ def run_cpu(options: dict[str, Any], on_status: Any = None) -> rep.Report:
     from pipeline.profile.cpu import report
 
     spec, target = resolve(options)
+    if target.metrics_url is None:  # a detached `trtpipe serve` at this URL names its metrics endpoint
+        import dataclasses
+
+        target = dataclasses.replace(target, metrics_url=detached_metrics_url(target.url or "localhost:8001"))
     result = stage.run(spec, target, on_status=on_status)
     check_outcome(result)
     if not result.load_points:
@@ -159,6 +163,17 @@ def run_cpu(options: dict[str, Any], on_status: Any = None) -> rep.Report:
     r = report(result.load_points[-1], result.metrics_url)
     r["bench_run"] = str(result.run_dir)
     return r
+
+
+def detached_metrics_url(grpc_url: str) -> str | None:
+    """The metrics URL of the detached ``trtpipe serve`` (``artifacts/serve.json``) whose gRPC endpoint has
+    ``grpc_url``'s port (``localhost`` and ``127.0.0.1`` alike), else ``None`` (the bench's default applies)."""
+    from pipeline.serve.registry import read_state, state_alive, state_path
+
+    state = read_state(state_path())
+    if not state or not state_alive(state) or not state.get("grpc_url"):
+        return None
+    return state.get("metrics_url") if state["grpc_url"].rsplit(":", 1)[-1] == grpc_url.rsplit(":", 1)[-1] else None
 
 
 def bench_options(**given: Any) -> dict[str, Any]:
