@@ -121,12 +121,12 @@ def test_step_timeline_kinds_gaps_and_gauges():
     t = StepTimeline()
     t.record(0.0, 0.001, 0.009, 0.010, 32, 0, True)     # prefill only; a sequence stays in its slot
     t.record(0.0104, 0.011, 0.014, 0.015, 0, 1, True)  # decode; 0.4 ms gap with work
-    t.record(0.017, 0.017, 0.019, 0.020, 16, 1, False)  # prefill + decode; 2 ms gap with work; then empty
+    t.record(0.0165, 0.017, 0.019, 0.020, 16, 1, False)  # prefill + decode; 1.5 ms gap with work; then empty
     t.record(1.020, 1.020, 1.025, 1.030, 0, 1, False)  # after 1 s without work: a wait, not a gap
     st = t.stats()
     assert st["steps"] == {"context": 1, "generation": 2, "mixed": 1}
     assert st["seconds"]["generation"] == pytest.approx(0.0046 + 0.010)
-    assert st["gaps"]["gap"]["count"] == 2 and st["gaps"]["gap"]["seconds"] == pytest.approx(0.0024)
+    assert st["gaps"]["gap"]["count"] == 2 and st["gaps"]["gap"]["seconds"] == pytest.approx(0.0019)
     assert st["gaps"]["wait"] == {"count": 1, "seconds": pytest.approx(1.0)}
     assert st["tokens"] == {"context": 48, "generation": 3}
     assert st["gapBucketsMs"]["0.1"] == 0 and st["gapBucketsMs"]["0.5"] == 1 and st["gapBucketsMs"]["2"] == 2
