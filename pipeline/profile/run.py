@@ -23,7 +23,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -79,7 +78,7 @@ def dry_run_lines(cmds: dict[str, Any]) -> list[str]:
     return [f"{env} {shlex.join(cmds['profile'])} &   # server under Nsight Systems, capture = those iterations",
             "# wait until the server is ready, then:", shlex.join(cmds["bench"]),
             "# stop the server (SIGINT to nsys), then:", shlex.join(cmds["export"]),
-            shlex.join([sys.executable, "-m", "pipeline.cli", "profile", "--sqlite", str(cmds["sqlite"])])]
+            shlex.join([cmds["bench"][0], "profile", "--sqlite", str(cmds["sqlite"])])]  # the same trtpipe
 
 
 def require_nsys() -> str:
