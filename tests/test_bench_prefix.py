@@ -79,3 +79,19 @@ def test_cached_token_share_in_summary_and_csv():
     assert s.to_json()["prefix_cache"]["cached_tokens"] == 160
     assert summarize([rec(0, None)]).prefix_cache is None and "prefix_cache" not in summarize([rec(0, None)]).to_json()
     assert set(PREFIX_COLUMNS) <= set(csv_columns(prefix=True)) and not set(PREFIX_COLUMNS) & set(csv_columns())
+
+
+def test_openai_usage_cached_tokens_land_on_the_record():
+    from pipeline.bench.client import ModelInfo
+    from pipeline.bench.http_client import SSEClient
+    from pipeline.bench.records import RequestRecord
+
+    client = SSEClient("http://x/v1", ModelInfo("m", "openai", {}, (), 0, {}, {}, {}), api="openai", timeout_s=1.0)
+    rec = RequestRecord("320:1", "c1", 0, False, 320, 1)
+    final = {"choices": [], "usage": {"prompt_tokens": 320, "completion_tokens": 1,
+                                      "prompt_tokens_details": {"cached_tokens": 256}}}  # trtllm-serve / vLLM usage
+    client._openai_event(final, 5, rec, [0])
+    assert rec.cached_tokens == 256 and rec.server_tokens == 1
+    plain = RequestRecord("320:1", "c1", 1, False, 320, 1)
+    client._openai_event({"choices": [], "usage": {"prompt_tokens": 320, "completion_tokens": 1}}, 5, plain, [0])
+    assert plain.cached_tokens is None  # no count reported: no share claimed
