@@ -50,11 +50,22 @@ def test_without_prefix_options_the_prompts_are_unchanged(tokenizer):
     assert [p.text for p in a] == [p.text for p in text_prompts(4, 50, seed=50, tokenizer=tokenizer)]
 
 
-def test_bad_prefix_options_are_one_line():
-    with pytest.raises(ValidationError, match="go together"):
+def test_bad_prefix_options_are_one_line(tmp_path):
+    with pytest.raises(ValidationError, match="goes with --num-prefix-prompts"):
         _spec(num_prefix_prompts=2)
     with pytest.raises(ValidationError, match="must be below every scenario's ISL"):
         _spec(num_prefix_prompts=2, prefix_prompt_length=120)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    trtpipe = str(Path(sys.executable).parent / "trtpipe")
+    r = subprocess.run([trtpipe, "bench", "--isl", "10", "--osl", "2", "--num-prefix-prompts", "2",
+                        "--prefix-prompt-length", "10", "--url", "localhost:1", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: --prefix-prompt-length: 10 must be below every scenario's ISL (ISL 10 holds no token after it)")
+    assert not (tmp_path / "o").exists()
 
 
 def test_prefix_that_leaves_no_room_for_added_special_tokens(tokenizer):

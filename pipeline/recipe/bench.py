@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bounds import (
@@ -271,18 +272,21 @@ class BenchSpec(StrictModel):
         default=1, ge=1, le=MAX_IMAGES_PER_REQUEST, description=(
             "Images per request (AIPerf --image-batch-size); at most the build's vision.max_images_per_request."))
 
-    @model_validator(mode="after")
-    def _prefix_fits(self) -> BenchSpec:
-        """Both prefix options or neither; the prefix leaves at least one token of every scenario's ISL."""
-        if bool(self.num_prefix_prompts) != bool(self.prefix_prompt_length):
-            raise ValueError("num_prefix_prompts and prefix_prompt_length go together (both > 0, or both 0)")
-        if self.prefix_prompt_length and self.dataset is not None:
-            raise ValueError("prefix_prompt_length: shared prefixes are for synthetic prompts, not with dataset")
-        short = [s.isl for s in self.scenarios if s.isl <= self.prefix_prompt_length]
-        if self.prefix_prompt_length and short:
-            raise ValueError(f"prefix_prompt_length {self.prefix_prompt_length}: must be below every scenario's ISL "
-                             f"(ISL {short[0]} holds no tokens after it)")
-        return self
+    @field_validator("prefix_prompt_length")
+    @classmethod
+    def _prefix_fits(cls, length: int, info: ValidationInfo) -> int:
+        """Both prefix options or neither; the prefix leaves at least one token of every scenario's ISL (one line,
+        named by the flag)."""
+        d = info.data
+        if bool(d.get("num_prefix_prompts")) != bool(length):
+            raise PydanticCustomError("prefix", "goes with --num-prefix-prompts / num_prefix_prompts: both > 0, or both 0")
+        if length and d.get("dataset") is not None:
+            raise PydanticCustomError("prefix", "shared prefixes are for synthetic prompts, not with a dataset")
+        short = [s.isl for s in d.get("scenarios") or [] if s.isl <= length]
+        if length and short:
+            raise PydanticCustomError("prefix", "{length} must be below every scenario's ISL (ISL {isl} holds no token "
+                                      "after it)", {"length": length, "isl": short[0]})
+        return length
 
     # ------------------------------------------------------------------ derived values
     def load_points(self) -> list[tuple[str, float]]:
