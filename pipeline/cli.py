@@ -17,6 +17,7 @@ from pipeline.commands import build as build_cmd
 from pipeline.commands import deploy as deploy_cmd
 from pipeline.commands import eval as eval_cmd
 from pipeline.commands import plan as plan_cmd
+from pipeline.commands import profile as profile_cmd
 from pipeline.commands import recipe as recipe_cmd
 from pipeline.commands import release as release_cmd
 from pipeline.commands import serve as serve_cmd
@@ -69,6 +70,7 @@ app.command("release")(release_cmd.release)
 app.add_typer(deploy_cmd.app, name="deploy")
 app.command("eval")(eval_cmd.eval_cmd)
 app.command("tune")(tune_cmd.tune)
+app.command("profile")(profile_cmd.profile)
 
 
 def main() -> None:

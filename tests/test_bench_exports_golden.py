@@ -4,7 +4,9 @@ metrics, one and several load points — hash to what the code before issue #33 
 the typed load points and the exporters may be rearranged; their output may not change. (A numpy upgrade that moves
 the last digit of a float would change a hash too: check the diff, then re-record. Re-recorded for #39: the spec gained
 `stall_timeout_s`; with that one line taken out, every file hashes as before. Re-recorded for #49: summary.csv gained the telemetry columns
-(pipeline.bench.telemetry.CSV_COLUMNS, empty without telemetry); with them cut off, it hashes as before.)"""
+(pipeline.bench.telemetry.CSV_COLUMNS, empty without telemetry); with them cut off, it hashes as before. Re-recorded
+for #49 item 3: the spec gained `num_prefix_prompts`/`prefix_prompt_length` and each request record `cached_tokens`;
+with those keys taken out, every file hashes as before.)"""
 
 from __future__ import annotations
 
@@ -23,24 +25,24 @@ SCENARIOS = (("10:4", 10, 4), ("20:3", 20, 3))
 
 MULTI = {
     "aiperf/10x4_c1/profile_export_aiperf.csv": "b76d9cbbc2b985c4",
-    "aiperf/10x4_c1/profile_export_aiperf.json": "30a877126b37cd7c",
+    "aiperf/10x4_c1/profile_export_aiperf.json": "e08386bb2f4d11a4",  # + the prefix options (#49)
     "aiperf/10x4_c4/profile_export_aiperf.csv": "4d7c3bd80e872bae",
-    "aiperf/10x4_c4/profile_export_aiperf.json": "4151458e3ae4546e",
+    "aiperf/10x4_c4/profile_export_aiperf.json": "d69868dbb30286b3",  # + the prefix options (#49)
     "aiperf/20x3_c1/profile_export_aiperf.csv": "127de62ba97b8faa",
-    "aiperf/20x3_c1/profile_export_aiperf.json": "2ab75d59def55f5d",
+    "aiperf/20x3_c1/profile_export_aiperf.json": "3dadb8a1f13722b0",  # + the prefix options (#49)
     "aiperf/20x3_c4/profile_export_aiperf.csv": "b6f35cfff222c338",
-    "aiperf/20x3_c4/profile_export_aiperf.json": "79f46fd58a636b40",
-    "bench.json": "294e618db2bd0492",  # + config.stall_timeout_s (#39)
+    "aiperf/20x3_c4/profile_export_aiperf.json": "0759886781cd8122",  # + the prefix options (#49)
+    "bench.json": "17cd092a31e418a7",  # + config.stall_timeout_s (#39), the prefix options and cached_tokens (#49)
     "profile_export.jsonl": "ce88d164ba28b70a",
     "summary.csv": "274c00109b804da0",  # + the telemetry columns, empty here (#49)
 }
 SINGLE = {
     "aiperf/10x4_c4/profile_export_aiperf.csv": "2a3862423bfb141e",
-    "aiperf/10x4_c4/profile_export_aiperf.json": "2216e2b4e9685970",
-    "bench.json": "64d04abb96047e1d",  # + config.stall_timeout_s (#39)
+    "aiperf/10x4_c4/profile_export_aiperf.json": "04f134ceeba02252",  # + the prefix options (#49)
+    "bench.json": "a705584940e39f9a",  # + config.stall_timeout_s (#39), the prefix options and cached_tokens (#49)
     "profile_export.jsonl": "b4cbf0851d8a8c56",
     "profile_export_aiperf.csv": "2a3862423bfb141e",
-    "profile_export_aiperf.json": "2216e2b4e9685970",
+    "profile_export_aiperf.json": "04f134ceeba02252",  # + the prefix options (#49)
     "summary.csv": "a7015fc3b9a9868a",  # + the telemetry columns, empty here (#49)
 }
 

@@ -69,3 +69,11 @@ def test_deploy_requests_the_mig_resource(tmp_path):
     assert p.returncode == 0, p.stderr
     dep = (tmp_path / "out" / "rendered" / "deployment.yaml").read_text()
     assert 'nvidia.com/mig-3g.71gb: "1"' in dep and "nvidia.com/gpu:" not in dep
+    # the NVL card's nodes, not the SXM product's (GFD: the NVML name with spaces as dashes)
+    assert "nvidia.com/gpu.product: NVIDIA-H200-NVL" in dep, dep
+
+
+def test_product_name_follows_the_alias():
+    assert hardware.product_name("h200_nvl") == "NVIDIA H200 NVL"
+    assert hardware.product_name("H200-NVL") == "NVIDIA H200 NVL"
+    assert hardware.product_name("h200") == hardware.product_name("h200_sxm") == "NVIDIA H200"

@@ -41,11 +41,12 @@ def scenario_tables(load_points: list[LoadPoint], goodput: bool = False) -> list
     columns = COLUMNS + ((_GOODPUT,) if goodput else ())
     spec = any(p.summary is not None and p.summary.speculative for p in load_points)  # speculative decoding reported
     images = any(p.summary is not None and p.summary.images for p in load_points)  # an image workload
+    cached = any(p.summary is not None and p.summary.prefix_cache for p in load_points)  # server-reported prefix reuse
     tables = []
     for scenario in dict.fromkeys(p.scenario for p in load_points):
         t = Table(title=f"ISL:OSL {scenario}", title_justify="left")
         for col in ("load", "ok/short/fail", *(c[0] for c in columns), *(("accept", "tok/step") if spec else ()),
-                    *(("ISL text", "img/req", "img tok/req") if images else ())):
+                    *(("ISL text", "img/req", "img tok/req") if images else ()), *(("cached",) if cached else ())):
             t.add_column(col, justify="right")
         for p in (p for p in load_points if p.scenario == scenario and p.summary is not None):
             s, c = p.summary, p.summary.counts
@@ -56,11 +57,14 @@ def scenario_tables(load_points: list[LoadPoint], goodput: bool = False) -> list
                 im = s.images or {}
                 extra += (_f(s.stat("input_sequence_length"), 0), _f((im.get("images_per_request") or {}).get("avg"), 1),
                           _f((im.get("image_tokens") or {}).get("avg"), 0))
+            if cached:
+                share = (s.prefix_cache or {}).get("cached_token_share")
+                extra += (f"{100 * share:.0f} %" if share is not None else "-",)
             t.add_row(p.load, f"{c.completed}/{c.short}/{c.failed}",
                       *(_f(v, digits) for v, (_, _, _, digits) in zip(values, columns)), *extra)
         t.caption = "latencies in ms; ok/short/fail = completed / fewer than OSL tokens / failed requests" + (
             "; ISL text = prompt tokens (image placeholders included), img tok = image tokens (mllama: encoder length)"
-            if images else "")
+            if images else "") + ("; cached = prompt tokens the server reported from its KV cache (prefix reuse)" if cached else "")
         tables.append(t)
     return tables
 

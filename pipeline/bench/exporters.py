@@ -116,8 +116,9 @@ def write_run(out: Path, run: BenchResult) -> Path:
         aiperf_export.write(tmp, run)
         (tmp / BENCH_JSON).write_text(json.dumps(run_document(run), default=str, separators=(",", ":")) + "\n")
         with open(tmp / SUMMARY_CSV, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=csv_columns(images=any(p.summary is not None and p.summary.images
-                                                                    for p in run.load_points)))
+            done = [p.summary for p in run.load_points if p.summary is not None]
+            w = csv.DictWriter(f, fieldnames=csv_columns(images=any(s.images for s in done),
+                                                         prefix=any(s.prefix_cache for s in done)))
             w.writeheader()
             for point in run.load_points:
                 if point.summary is not None:

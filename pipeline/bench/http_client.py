@@ -322,6 +322,8 @@ class SSEClient:
                 # chat templates add tokens: record the real ISL (with images it mixes in image tokens: keep the text's)
                 if self._chat and not rec.images and usage.get("prompt_tokens") is not None:
                     rec.input_tokens = usage["prompt_tokens"]
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")  # KV-cache prefix reuse
+                rec.cached_tokens = int(cached) if isinstance(cached, int) else None
             return
         choice = choices[0]
         text = (choice.get("delta") or {}).get("content") if self._chat else choice.get("text")

@@ -261,7 +261,21 @@ def summarize(records: Sequence[RequestRecord], slos: dict[str, float] | None = 
         mismatch_pct=100.0 * len(mismatched) / len(finished) if finished else None,
         examples=[{"index": r.index, "requested": r.requested_tokens} | r.osl_counts for r in mismatched[:5]],
     )
-    return Summary(counts, totals.duration_s, metrics, osl_check, speculative(done), image_summary(measured))
+    return Summary(counts, totals.duration_s, metrics, osl_check, speculative(done), image_summary(measured),
+                   prefix_cache(done))
+
+
+def prefix_cache(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    """The KV-cache prefix reuse the server reported for the completed ``records`` that carry a count
+    (:attr:`RequestRecord.cached_tokens`): ``requests`` with a count, ``cached_tokens`` and ``input_tokens`` summed
+    over them, ``cached_token_share`` = cached / input (0..1; ``None`` without input tokens); ``None`` when the
+    route reported no count (the Triton routes, servers without prefix caching)."""
+    have = [r for r in records if r.cached_tokens is not None]
+    if not have:
+        return None
+    cached, total = sum(r.cached_tokens or 0 for r in have), sum(r.input_tokens for r in have)
+    return {"requests": len(have), "cached_tokens": cached, "input_tokens": total,
+            "cached_token_share": cached / total if total > 0 else None}
 
 
 def speculative(records: Sequence[RequestRecord]) -> dict[str, Any] | None:

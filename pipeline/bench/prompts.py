@@ -70,31 +70,48 @@ def _word_ids(tokenizer: Any) -> np.ndarray:
     return np.array(words or pool.tolist(), dtype=np.int32)
 
 
-def exact_text(tokenizer: Any, isl: int, rng: np.random.Generator, words: np.ndarray | None = None) -> str:
-    """Text that encodes to exactly ``isl`` tokens with ``tokenizer`` (``add_special_tokens=False``).
+def exact_text(tokenizer: Any, isl: int, rng: np.random.Generator, words: np.ndarray | None = None,
+               prefix: str = "") -> str:
+    """Text that encodes to exactly ``isl`` tokens with ``tokenizer`` (``add_special_tokens=False``); with ``prefix``
+    (a text of fewer than ``isl`` tokens) the text starts with it and its tokens are the prefix's own tokens (only
+    the random rest is fixed up), so prompts that share ``prefix`` share their first tokens (KV-cache reuse).
 
     Raises:
         UserError: no exact text found after 50 fix-ups (a tokenizer that merges everything).
     """
     words = _word_ids(tokenizer) if words is None else words
-    ids = rng.choice(words, size=isl).tolist()
+    head = tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
+    need = isl - len(head)
+    ids = rng.choice(words, size=need).tolist()
     for _ in range(_MAX_FIXUPS):
-        text = tokenizer.decode(ids).strip()
+        text = prefix + tokenizer.decode(ids).rstrip() if prefix else tokenizer.decode(ids).strip()
         got = tokenizer.encode(text, add_special_tokens=False)
-        if len(got) == isl:
+        kept = got[:len(head)] == head
+        if len(got) == isl and kept:
             return text
-        if len(got) > isl:
-            ids = got[:isl]
-        else:
-            ids = got + rng.choice(words, size=isl - len(got)).tolist()
+        tail = got[len(head):] if kept else rng.choice(words, size=need).tolist()  # merged into the prefix: redraw
+        ids = tail[:need] if len(tail) > need else tail + rng.choice(words, size=need - len(tail)).tolist()
     raise UserError(f"could not build a text prompt of exactly {isl} tokens with this tokenizer")
 
 
-def text_prompts(n: int, isl: int, *, seed: int, tokenizer: Any) -> list[Prompt]:
-    """``n`` texts of exactly ``isl`` tokens each (verified by re-encoding)."""
+def text_prompts(n: int, isl: int, *, seed: int, tokenizer: Any, prefixes: tuple[int, int] = (0, 0)) -> list[Prompt]:
+    """``n`` texts of exactly ``isl`` tokens each (verified by re-encoding); ``prefixes = (count, length)``: prompt
+    ``i`` starts with shared prefix ``i mod count``, a text of exactly ``length`` tokens (AIPerf's prefix pool)."""
     rng = np.random.default_rng(seed)
     words = _word_ids(tokenizer)
-    return [Prompt(isl, text=exact_text(tokenizer, isl, rng, words)) for _ in range(n)]
+    count, length = prefixes
+    heads = [exact_text(tokenizer, length, np.random.default_rng((seed, 1, k)), words) for k in range(count)]
+    return [Prompt(isl, text=exact_text(tokenizer, isl, rng, words, heads[i % count] if count else ""))
+            for i in range(n)]
+
+
+def _prefixed_token_prompts(prompts: list[Prompt], prefixes: tuple[int, int], seed: int, tokenizer: Any) -> list[Prompt]:
+    """``prompts`` (token ids) with their first ``length`` ids replaced by shared prefix ``i mod count`` (random
+    ids of the same pool, seeded), so the ISL is unchanged."""
+    count, length = prefixes
+    heads = [p.ids[:length] for p in token_prompts(count, length, seed=seed, tokenizer=tokenizer)]
+    return [dataclasses.replace(p, ids=np.concatenate([heads[i % count], p.ids[length:]]).astype(np.int32))
+            for i, p in enumerate(prompts)]
 
 
 def dataset_prompts(path: Path, *, tokenizer: Any = None, limit: int | None = None) -> list[Prompt]:
@@ -190,11 +207,15 @@ def text_and_token_prompts(spec: Any, info: Any, isl: int, n: int, tokenizer: An
     (``SamplingParams.add_special_tokens`` defaults to true; vLLM's too), so the text has ``isl`` minus those tokens
     (the BOS of Llama 3) and the prompt is recorded as ``isl`` — what the model sees.
 
+    With ``spec.num_prefix_prompts``/``prefix_prompt_length`` set, every prompt starts with one of that many shared
+    prefixes of that many tokens (counted in the ISL; :func:`text_prompts`, :func:`_prefixed_token_prompts`).
+
     Raises:
         UserError: a text model without a tokenizer, token-id dataset prompts without a tokenizer,
-            or an ISL smaller than the special tokens the server adds.
+            or an ISL smaller than the special tokens the server adds (plus the shared prefix).
     """
     n = min(n, MAX_UNIQUE_PROMPTS)
+    pre = (getattr(spec, "num_prefix_prompts", 0), getattr(spec, "prefix_prompt_length", 0))  # shared prefixes
     adds = info.interface in ("llmapi", "openai")
     extra = added_special_tokens(tokenizer) if adds and tokenizer is not None else 0
     if spec.dataset is not None:
@@ -212,6 +233,10 @@ def text_and_token_prompts(spec: Any, info: Any, isl: int, n: int, tokenizer: An
             )
         if isl - extra < 1:
             raise UserError(f"ISL {isl}: model {info.name!r} adds {extra} special token(s) to every prompt; use ISL > {extra}")
-        prompts = text_prompts(n, isl - extra, seed=spec.seed + isl, tokenizer=tokenizer)
+        if pre[1] and pre[1] >= isl - extra:
+            raise UserError(f"--prefix-prompt-length {pre[1]}: ISL {isl} leaves no token after the prefix"
+                            + (f" and the {extra} special token(s) model {info.name!r} adds" if extra else ""))
+        prompts = text_prompts(n, isl - extra, seed=spec.seed + isl, tokenizer=tokenizer, prefixes=pre)
         return [dataclasses.replace(p, num_tokens=isl) for p in prompts] if extra else prompts
-    return token_prompts(n, isl, seed=spec.seed + isl, tokenizer=tokenizer)
+    prompts = token_prompts(n, isl, seed=spec.seed + isl, tokenizer=tokenizer)
+    return _prefixed_token_prompts(prompts, pre, spec.seed, tokenizer) if pre[1] else prompts

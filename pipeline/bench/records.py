@@ -78,6 +78,8 @@ class RequestRecord:
         images: images sent with the request (image workloads, :mod:`pipeline.bench.images`), else 0.
         image_tokens: tokens those images cost the model (mllama: encoder length; Qwen2-VL: spliced tokens), not
             part of ``input_tokens`` (the text ISL).
+        cached_tokens: prompt tokens the server served from its KV cache (prefix reuse) as it reported them (OpenAI
+            ``usage.prompt_tokens_details.cached_tokens``), else ``None``.
     """
 
     scenario: str
@@ -99,6 +101,7 @@ class RequestRecord:
     text_tokens: int | None = None
     images: int = 0
     image_tokens: int = 0
+    cached_tokens: int | None = None
 
     @property
     def output_tokens(self) -> int:

@@ -57,6 +57,7 @@ class Summary:
     osl_check: OslCheck
     speculative: dict[str, Any] | None = None  # only when the model returned speculative-decoding counters
     images: dict[str, Any] | None = None  # only for image workloads (pipeline.bench.images.image_summary)
+    prefix_cache: dict[str, Any] | None = None  # only when the server reported cached prompt tokens (metrics.prefix_cache)
 
     def stat(self, tag: str, stat: str = "avg") -> float | None:
         """One statistic of a distribution metric (e.g. ``stat("time_to_first_token", "p99")``, in its unit)."""
@@ -67,6 +68,7 @@ class Summary:
         out = {"counts": dataclasses.asdict(self.counts), "duration_s": self.duration_s, "metrics": self.metrics,
                "osl_check": dataclasses.asdict(self.osl_check)}
         out |= {"speculative": self.speculative} if self.speculative is not None else {}
+        out |= {"prefix_cache": self.prefix_cache} if self.prefix_cache is not None else {}
         return out | ({"images": self.images} if self.images is not None else {})
 
 

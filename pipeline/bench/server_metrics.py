@@ -88,7 +88,9 @@ def delta(before: dict[Sample, float], after: dict[Sample, float], model: str) -
         ``counters`` (Δ of :data:`COUNTERS` summed over the model's versions), per successful request
         ``queue_ms_per_request``, ``compute_infer_ms_per_request``, ``request_ms_per_request`` (Δ µs / Δ
         successes / 1000; ``None`` without successes), and ``trt_llm`` — every ``nv_trt_llm_*`` sample after the
-        load point as ``{"name{label=value,…}": value}`` (empty when the server has none).
+        load point as ``{"name{label=value,…}": value}`` (empty when the server has none), and ``trtpipe`` — the
+        change over the load point of every ``trtpipe_*`` sample (the CPU engine's cumulative step timeline,
+        :mod:`pipeline.cpu_runtime.timeline`; read by ``trtpipe profile``), same keys; empty when the server has none.
     """
     counters: dict[str, float] = {}
     for (name, labels), v in after.items():
@@ -101,12 +103,17 @@ def delta(before: dict[Sample, float], after: dict[Sample, float], model: str) -
     def per_request_ms(key: str) -> float | None:
         return counters[key] / ok / 1000.0 if ok > 0 and key in counters else None
 
-    trt = {f"{n}{{{','.join(f'{k}={v}' for k, v in labels)}}}": v for (n, labels), v in sorted(after.items())
-           if n.startswith("nv_trt_llm_")}
+    def key(n: str, labels: tuple) -> str:
+        return f"{n}{{{','.join(f'{k}={v}' for k, v in labels)}}}"
+
+    trt = {key(n, labels): v for (n, labels), v in sorted(after.items()) if n.startswith("nv_trt_llm_")}
+    own = {key(n, labels): v - before.get((n, labels), 0.0) for (n, labels), v in sorted(after.items())
+           if n.startswith("trtpipe_")}
     return {
         "counters": counters,
         "queue_ms_per_request": per_request_ms("queue_duration_us"),
         "compute_infer_ms_per_request": per_request_ms("compute_infer_duration_us"),
         "request_ms_per_request": per_request_ms("request_duration_us"),
         "trt_llm": trt,
+        "trtpipe": own,
     }

@@ -31,6 +31,9 @@ KEY_COLUMNS = (
 #: completed request (ISL stays the text's, ``input_sequence_length_*``), and the load point's image-token total
 IMAGE_COLUMNS = ("images_per_request_avg", "image_tokens_avg", "image_tokens_min", "image_tokens_max",
                  "total_image_tokens")
+#: columns of the KV-cache prefix reuse the server reported (only in runs where it reported cached tokens): the
+#: load point's cached prompt tokens and their share of its prompt tokens (0..1), :func:`pipeline.bench.metrics.prefix_cache`
+PREFIX_COLUMNS = ("cached_tokens", "cached_token_share")
 _UNIT_SUFFIX = {"ms": "ms", "tokens": "tokens", "tokens/s": "tokens_per_s", "requests/s": "requests_per_s"}
 
 
@@ -40,12 +43,13 @@ def column(tag: str, stat: str | None = None) -> str:
     return f"{base}_{stat}" if stat else base
 
 
-def csv_columns(images: bool = False) -> list[str]:
-    """All CSV columns, in order (with :data:`IMAGE_COLUMNS` last when the run sent ``images``)."""
+def csv_columns(images: bool = False, prefix: bool = False) -> list[str]:
+    """All CSV columns, in order (with :data:`IMAGE_COLUMNS` when the run sent ``images``, :data:`PREFIX_COLUMNS`
+    when the server reported cached tokens, ``prefix``)."""
     cols = list(KEY_COLUMNS)
     for tag, spec in METRICS.items():
         cols += [column(tag, s) for s in STAT_FIELDS] if spec.distribution else [column(tag)]
-    return cols + (list(IMAGE_COLUMNS) if images else []) + TELEMETRY_COLUMNS
+    return cols + (list(IMAGE_COLUMNS) if images else []) + (list(PREFIX_COLUMNS) if prefix else []) + TELEMETRY_COLUMNS
 
 
 def csv_row(point: LoadPoint) -> dict[str, Any]:
@@ -67,6 +71,8 @@ def csv_row(point: LoadPoint) -> dict[str, Any]:
         img, tok = s.images["images_per_request"], s.images["image_tokens"]
         row |= {"images_per_request_avg": img["avg"], "image_tokens_avg": tok["avg"], "image_tokens_min": tok["min"],
                 "image_tokens_max": tok["max"], "total_image_tokens": s.images["total_image_tokens"]}
+    if s.prefix_cache is not None:
+        row |= {k: s.prefix_cache[k] for k in PREFIX_COLUMNS}
     return row | csv_values(point.telemetry)
 
 

@@ -93,6 +93,9 @@ class GpuSpec(BaseModel):
     mig: dict[str, MigProfile] = {}
     #: set on a MIG slice (:func:`mig_slice`): the profile this spec describes
     mig_profile: str | None = None
+    #: alias → the NVML device name of that product where it differs from ``name`` (H200 NVL beside H200 SXM): what
+    #: ``nvidia.com/gpu.product`` node labels carry (:func:`product_name`)
+    product_names: dict[str, str] = {}
 
     @model_validator(mode="after")
     def _consistent(self) -> "GpuSpec":
@@ -168,6 +171,20 @@ def lookup(name: str) -> GpuSpec | None:
         if wanted == spec.key or wanted in (a.lower() for a in spec.aliases):
             return spec
     return None
+
+
+def product_name(name: str) -> str:
+    """The NVML device name of ``target.gpu`` ``name``: the alias's entry in ``product_names`` (``h200_nvl`` →
+    ``NVIDIA H200 NVL``), else the catalog entry's ``name``.
+
+    Raises:
+        UserError: ``name`` is not in the catalog.
+    """
+    spec = lookup(name)
+    if spec is None:
+        raise UserError(f"target.gpu {name!r}: not in the GPU catalog (pipeline/data/gpus.yaml)")
+    wanted = name.strip().lower()
+    return next((v for k, v in spec.product_names.items() if k.lower() == wanted), spec.name)
 
 
 def alias_note(name: str) -> str | None:

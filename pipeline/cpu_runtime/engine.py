@@ -59,6 +59,7 @@ from pipeline.cpu_runtime.requests import (
     checked_request,
 )
 from pipeline.cpu_runtime.speculative import NGramSpeculator
+from pipeline.cpu_runtime.timeline import STEP_GAUGES, StepTimeline
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,9 @@ class CpuEngine:
     cache cannot hold one sequence,
     and :class:`~pipeline.cpu_runtime.model.UnsupportedModelError` for an unsupported model.
     """
+
+    #: trtpipe's Prometheus gauges of ``iteration_stats()["stepStats"]`` (timeline.py), for the served CPU model
+    step_gauges = STEP_GAUGES
 
     def __init__(self, engine_dir: Path, *, num_threads: int | None = None, kv_max_tokens: int | None = None,
                  kv_free_memory_fraction: float | None = None, enable_chunked_prefill: bool | None = None,
@@ -152,6 +156,7 @@ class CpuEngine:
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._counters = {"forward_passes": 0, "forward_s": 0.0, "step_s": 0.0, "tokens": 0}
         self._batch_hist: collections.Counter = collections.Counter()
+        self.timeline = StepTimeline()  # per-step kinds, times and the gaps between steps (trtpipe profile)
         self._thread = threading.Thread(target=self._loop, args=(slots, int(cfg["max_seq_len"]), block_reuse),
                                         name="cpu-engine", daemon=True)
         self._delivery = threading.Thread(target=deliver_loop, args=(self,), name="cpu-engine-deliver", daemon=True)
@@ -294,6 +299,7 @@ class CpuEngine:
             accepted, used = len(self._requests), self._in_slots
         slots = self.model.cache.slots
         return {**({"specDecodingStats": self.speculation.iteration_stats()} if self.speculation else {}),
+            "stepStats": self.timeline.stats(),  # trtpipe's: cumulative step timeline (timeline.py)
             "numActiveRequests": used, "numQueuedRequests": max(accepted - used, 0), "maxNumActiveRequests": slots,
             "kvCacheStats": {"maxNumBlocks": slots, "freeNumBlocks": slots - used, "usedNumBlocks": used,
                              "tokensPerBlock": self.model.cache.slot_len, **self.prefix.kv_cache_stats()},
@@ -397,6 +403,7 @@ class CpuEngine:
             torch.set_num_threads(n)  # this thread's OpenMP team, the kernels' ``threads`` (model.py)
         if self.speculation is not None and self.speculation.step(self, t0):  # a step that verified n-gram drafts
             return
+        gen = sum(1 for s in self._active if s.prefilled == len(s.prompt) and s.generated)  # decoding sequences
         batch, seqs, ctx_seqs = build_step(self._active, int(self._cfg["max_num_tokens"]), self.chunked)
         if batch.tokens.numel() == 0:
             return
@@ -437,3 +444,4 @@ class CpuEngine:
         c["step_s"] += time.perf_counter() - t0
         c["tokens"] += len(seqs)
         self._batch_hist[int(batch.tokens.numel())] += 1
+        self.timeline.record(t0, t1, t2, time.perf_counter(), int(batch.tokens.numel()) - gen, gen, bool(self._active))

@@ -281,7 +281,7 @@ def resolve(target: Path, *, overrides: list[str] | None = None, mount_path: str
     return DeploySpec(
         recipe=recipe, name=name, source=source, engine=engine, tensorrt_llm=str(trtllm), release=rel,
         tp=t.tp_size, pp=t.pp_size, world_size=t.world_size, gpus_per_node=node_gpus, nodes=nodes,
-        gpus_per_pod=gpus_per_pod, gpu_product=gpu_product_label(hardware.lookup(recipe.target.gpu).name), mount_path=mount,
+        gpus_per_pod=gpus_per_pod, gpu_product=gpu_product_label(hardware.product_name(recipe.target.gpu)), mount_path=mount,
         gpu_resource=hardware.mig_resource(recipe.target.mig) if recipe.target.mig else "nvidia.com/gpu",
         build_dir=build_dir, bench_model=recipe.bench.model, tokenizer_dir=tokenizer, engine_args=engine_args,
         frontend=frontend, serve_argv=tuple(serve_argv),

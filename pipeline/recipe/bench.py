@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bounds import (
@@ -31,6 +32,8 @@ MAX_IMAGES_PER_REQUEST = 64
 
 #: goodput SLO keys (ms): ``ttft`` (TTFT), ``itl`` (the request's ITL), ``tpot`` (its TPOT), ``e2e`` (request latency)
 SLO_KEYS = ("ttft", "itl", "tpot", "e2e")
+#: most shared prompt prefixes (a bench sends at most 512 distinct synthetic prompts, pipeline/bench/prompts.py)
+MAX_UNIQUE_PREFIXES = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,6 +236,20 @@ class BenchSpec(StrictModel):
         default=False, description="Also ask the server for its per-request perf timestamps (return_perf_metrics)."
     )
 
+    # --------------------------------------------- shared prompt prefixes (AIPerf's / GenAI-Perf's flags:
+    # ai-dynamo/aiperf@db4f6397d11ee2d4cfbb41f70b2327315163dcf0 aiperf/common/config/prompt_config.py:119-165,
+    # ``--num-prefix-prompts`` :140 = the prefix pool size, ``--prefix-prompt-length`` :160 = tokens per prefix)
+    num_prefix_prompts: Annotated[int, Flag("--num-prefix-prompts", (
+        "Shared prefixes to draw from (with --prefix-prompt-length): every synthetic prompt starts with one."), int, min=0)] = Field(
+        default=0, ge=0, le=MAX_UNIQUE_PREFIXES, description=(
+            "Pool of shared prompt prefixes (AIPerf --num-prefix-prompts): synthetic prompt i starts with prefix "
+            "i mod N, so prompts share their first prefix_prompt_length tokens (KV-cache block reuse); 0 = none."))
+    prefix_prompt_length: Annotated[int, Flag("--prefix-prompt-length", (
+        "Tokens of each shared prefix, counted in the ISL (which still holds exactly)."), int, min=0)] = Field(
+        default=0, ge=0, le=INT32_MAX, description=(
+            "Tokens of each shared prefix (AIPerf --prefix-prompt-length); unlike AIPerf, part of the scenario's ISL "
+            "(the rest of the prompt is random), so the ISL stays exact; must be below every scenario's ISL."))
+
     # --------------------------------------------- synthetic images (AIPerf's flags: ai-dynamo/aiperf@db4f6397
     # aiperf/common/config/image_config.py:22-123; defaults config_defaults.py:69-76: size 0 = no images, batch 1,
     # png; images only when both means are > 0, dataset/composer/synthetic.py:161-166)
@@ -254,6 +271,22 @@ class BenchSpec(StrictModel):
     image_batch_size: Annotated[int, Flag("--image-batch-size", "Images per request (AIPerf's name).", int)] = Field(
         default=1, ge=1, le=MAX_IMAGES_PER_REQUEST, description=(
             "Images per request (AIPerf --image-batch-size); at most the build's vision.max_images_per_request."))
+
+    @field_validator("prefix_prompt_length")
+    @classmethod
+    def _prefix_fits(cls, length: int, info: ValidationInfo) -> int:
+        """Both prefix options or neither; the prefix leaves at least one token of every scenario's ISL (one line,
+        named by the flag)."""
+        d = info.data
+        if bool(d.get("num_prefix_prompts")) != bool(length):
+            raise PydanticCustomError("prefix", "goes with --num-prefix-prompts / num_prefix_prompts: both > 0, or both 0")
+        if length and d.get("dataset") is not None:
+            raise PydanticCustomError("prefix", "shared prefixes are for synthetic prompts, not with a dataset")
+        short = [s.isl for s in d.get("scenarios") or [] if s.isl <= length]
+        if length and short:
+            raise PydanticCustomError("prefix", "{length} must be below every scenario's ISL (ISL {isl} holds no token "
+                                      "after it)", {"length": length, "isl": short[0]})
+        return length
 
     # ------------------------------------------------------------------ derived values
     def load_points(self) -> list[tuple[str, float]]:

@@ -191,7 +191,7 @@ class TritonPythonModel:
         from pipeline.cpu_runtime.engine import CpuEngine
         from pipeline.cpu_runtime.requests import QueueFullError
 
-        self.queue_full = QueueFullError
+        self.queue_full, _ = QueueFullError, GAUGES.update(CpuEngine.step_gauges)  # + trtpipe's step-timeline gauges
 
         p = self.params
         self.tokenizer = None
