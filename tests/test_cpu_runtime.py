@@ -379,7 +379,8 @@ def test_mass_cancel_frees_every_slot_and_the_queue_limit_refuses_fast(engine: C
     deadline = time.monotonic() + 10
     while engine.iteration_stats()["kvCacheStats"]["usedNumBlocks"] and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert engine.iteration_stats() == {
+    st = {k: v for k, v in engine.iteration_stats().items() if k != "stepStats"}  # the step timeline: test_profile
+    assert st == {
         "numActiveRequests": 0, "numQueuedRequests": 0, "maxNumActiveRequests": slots,
         "kvCacheStats": {"maxNumBlocks": slots, "freeNumBlocks": slots, "usedNumBlocks": 0, "tokensPerBlock": 1024}}
     assert not any(c.done.is_set() for c in cols)  # no callback for a cancelled request
