@@ -24,8 +24,8 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.calibrate.measured import load_bench
 from pipeline.plan import plan_recipe
-from pipeline.plan.measured import load_bench
 from pipeline.plan.speculative import speculative_plan, step_figures
 from pipeline.recipe import load_recipe
 

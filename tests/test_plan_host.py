@@ -10,10 +10,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from pipeline.calibrate import host as host_mod
 from pipeline.cli import app
 from pipeline.core import hardware
 from pipeline.core.errors import UserError
-from pipeline.plan import host as host_mod
 from pipeline.plan import plan_recipe
 from pipeline.plan.step import Efficiency, StepMix, step_time
 from pipeline.recipe import load_recipe

@@ -155,9 +155,8 @@ def test_the_cpu_deployment_measured_on_the_reference_host():
     pipeline/data/cpu_host.yaml (tests/data/bench_cpu_20261127: its load points, the requests dropped) against the
     prediction from that host's measured rates: median |error| ≤ 20 % (issue 37; before the closed-loop groups and
     the served CPU per token, the error at 16 clients was +42-62 % in tok/s and −90 % in TTFT)."""
+    from pipeline.calibrate.measured import compare_run, median_abs_errors
     from pipeline.core import hardware
-    from pipeline.plan import compare_run
-    from pipeline.plan.measured import median_abs_errors
 
     assert hardware.cpu_host().serving_cpu_per_token_us  # the shipped reference host, served probe included
     rows = compare_run(REPO / "tests" / "data" / "bench_cpu_20261127", REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml")

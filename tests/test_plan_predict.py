@@ -15,18 +15,18 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from pipeline.calibrate.measured import compare_run, median_abs_errors
 from pipeline.cli import app
 from pipeline.core import hardware
 from pipeline.core.errors import UserError
 from pipeline.plan import calibration as cal
-from pipeline.plan import compare_run, plan_recipe, predict
+from pipeline.plan import plan_recipe, predict
 from pipeline.plan.achievable import (
     SchedulerLimits,
     kv_sequences,
     max_batch,
     predict_point,
 )
-from pipeline.plan.measured import median_abs_errors
 from pipeline.plan.model_inputs import gpu_efficiency
 from pipeline.plan.step import (
     Efficiency,

@@ -47,8 +47,8 @@ def _against(runs: list[Path], recipe_file: Path | None, gpu: list[str] | None, 
     """``--against``: predicted vs measured for every closed-loop load point of ``runs``."""
     import json
 
+    from pipeline.calibrate.measured import compare_run, comparison_table
     from pipeline.core.errors import UserError
-    from pipeline.plan.measured import compare_run, comparison_table
 
     if gpu and len(gpu) > 1:
         raise UserError("--against predicts on one GPU: give --gpu once")
@@ -140,8 +140,8 @@ def measure_host(
     cores; an idle machine) and write them to the user's cache, where `trtpipe plan` on the cpu target uses them."""
     import yaml
 
+    from pipeline.calibrate.host import HEADER, measure
     from pipeline.core import hardware
-    from pipeline.plan.host import HEADER, measure
 
     host = measure(log=lambda line: console.print(line, highlight=False), served=served)
     if dry_run:

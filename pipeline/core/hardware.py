@@ -206,7 +206,7 @@ def alias_note(name: str) -> str | None:
 class HostSpec(BaseModel):
     """A host's measured rates for the CPU engine (:func:`cpu_host`).
 
-    Written by ``trtpipe plan measure-host`` (:mod:`pipeline.plan.host`): ``read_bandwidth_gbs`` GB/s (10^9 B/s) at which torch Linear
+    Written by ``trtpipe plan measure-host`` (:mod:`pipeline.calibrate.host`): ``read_bandwidth_gbs`` GB/s (10^9 B/s) at which torch Linear
     layers stream a model-sized weight set for one token (what a decode step achieves; ``stream_bandwidth_gbs``
     is the bare ``sum()`` rate, for reference); ``fp32_gflops``/``bf16_gflops`` GFLOP/s of the same Linear
     layers for 64 tokens; ``engine_step_overhead_ms`` / ``engine_seq_overhead_us`` the CPU engine's time per step and per

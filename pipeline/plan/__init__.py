@@ -8,7 +8,8 @@ Public API:
   ``trtpipe build`` before any stage.
 - :func:`predict` (recipe, isl, osl, concurrency=None) → :class:`Prediction`: output tokens/s, TTFT and ITL
   (ms) with the expected relative error, at a concurrency or at maximum load.
-- :func:`compare_run` (bench run dir) → predicted vs measured per load point (:mod:`pipeline.plan.measured`).
+- predicted vs measured per bench load point and the host measurement live above the stages, in
+  :mod:`pipeline.calibrate` (this package imports no stage, server or bench).
 - formulas: :mod:`pipeline.plan.memory` (bytes, tokens), :mod:`pipeline.plan.perf` (roofline bounds),
   :mod:`pipeline.plan.achievable` (step-time model), :mod:`pipeline.plan.calibration` (its fit).
 
@@ -16,7 +17,6 @@ See docs/plan.md for the formulas, the constants and how the estimates compare w
 """
 
 from pipeline.plan.achievable import Prediction, SchedulerLimits
-from pipeline.plan.measured import PointComparison, compare_run
 from pipeline.plan.memory import (
     WeightBytes,
     activation_bytes,
@@ -35,7 +35,7 @@ from pipeline.plan.result import (
 from pipeline.plan.step import Efficiency, StepCost
 
 __all__ = [
-    "Efficiency", "FitVerdict", "MemoryPlan", "PlanResult", "PointComparison", "Prediction", "Roofline", "ScenarioPlan",
-    "SchedulerLimits", "StepCost", "ThroughputPoint", "WeightBytes", "activation_bytes", "check_fits", "compare_run",
+    "Efficiency", "FitVerdict", "MemoryPlan", "PlanResult", "Prediction", "Roofline", "ScenarioPlan",
+    "SchedulerLimits", "StepCost", "ThroughputPoint", "WeightBytes", "activation_bytes", "check_fits",
     "kv_capacity_tokens", "plan_recipe", "predict", "weight_bytes",
 ]

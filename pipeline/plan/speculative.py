@@ -26,7 +26,7 @@ Tokens per step go from 1 to AL, so ITL_spec = t_spec / AL and speed-up = AL · 
 
 On the CPU target two more facts of the served deployment enter (measured, docs/speculative.md "Predicted vs
 measured"): (1) the CPU time the rest of the deployment spends per *streamed token* (Triton, the serving models'
-response path, the bench client: the host's ``serving_cpu_per_token_us``, :func:`pipeline.plan.host.serving_cpu_per_token`)
+response path, the bench client: the host's ``serving_cpu_per_token_us``, :func:`pipeline.calibrate.host.serving_cpu_per_token`)
 runs on the engine's cores; :func:`pipeline.plan.model_inputs.cpu_efficiency` charges it once per sequence per step (one
 token each), but a speculative step streams AL tokens per sequence, so t_spec adds B · (AL − 1) of it; (2) the CPU
 engine pads nothing: a sequence verifies 1 + the drafts found at that step, so AL and d are means over *every*

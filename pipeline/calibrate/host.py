@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pipeline.core.geometry import ModelGeometry, known_geometry
 from pipeline.core.hardware import HostSpec
@@ -237,9 +238,9 @@ def serving_cpu_per_token(engine_cpu_per_token_s: float, log: Callable[[str], No
     """CPU time (s) a served CPU deployment spends per streamed token outside the engine's own work, and how it was
     measured (one line, with the figures).
 
-    The probe model (:func:`_probe_source`) is built by the real stages (quantize → engine → triton_repo, as
-    ``trtpipe build`` runs them; :data:`PROBE_RECIPE`: the shipped CPU recipes' engine and serving limits, full
-    precision), served by
+    The probe model (:func:`_probe_source`) is built by the build stage (:func:`pipeline.build.stage.run`, what
+    ``trtpipe build`` runs; :data:`PROBE_RECIPE`: the shipped CPU recipes' engine and serving limits, full
+    precision; the user's last build stays the one recorded, :func:`pipeline.core.artifacts.last_build_kept`), served by
     the real Triton on free ports, and benched in this process by ``trtpipe bench``'s load generator:
     :data:`SERVED_CONCURRENCY` clients, ISL :data:`ISL` / OSL :data:`OSL`, :data:`SERVED_REQUESTS` requests + 2 warm-up.
     Per streamed response (token): (CPU time of the server's process tree + this process's) / responses −
@@ -254,22 +255,15 @@ def serving_cpu_per_token(engine_cpu_per_token_s: float, log: Callable[[str], No
 
     from pipeline.bench.run import execute
     from pipeline.bench.target import BenchTarget
-    from pipeline.core.layout import BuildLayout
-    from pipeline.engine import stage as engine_stage
-    from pipeline.quantize import stage as quantize_stage
     from pipeline.recipe import load_recipe
     from pipeline.recipe.bench import BenchSpec
     from pipeline.serve import stage as serve_stage
-    from pipeline.triton_repo import stage as repo_stage
 
     with tempfile.TemporaryDirectory(prefix="trtpipe-measure-served-") as d:
         work = Path(d)
         doc = {**PROBE_RECIPE, "model": {"source": str(_probe_source(work / "model")), "dtype": "float32"}}
         (work / "probe.yaml").write_text(yaml.safe_dump(doc))
-        # the build's three stages (not pipeline.build, which asks the planner first: the planner does not import it)
-        recipe, layout = load_recipe(work / "probe.yaml"), BuildLayout(work / "build")
-        q = quantize_stage.run(recipe, layout, recipe_dir=work)
-        repo_stage.run(recipe, layout, quantized=q, engine=engine_stage.run(recipe, layout, quantized=q))
+        layout = _build_probe(load_recipe(work / "probe.yaml"), work, log)
         opts = serve_stage.ServeOptions(http_port=None, grpc_port=None, metrics_port=None, log_file=work / "triton.log")
         with serve_stage.run(work / "build", opts, root=work / "artifacts") as handle:
             server = psutil.Process(handle.server.pid)
@@ -301,6 +295,23 @@ def serving_cpu_per_token(engine_cpu_per_token_s: float, log: Callable[[str], No
            f"streamed tokens, minus the bare engine's {engine_cpu_per_token_s * 1e6:.0f} µs per token")
     log(f"served deployment: {per_token * 1e6:.0f} µs CPU per streamed token besides the engine ({how})")
     return per_token, how
+
+
+def _build_probe(recipe: Any, work: Path, log: Callable[[str], None]) -> Any:
+    """Build the probe ``recipe`` into ``work/build`` with the build stage (:func:`pipeline.build.stage.run`: the
+    planner's fit check, then quantize → engine → triton_repo, as ``trtpipe build``) and return its
+    :class:`~pipeline.core.layout.BuildLayout`; the user's last-build marker (``artifacts/.last_build``) is kept as it
+    was, and an ``artifacts/`` folder the marker's bookkeeping created in the working directory is removed."""
+    from pipeline.build import stage as build_stage
+    from pipeline.core import artifacts
+
+    root_existed = artifacts.DEFAULT_ARTIFACTS_ROOT.exists()
+    try:
+        with artifacts.last_build_kept():  # the probe is not "the last build" of `trtpipe serve` / `bench`
+            return build_stage.run(recipe, work / "build", recipe_dir=work, warn=log).layout
+    finally:
+        if not root_existed and artifacts.DEFAULT_ARTIFACTS_ROOT.is_dir() and not any(artifacts.DEFAULT_ARTIFACTS_ROOT.iterdir()):
+            artifacts.DEFAULT_ARTIFACTS_ROOT.rmdir()
 
 
 def engine_overheads(measured: dict[int, float], geo: ModelGeometry, bw: float, flops: float) -> tuple[float, float]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from pipeline.bench.exporters import BENCH_JSON  # noqa: E402  (the run file name)
+from pipeline.bench.exporters import BENCH_JSON  # the run file name
 from pipeline.core.errors import UserError
 from pipeline.plan.achievable import Prediction
 
