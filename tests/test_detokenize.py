@@ -1,5 +1,5 @@
 """Streaming detokenization (triton_repo/detokenize.py) and the transformers-free tokenizer
-(triton_repo/tokenizer.py) against the real SmolLM2 tokenizer and transformers' own."""
+(core/tokenizer.py) against the real SmolLM2 tokenizer and transformers' own."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.triton_repo.detokenize import DetokenizerRegistry, IncrementalDetokenizer
-from pipeline.triton_repo.tokenizer import load_tokenizer
+from pipeline.core.tokenizer import load_tokenizer
 
 TEXT = "naïve café — 東京 🚀 and  two  spaces, Ünïcödé!"
 

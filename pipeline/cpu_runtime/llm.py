@@ -310,40 +310,11 @@ class RequestOutput:
 
 
 def _load_tokenizer(path: Path) -> Any:
-    """The Hugging Face ``tokenizers`` tokenizer of ``path/tokenizer.json``, with ``eos_token_id`` (generation_config.json,
-    else tokenizer_config.json's eos_token); ``None`` when the directory has none (then ``detokenize`` yields no text)."""
-    file = path / "tokenizer.json"
-    if not file.is_file():
-        return None
-    from tokenizers import Tokenizer
+    """The tokenizer of ``path/tokenizer.json`` with its default end id (the one wrapper and end-id rule,
+    :mod:`pipeline.core.tokenizer`); ``None`` when the directory has none (then ``detokenize`` yields no text)."""
+    from pipeline.core.tokenizer import tokenizer_json_or_none
 
-    tok = Tokenizer.from_file(str(file))
-    tok.no_truncation()
-    tok.no_padding()
-    eos = None
-    gen = path / "generation_config.json"
-    if gen.is_file():
-        value = json.loads(gen.read_text()).get("eos_token_id")
-        eos = value[0] if isinstance(value, list) and value else value
-    cfg = path / "tokenizer_config.json"
-    if eos is None and cfg.is_file():
-        token = json.loads(cfg.read_text()).get("eos_token")
-        token = token.get("content") if isinstance(token, dict) else token
-        eos = tok.token_to_id(token) if isinstance(token, str) else None
-    return _Tokenizer(tok, eos)
-
-
-class _Tokenizer:
-    """encode/decode in the transformers spelling the LLM API uses (``add_special_tokens``, ``skip_special_tokens``)."""
-
-    def __init__(self, backend: Any, eos_token_id: int | None):
-        self.backend, self.eos_token_id = backend, eos_token_id
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    return tokenizer_json_or_none(str(path))
 
 
 class LLM:

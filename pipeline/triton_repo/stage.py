@@ -236,11 +236,13 @@ def runtime_conflicts(recipe: Recipe, engine: EngineResult) -> list[str]:
 
 # ---------------------------------------------------------------------------------------- files
 def template_hashes() -> dict[str, str]:
-    """sha256 of every template/model file of the ``triton_repo`` package (part of the cache key)."""
-    return {
+    """sha256 of every template/model file of the ``triton_repo`` package and of the shared python files copied from
+    outside it (``../core/tokenizer.py``) (part of the cache key)."""
+    hashes = {
         k: v for k, v in artifacts.file_hashes(PACKAGE_DIR).items()
         if "__pycache__" not in k and not k.endswith(".pyc")
     }
+    return hashes | {rel: artifacts.sha256_file(PACKAGE_DIR / rel) for rel in layouts()["shared_python"] if rel.startswith("../")}
 
 
 def _install_python_model(model_dir: Path, source: str) -> None:

@@ -7,7 +7,6 @@ library are imported at module level; tokenizers is imported inside :func:`load_
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Callable
 
@@ -88,30 +87,14 @@ def load_tokenizer(tokenizer_dir: str):
     return load(tokenizer_dir)
 
 
-def default_end_pad_ids(tokenizer: Any, tokenizer_dir: str) -> tuple[int, int]:
-    """Default end/pad ids: ``generation_config.json`` (what generate() uses) first, then the tokenizer.
-
-    A list-valued eos_token_id uses its first entry; pad falls back to end. Returns -1 when unknown.
-    """
-    gen: dict[str, Any] = {}
-    path = os.path.join(tokenizer_dir, "generation_config.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            gen = json.load(f)
-
-    def first(v: Any) -> int | None:
-        if isinstance(v, list):
-            return int(v[0]) if v else None
-        return None if v is None else int(v)
-
-    end = first(gen.get("eos_token_id"))
-    if end is None:
-        end = first(getattr(tokenizer, "eos_token_id", None))
-    end = -1 if end is None else end
-    pad = first(gen.get("pad_token_id"))
-    if pad is None:
-        pad = first(getattr(tokenizer, "pad_token_id", None))
-    return end, end if pad is None else pad
+def default_end_pad_ids(tokenizer: Any) -> tuple[int, int]:
+    """Default end/pad ids of a request that names none: the tokenizer's (``tokenizer.py``'s one end-id rule,
+    ``end_pad_ids``: generation_config.json first, then the tokenizer files), as upstream's ``SamplingParams._setup``
+    takes them (pad falls back to end); -1 when unknown (never ends on a token)."""
+    end = tokenizer.eos_token_id
+    end = -1 if end is None else int(end)
+    pad = tokenizer.pad_token_id
+    return end, end if pad is None else int(pad)
 
 
 def scalar(request: Any, name: str, default: Any = None) -> Any:

@@ -71,7 +71,7 @@ class TritonPythonModel:
             add_special_tokens=get_param(raw, "add_special_tokens", parse_bool, True),
         )
         self.tokenizer = load_tokenizer(self.params.tokenizer_dir)
-        self.end_id, self.pad_id = default_end_pad_ids(self.tokenizer, self.params.tokenizer_dir)
+        self.end_id, self.pad_id = default_end_pad_ids(self.tokenizer)
         vision_dir = get_param(raw, "multimodal_model_path", lambda n, v: v, None)
         self.vision = None if vision_dir is None else _Vision(resolve_dir(args["model_repository"], vision_dir), raw, self.tokenizer)
 

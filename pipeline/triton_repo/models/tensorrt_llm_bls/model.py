@@ -103,7 +103,7 @@ class TritonPythonModel:
                 self.tiles = int(json.load(f)["max_image_tiles"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.tokenizer = load_tokenizer(self.params.tokenizer_dir)
-        self.end_id, self.pad_id = default_end_pad_ids(self.tokenizer, self.params.tokenizer_dir)
+        self.end_id, self.pad_id = default_end_pad_ids(self.tokenizer)
         if self.tiles is not None:
             self.image_token_id = self.tokenizer.backend.token_to_id("<|image|>")
             bos = self.tokenizer.encode("", add_special_tokens=True)
