@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.tokenizer import Tokenizer, end_pad_ids, load_tokenizer, tokenizer_json_or_none
+from pipeline.core.tokenizer import (
+    Tokenizer,
+    end_pad_ids,
+    load_tokenizer,
+    tokenizer_json_or_none,
+)
 from pipeline.cpu_runtime.llm import _load_tokenizer
 from pipeline.quantize.sources import embedded_smollm2_dir
 
