@@ -26,29 +26,24 @@ import dataclasses
 import importlib.util
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import MissingToolError, StageError, UserError
+from pipeline.core.errors import MissingToolError, UserError
 from pipeline.triton.process import (
     DEFAULT_SHM_PREFIX,
     check_ports_free,
-    client_host,
-    die_with_parent,
     http_ok,
     log_tail,
     models_still_loading,
     pick_free_port,
     repository_index,
-    terminate_tree,
-    tree_rss,
 )
+from pipeline.triton.server_process import ServerProcess
 
 #: tritonserver inside the Triton container of the release matrix (pipeline/data/release_matrix.yaml)
 CONTAINER_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
@@ -203,7 +198,7 @@ def triton_command(
     return cmd
 
 
-class TritonServer:
+class TritonServer(ServerProcess):
     """One ``tritonserver`` process (or ``mpirun`` of ``world_size`` ranks) on ``model_repository``.
 
     Args:
@@ -223,8 +218,11 @@ class TritonServer:
             long as the server); ``False`` for a server meant to outlive us (``serve --detach``).
 
     Use as a context manager (start + wait_ready(ready_timeout_s) on enter, stop on exit) or call
-    :meth:`start`, :meth:`wait_ready`, :meth:`stop` yourself.
+    :meth:`start`, :meth:`wait_ready`, :meth:`stop` yourself (:class:`~pipeline.triton.server_process.ServerProcess`).
     """
+
+    NAME = "tritonserver"
+    POLL_S = 0.1
 
     def __init__(
         self,
@@ -259,20 +257,13 @@ class TritonServer:
         self.die_with_parent = die_with_parent
         #: prefix of this server's python-backend regions in /dev/shm (Triton appends a UUID)
         self.shm_prefix = f"trtpipe_{os.getpid()}_{self.grpc_port}_"
-        self.proc: subprocess.Popen | None = None
-        self.started_at: float | None = None
-        self.ready_s: float | None = None
+        self._init_process()
 
     # ------------------------------------------------------------------ endpoints
     @property
     def pid(self) -> int | None:
-        """PID of the launched process (= its process group id), or ``None`` before start."""
+        """PID of the launched process (= its process group id), or ``None`` before start and after :meth:`detach`."""
         return self.proc.pid if self.proc else None
-
-    @property
-    def client_host(self) -> str:
-        """Address clients connect to (``127.0.0.1`` when bound to all interfaces)."""
-        return client_host(self.host)
 
     @property
     def grpc_url(self) -> str:
@@ -300,102 +291,48 @@ class TritonServer:
             cache_dir=inst.cache_dir, extra_args=self.extra_args, **self.launch,
         )
 
-    def start(self) -> TritonServer:
-        """Launch the server in a new session (its own process group); returns at once.
+    def _prepare(self) -> None:
+        """The repository exists, the three ports are free, the install is found, and a log file is named (a new
+        file in the temp dir when none was given).
 
         Raises:
             UserError: no model repository at the path, or a port is taken.
             MissingToolError: no ``tritonserver`` on this machine.
         """
-        if self.proc is not None:
-            raise RuntimeError("TritonServer already started")
         if not self.model_repository.is_dir():
             raise UserError(f"no model repository at {self.model_repository}")
         check_ports_free(self.host, {"http": self.http_port, "grpc": self.grpc_port, "metrics": self.metrics_port})
         self.install = self.install or find_triton()
-        cmd = self.command()
         if self.log_file is None:
             fd, name = tempfile.mkstemp(prefix=f"tritonserver-{self.grpc_port}-", suffix=".log")
             os.close(fd)
             self.log_file = Path(name)
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "wb") as log:
-            self.proc = subprocess.Popen(
-                cmd, env=self.install.environ(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=self.model_repository,
-                preexec_fn=die_with_parent if self.die_with_parent else None,
-            )
-        self.started_at = time.monotonic()
-        return self
+
+    def _popen_kwargs(self) -> dict[str, Any]:
+        assert self.install is not None
+        return {"env": self.install.environ(), "cwd": self.model_repository}
 
     def is_ready(self) -> bool:
         """One readiness probe: ``GET /v2/health/ready`` is 200 (all models ready, strict readiness)."""
         return http_ok(f"http://{self.http_url}/v2/health/ready")
 
-    def wait_ready(self, timeout_s: float | None = None) -> float:
-        """Poll readiness every 0.1 s until ready; returns seconds since :meth:`start`.
+    def _exited_message(self, rc: int) -> str:
+        return f"tritonserver exited with status {rc} before it was ready (log: {self.log_file})" + self.log_excerpt()
 
-        Raises:
-            StageError: the server exited (e.g. a malformed config.pbtxt), or was not ready within
-                ``timeout_s`` (then the models not yet READY are named). The message ends with the
-                last lines of the server log; the whole process group is killed first.
-        """
-        if self.proc is None or self.started_at is None:
-            raise RuntimeError("TritonServer not started")
-        timeout_s = self.ready_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
-        while True:
-            rc = self.proc.poll()
-            if rc is not None:
-                self.stop(grace_s=0)
-                raise StageError(f"tritonserver exited with status {rc} before it was ready (log: {self.log_file})" + self.log_excerpt())
-            if self.is_ready():
-                self.ready_s = time.monotonic() - self.started_at
-                return self.ready_s
-            if time.monotonic() >= deadline:
-                pending = [f"{m.get('name')} ({m.get('state') or 'UNKNOWN'})" for m in self.models() if m.get("state") != "READY"]
-                pending = pending or [f"{name} (LOADING)" for name in models_still_loading(self.log_file)]
-                self.stop(grace_s=1)
-                what = f"; not ready: {', '.join(pending)}" if pending else ""
-                raise StageError(f"tritonserver not ready after {timeout_s:g} s{what} (log: {self.log_file})" + self.log_excerpt())
-            time.sleep(0.1)
+    def _pending(self) -> str:
+        """The models not yet READY (the repository index, else the log's ``loading`` lines)."""
+        pending = [f"{m.get('name')} ({m.get('state') or 'UNKNOWN'})" for m in self.models() if m.get("state") != "READY"]
+        pending = pending or [f"{name} (LOADING)" for name in models_still_loading(self.log_file)]
+        return f"; not ready: {', '.join(pending)}" if pending else ""
+
+    def _not_ready_message(self, timeout_s: float, pending: str) -> str:
+        return f"tritonserver not ready after {timeout_s:g} s{pending} (log: {self.log_file})" + self.log_excerpt()
 
     def models(self) -> list[dict[str, Any]]:
         """The repository index (``[{name, version, state, reason}]``); ``[]`` when unreachable."""
         return repository_index(self.http_url)
 
-    def stop(self, grace_s: float | None = None) -> int | None:
-        """SIGTERM, wait ``grace_s`` (default exit timeout + 5 s), then SIGKILL the process group.
-
-        Returns the exit status (``None`` if never started). Idempotent.
-        """
-        if self.proc is None:
-            return None
-        grace = self.exit_timeout_s + 5 if grace_s is None else grace_s
-        rc = terminate_tree(self.proc.pid, grace_s=grace, proc=self.proc, shm_prefix=self.shm_prefix)
-        return self.proc.returncode if rc is None else rc
-
-    def detach(self) -> None:
-        """Forget the process so that leaving the context does not stop it (``serve --detach``)."""
-        self.proc = None
-
-    def rss_bytes(self) -> int:
-        """Resident memory of the server and its stub processes now, in bytes (0 if not running)."""
-        return tree_rss(self.pid) if self.pid else 0
-
     def log_excerpt(self) -> str:
         """``"\n--- last lines of LOG ---\n…"`` (harmless CPU warnings dropped), or ``""``."""
         tail = log_tail(self.log_file)
         return f"\n--- last lines of {self.log_file} ---\n{tail}" if tail else ""
-
-    def __enter__(self) -> TritonServer:
-        self.start()
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop(grace_s=0)
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
