@@ -4,6 +4,7 @@ bench; the served probe of measure-host is built by the build stage's ``run()``,
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from structure import report
 
 from pipeline.build import stage as build_stage
 from pipeline.calibrate import host as host_mod
-from pipeline.core import artifacts
+from pipeline.core import artifacts, hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 #: what the planner may import: the shared layers, the recipe, and the CPU runtime's KV-slot rule
@@ -31,12 +32,16 @@ class _Stop(Exception):
 
 def test_the_served_probe_is_built_by_the_build_stage(tmp_path, monkeypatch):
     """serving_cpu_per_token hands its probe recipe to pipeline.build.stage.run (here a stand-in that records the call,
-    marks itself the last build as the real one does, and stops); the user's last build is left as it was and no
-    artifacts/ folder is left in the working directory."""
+    marks itself the last build as the real one does, and stops); the user's last build is left as it was, no
+    artifacts/ folder is left in the working directory, and a broken host file does not stop the build's fit check."""
     calls = []
+    broken = tmp_path / "cpu_host.yaml"
+    broken.write_text("name: only a name\n")  # the host file being measured again is broken
+    monkeypatch.setenv("TRTPIPE_HOST_FILE", str(broken))
 
     def fake_run(recipe, build_dir, *, recipe_dir, **kw):
         calls.append((recipe, Path(build_dir), Path(recipe_dir)))
+        assert "shipped reference" in hardware.cpu_host().origin  # the build's fit check plans on the shipped host
         artifacts.record_last_build(Path(build_dir).parent)  # what a real full build does
         raise _Stop
 
@@ -48,3 +53,4 @@ def test_the_served_probe_is_built_by_the_build_stage(tmp_path, monkeypatch):
     assert recipe.build.engine == "cpu" and recipe.model.dtype == "float32" and recipe.bench.model == "ensemble"
     assert build_dir == recipe_dir / "build" and (Path(recipe.model.source) / "config.json").is_file() is False  # temp dir gone
     assert not (tmp_path / "artifacts").exists()
+    assert os.environ["TRTPIPE_HOST_FILE"] == str(broken)

@@ -301,15 +301,23 @@ def _build_probe(recipe: Any, work: Path, log: Callable[[str], None]) -> Any:
     """Build the probe ``recipe`` into ``work/build`` with the build stage (:func:`pipeline.build.stage.run`: the
     planner's fit check, then quantize → engine → triton_repo, as ``trtpipe build``) and return its
     :class:`~pipeline.core.layout.BuildLayout`; the user's last-build marker (``artifacts/.last_build``) is kept as it
-    was, and an ``artifacts/`` folder the marker's bookkeeping created in the working directory is removed."""
+    was, and an ``artifacts/`` folder the marker's bookkeeping created in the working directory is removed. The
+    build's fit check plans the probe on the shipped reference host, not on the host file being measured again (a
+    broken one would otherwise stop the measurement that replaces it)."""
     from pipeline.build import stage as build_stage
-    from pipeline.core import artifacts
+    from pipeline.core import artifacts, hardware
 
     root_existed = artifacts.DEFAULT_ARTIFACTS_ROOT.exists()
+    before = os.environ.get(hardware.HOST_FILE_ENV)
+    os.environ[hardware.HOST_FILE_ENV] = str(work / "no-host-file.yaml")  # absent: the shipped reference host
     try:
         with artifacts.last_build_kept():  # the probe is not "the last build" of `trtpipe serve` / `bench`
             return build_stage.run(recipe, work / "build", recipe_dir=work, warn=log).layout
     finally:
+        if before is None:
+            os.environ.pop(hardware.HOST_FILE_ENV, None)
+        else:
+            os.environ[hardware.HOST_FILE_ENV] = before
         if not root_existed and artifacts.DEFAULT_ARTIFACTS_ROOT.is_dir() and not any(artifacts.DEFAULT_ARTIFACTS_ROOT.iterdir()):
             artifacts.DEFAULT_ARTIFACTS_ROOT.rmdir()
 
