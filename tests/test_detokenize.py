@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.triton_repo.detokenize import DetokenizerRegistry, IncrementalDetokenizer
 from pipeline.core.tokenizer import load_tokenizer
+from pipeline.triton_repo.detokenize import DetokenizerRegistry, IncrementalDetokenizer
 
 TEXT = "naïve café — 東京 🚀 and  two  spaces, Ünïcödé!"
 
