@@ -63,7 +63,7 @@ def _data_url(data: bytes, media: str = "image/png") -> str:
 def test_image_url_input_only_in_a_vision_builds_config(tmp_path):
     text = triton_repo.model_configs(load_recipe(RECIPE), tmp_path)["tensorrt_llm"]
     vis = triton_repo.model_configs(_vision_recipe(), tmp_path)["tensorrt_llm"]
-    names = lambda entries: {x.name: x for x in entries}  # noqa: E731
+    names = lambda entries: {x.name: x for x in entries}
     assert "image_url" not in names(text.input) and "num_image_tokens" not in names(text.output)
     assert {k: v.string_value for k, v in text.parameters.items()} == {"llm_runtime": "trtpipe_cpu"}
     # the vision build: upstream's input exactly (name, type, dims, optional), held to the stored newer config.pbtxt
