@@ -57,26 +57,14 @@ def _png_url(w: int, h: int) -> str:
 
 
 def _infer(srv, urls, max_tokens=4):
-    """One non-streamed gRPC request with ``image_url`` ``urls``: (result, error text)."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import InferenceServerException
+    """One request with ``image_url`` ``urls`` through Triton's HTTP generate endpoint (the model is decoupled):
+    (status code, JSON body)."""
+    import requests
 
-    def inp(name, arr, dt):
-        t = grpcclient.InferInput(name, list(arr.shape), dt)
-        t.set_data_from_numpy(arr)
-        return t
-
-    inputs = [inp("text_input", np.array([b"Describe the image."], dtype=object), "BYTES"),
-              inp("sampling_param_max_tokens", np.array([max_tokens], dtype=np.int32), "INT32")]
-    if urls is not None:
-        inputs.append(inp("image_url", np.array([u.encode() for u in urls], dtype=object), "BYTES"))
-    client = grpcclient.InferenceServerClient(srv.grpc_url)
-    try:
-        return client.infer("tensorrt_llm", inputs, client_timeout=WAIT_S), None
-    except InferenceServerException as e:
-        return None, str(e.message())
-    finally:
-        client.close()
+    body = {"text_input": "Describe the image.", "sampling_param_max_tokens": max_tokens,
+            **({"image_url": urls} if urls is not None else {})}
+    r = requests.post(f"http://{srv.http_url}/v2/models/tensorrt_llm/generate", json=body, timeout=WAIT_S)
+    return r.status_code, r.json()
 
 
 def test_repository_declares_the_image_input_and_the_switch(served):
@@ -88,10 +76,9 @@ def test_repository_declares_the_image_input_and_the_switch(served):
 
 def test_server_counts_the_rules_image_tokens(served):
     _, srv = served
-    result, err = _infer(srv, [_png_url(448, 448)])
-    assert err is None, err
-    assert int(result.as_numpy("num_image_tokens").reshape(-1)[0]) == vgeo.qwen2_vl_image_tokens(448, 448) == 256
-    assert result.as_numpy("text_output").reshape(-1)[0].decode()
+    code, body = _infer(srv, [_png_url(448, 448)])
+    assert code == 200, body
+    assert body["num_image_tokens"] == vgeo.qwen2_vl_image_tokens(448, 448) == 256 and body["text_output"]
 
 
 @pytest.mark.parametrize(("urls", "why"), [
@@ -102,17 +89,17 @@ def test_server_counts_the_rules_image_tokens(served):
 ])
 def test_bad_image_inputs_are_one_line_errors_and_the_server_keeps_serving(served, urls, why):
     _, srv = served
-    result, err = _infer(srv, urls)
-    assert result is None and why in err and "\n" not in err
-    ok, err2 = _infer(srv, None)  # a text request right after
-    assert err2 is None and ok.as_numpy("text_output").reshape(-1)[0].decode()
+    code, body = _infer(srv, urls)
+    assert code == 400 and why in body["error"] and "\n" not in body["error"]
+    code, body = _infer(srv, None)  # a text request right after
+    assert code == 200 and body["text_output"]
 
 
 def test_too_many_images_are_refused(served):
     layout, srv = served
     most = yaml.safe_load(layout.recipe_file.read_text())["vision"].get("max_images_per_request", 1)
-    result, err = _infer(srv, [_png_url(56, 56)] * (most + 1))
-    assert result is None and f"more than max_num_images={most}" in err
+    code, body = _infer(srv, [_png_url(56, 56)] * (most + 1))
+    assert code == 400 and f"more than max_num_images={most}" in body["error"]
 
 
 @pytest.mark.parametrize("api", ["grpc", "triton-http"])
