@@ -158,7 +158,13 @@ def test_placeholders_and_image_token_count_from_the_checkpoint(L, tmp_path):
                                                       "vision_start_token_id": 5, "vision_end_token_id": 6}))
     (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": [
         {"id": 5, "content": "<vs>"}, {"id": 6, "content": "<ve>"}, {"id": 7, "content": "<img>"}]}))
-    p = L.Placeholders([tmp_path / "missing", tmp_path])
+    eng = tmp_path / "engine"  # the CPU engine directory: tokenizer at the top, the full config in vision/
+    (eng / "vision").mkdir(parents=True)
+    (eng / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (eng / "vision" / "config.json").write_text((tmp_path / "config.json").read_text())
+    (eng / "tokenizer.json").write_text((tmp_path / "tokenizer.json").read_text())
+    assert L.Placeholders([eng]).image_token_id == 7 and L.Placeholders([eng]).text == "<vs><img><ve>"
+    p = L.Placeholders([tmp_path])
     assert p.image_token_id == 7 and p.text == "<vs><img><ve>"
     assert p.prompt("Describe.", 2) == "<vs><img><ve><vs><img><ve>Describe."
     assert p.prompt("<img> and <img>?", 2) == "<img> and <img>?"  # already placed: as sent

@@ -103,19 +103,23 @@ class Placeholders:
     vision start/end ids, named by the tokenizer's added tokens; Qwen2-VL's texts when a file does not say).
 
     Args:
-        dirs: checkpoint / tokenizer directories, first with a ``config.json`` wins.
+        dirs: checkpoint / tokenizer directories; the first ``config.json`` naming an ``image_token_id`` wins, in a
+            directory or its ``vision/`` (the CPU engine directory keeps the full checkpoint config there:
+            pipeline/cpu_runtime/multimodal.py ``VISION_DIR``); the tokens' texts come from the first directory.
     """
 
     def __init__(self, dirs: list[str | Path]):
         cfg: dict = {}
-        self.source = None
-        for d in dirs:
+        self.source = Path(dirs[0]) if dirs else None
+        for d in [c for d in dirs for c in (Path(d), Path(d) / "vision")]:
             try:
-                cfg = json.loads((Path(d) / "config.json").read_text())
+                data = json.loads((d / "config.json").read_text())
             except (OSError, ValueError):
                 continue
-            self.source = Path(d)
-            break
+            if isinstance(data, dict) and (data.get("image_token_id") is not None or
+                                           (data.get("text_config") or {}).get("image_token_id") is not None):
+                cfg = data
+                break
         texts = _token_texts(self.source) if self.source is not None else {}
         ids = {k: cfg.get(k) if cfg.get(k) is not None else (cfg.get("text_config") or {}).get(k) for k in PLACEHOLDER_TOKENS}
         self.image_token_id: int | None = None if ids["image_token_id"] is None else int(ids["image_token_id"])
