@@ -111,7 +111,7 @@ class Placeholders:
     def __init__(self, dirs: list[str | Path]):
         cfg: dict = {}
         self.source = Path(dirs[0]) if dirs else None
-        for d in [c for d in dirs for c in (Path(d), Path(d) / "vision")]:
+        for d in [c for base in dirs for c in (Path(base), Path(base) / "vision")]:
             try:
                 data = json.loads((d / "config.json").read_text())
             except (OSError, ValueError):
