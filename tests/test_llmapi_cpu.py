@@ -305,3 +305,15 @@ def test_triton_stop_input_and_client_cancellation(server):
                                           sampling_param_ignore_eos=True, return_finish_reason=True))
     assert err is None and got[-1].as_numpy("finish_reason").reshape(-1)[0].decode() == "length"
     assert "Traceback" not in Path(server.log_file).read_text(errors="replace")
+
+
+@pytest.mark.triton
+def test_triton_refuses_images_to_a_text_build(server):
+    """A text build declares no ``image_url`` (issue #47 item 4): Triton answers one line, 400, and serves on."""
+    import requests
+
+    url = f"http://{server.http_url}/v2/models/tensorrt_llm/generate"
+    body = {"text_input": "Say hi.", "sampling_param_max_tokens": 2, "image_url": ["data:image/png;base64,AAAA"]}
+    r = requests.post(url, json=body, timeout=WAIT_S)
+    assert r.status_code == 400 and "image_url" in r.json()["error"] and "\n" not in r.json()["error"]
+    assert requests.post(url, json={"text_input": "Say hi.", "sampling_param_max_tokens": 2}, timeout=WAIT_S).status_code == 200

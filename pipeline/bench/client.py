@@ -46,6 +46,7 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from pipeline.bench.images import request_input
 from pipeline.bench.prompts import Prompt
 from pipeline.bench.records import (
     STALLED,
@@ -197,15 +198,16 @@ def request_inputs(
     not: older PyTorch samplers assert ``temperature > 0``) and, with ``perf_metrics``,
     ``sampling_param_return_perf_metrics`` — again only inputs the model declares.
 
-    A prompt with images (text interface) adds them as ``image_input``: ``image_bytes_input`` (uint8
-    ``[images, H, W, 3]``, gRPC) or ``image_url_input`` (data URLs, Triton HTTP) — :mod:`pipeline.bench.images`.
+    A prompt with images adds them as ``image_input`` (text): ``image_bytes_input`` (uint8 ``[images, H, W, 3]``, gRPC)
+    or ``image_url_input`` (Triton HTTP); llmapi: ``image_url`` data URLs — :mod:`pipeline.bench.images`.
 
     ``exact_osl=False`` (``trtpipe eval``) sends no ``min_tokens``: ``osl`` is then only ``max_tokens``, and
     with ``ignore_eos=False`` no ``end_id`` either, so the model stops at its own EOS (the ensemble's
     preprocessing default ``end_id``).
     """
-    if info.interface == "llmapi":
-        return _llmapi_inputs(info, prompt, osl, perf_metrics, exact_osl=exact_osl, ignore_eos=ignore_eos)
+    if info.interface == "llmapi":  # images: the model's image_url input (pipeline.bench.images.request_input)
+        return _llmapi_inputs(info, prompt, osl, perf_metrics, exact_osl=exact_osl, ignore_eos=ignore_eos) + (
+            [request_input(prompt.images, "image_url", http=image_input == "image_url_input")] if prompt.images else [])
     out: list[tuple[str, str, Any]] = []
 
     def scalar(name: str, dt: str, value: Any) -> None:
@@ -225,8 +227,6 @@ def request_inputs(
             raise UserError(f"model {info.name!r} takes text; the prompt has none")
         scalar("text_input", "BYTES", prompt.text)
         if prompt.images:
-            from pipeline.bench.images import request_input
-
             out.append(request_input(prompt.images, image_input))
         scalar("max_tokens", "INT32", osl)
         scalar("stream", "BOOL", True)

@@ -28,6 +28,9 @@ same bytes; at most :data:`MAX_IMAGE_SETS` distinct image sets per scenario (req
   ``image.py:57``); one image as a string, as ``docs/multimodal.md@efb8a497:305-306``'s curl request, several as a
   list. Upstream's preprocessing decodes only the ``data:image/jpeg;base64,`` prefix (``load_images_from_urls``,
   same file): a stock upstream repository needs ``--image-format jpeg`` there.
+* Triton ``llmapi`` model (gRPC and HTTP generate): upstream's post-1.2.1 ``image_url`` input (STRING ``[-1]``, one
+  ``data:`` URL per image: TensorRT-LLM ``triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt@0a71057313ec:54-67``,
+  which trtpipe's llmapi model declares for a vision build); the model places the image tokens.
 * OpenAI chat: the text part, then one ``{"type": "image_url", "image_url": {"url": <data URL>}}`` part per image
   (AIPerf ``clients/openai/openai_chat.py:61-75``); ``/v1/completions`` takes no images.
 
@@ -68,6 +71,8 @@ from pipeline.vision import geometry as vgeo
 MLLAMA_IMAGE_TOKEN = "<|image|>"
 #: checkpoint ``model_type`` → the family whose token rule applies
 VISION_MODEL_TYPES = {"mllama": "mllama", "qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl"}
+#: the Triton llmapi model's image input (upstream's post-1.2.1 name: config.pbtxt@0a71057313ec:63)
+LLMAPI_IMAGE_INPUT = "image_url"
 #: distinct image sets per scenario; requests cycle through them (bounds the client's memory)
 MAX_IMAGE_SETS = 64
 #: the options, by BenchSpec field (messages name what the user typed)
@@ -340,6 +345,8 @@ def plan(checked: tuple[ImageWorkload, ImageGeometry] | None, info: Any, api: st
         return ImagePlan(wl, geo, None, "image_url")
     if info.interface == "openai":
         raise UserError("--image-*: /v1/completions takes no images; use --openai-endpoint chat (image_url content parts)")
+    if info.interface == "llmapi" and LLMAPI_IMAGE_INPUT in info.inputs:
+        return ImagePlan(wl, geo, None, LLMAPI_IMAGE_INPUT)
     if info.interface != "text":
         raise UserError(f"--image-*: model {info.name!r} ({info.interface} interface) takes no images; bench the "
                         "multimodal `ensemble` (grpc, triton-http) or an OpenAI chat endpoint")
@@ -396,12 +403,16 @@ def url_value(images: Sequence[BenchImage]) -> str | list[str]:
     return urls[0] if len(urls) == 1 else urls
 
 
-def request_input(images: Sequence[BenchImage], name: str) -> tuple[str, str, Any]:
-    """``(name, datatype, value)`` of one request's images for the ensemble (see
-    :func:`pipeline.bench.client.request_inputs`): ``image_bytes_input`` → ``UINT8`` :func:`bytes_tensor`,
-    ``image_url_input`` → ``BYTES`` :func:`url_value`."""
+def request_input(images: Sequence[BenchImage], name: str, http: bool = True) -> tuple[str, str, Any]:
+    """``(name, datatype, value)`` of one request's images (see :func:`pipeline.bench.client.request_inputs`):
+    ``image_bytes_input`` → ``UINT8`` :func:`bytes_tensor`, ``image_url_input`` → ``BYTES`` :func:`url_value`, the
+    llmapi model's ``image_url`` → ``BYTES`` ``[images]`` data URLs (a list of str in a generate body, ``http``; else
+    an object array of bytes)."""
     if name == "image_bytes_input":
         return name, "UINT8", bytes_tensor(images)
+    if name == LLMAPI_IMAGE_INPUT:
+        urls = [im.data_url() for im in images]
+        return name, "BYTES", urls if http else np.array([u.encode() for u in urls], dtype=object)
     return name, "BYTES", url_value(images)
 
 

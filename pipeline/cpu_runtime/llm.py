@@ -22,7 +22,9 @@ docs/upstream.md):
   (:class:`~pipeline.cpu_runtime.guided.GuidedDecodingParams`, honoured with ``LLM(guided_decoding_backend="xgrammar")``,
   llm_args.py@c292b9f997d6:1931), and the sampling knobs;
 * LoRA: ``LLM(lora_config=…)`` and ``generate_async(…, lora_request=LoRARequest(lora_name, lora_int_id, lora_path))``
-  (:class:`LoRARequest`; the adapter is loaded from its path the first time its id is seen, docs/lora.md).
+  (:class:`LoRARequest`; the adapter is loaded from its path the first time its id is seen, docs/lora.md);
+* images (an image build): upstream's ``{"prompt": str, "multi_modal_data": {"image": [PIL.Image, ...]}}``, through the
+  processor, the vision tower and M-RoPE (:mod:`pipeline.cpu_runtime.multimodal`); ``RequestOutput.image_tokens``.
 
 Decoding is greedy, as in the CPU engine: ``temperature``/``top_k``/``top_p``/``seed``/penalties are accepted and
 have no effect; ``n``/``best_of`` above 1 and beam search are refused (ValueError). The ``LLM()`` keyword arguments
@@ -48,13 +50,13 @@ from typing import Any, Self
 
 from pipeline.cpu_runtime.guided import GuidedDecodingParams, request_matcher
 from pipeline.cpu_runtime.lora import LoRARequest, llm_lora, request_task_id
+from pipeline.cpu_runtime.multimodal import encode_request, image_inputs
 
 #: ``LLM()`` limits that must equal the CPU engine's engine_config.json (fixed when the engine directory was built)
 _LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
 #: ``LLM()`` arguments the facade reads itself
 _READ = {"model", "tokenizer", "kv_cache_config", "enable_chunked_prefill", "backend", "tensor_parallel_size",
          "pipeline_parallel_size", "max_beam_width", "guided_decoding_backend", "lora_config", "speculative_config", *_LIMITS}
-
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -165,6 +167,7 @@ class RequestOutput:
         self._engine_id: str | None = None
         self._arrival_ns = time.time_ns()
         self._first_ns = 0
+        self.image_tokens = 0  # tokens the request's images became (multi_modal_data; 0 for text)
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -355,6 +358,8 @@ class LLM:
         self._ids = iter(range(1, 1 << 62))
         self._stop_cache: dict[tuple[str, ...], list[list[int]]] = {}
         self._lora_on = llm_lora(self._engine, kwargs.get("lora_config"))  # adapters come per request (LoRARequest)
+        self._images = image_inputs(self.model_dir, cfg)  # an image build: processor + vision tower (multimodal.py)
+        self.max_images = (cfg.get("vision") or {}).get("max_images_per_request")
 
     @staticmethod
     def _check(kwargs: dict[str, Any], cfg: dict[str, Any]) -> None:
@@ -381,30 +386,26 @@ class LLM:
             self._stop_cache[words] = [self.tokenizer.encode(w, add_special_tokens=False) if self.tokenizer else [] for w in words]
         return self._stop_cache[words]
 
-    def generate_async(self, inputs: str | list[int], sampling_params: SamplingParams | None = None, *_: Any,
+    def generate_async(self, inputs: str | list[int] | dict, sampling_params: SamplingParams | None = None, *_: Any,
                        streaming: bool = False, lora_request: LoRARequest | None = None, **__: Any) -> RequestOutput:
         """Queue one request; returns its :class:`RequestOutput` at once (call it inside the event loop that iterates
-        it). ``inputs``: a prompt string (encoded with ``add_special_tokens``) or token ids.
-
-        ``lora_request``: the adapter to apply (:func:`pipeline.cpu_runtime.lora.request_task_id`).
+        it). ``inputs``: a prompt string (encoded with ``add_special_tokens``), token ids, or a prompt dict with
+        ``multi_modal_data`` (module docstring). ``lora_request``: the adapter (:func:`pipeline.cpu_runtime.lora.request_task_id`).
 
         Raises ValueError for a request the engine refuses (empty or too long prompt, prompt + max_tokens beyond
-        max_seq_len, …; see :meth:`CpuEngine.add_request`), a string prompt without a tokenizer, or an adapter that
-        cannot be served."""
+        max_seq_len, …; see :meth:`CpuEngine.add_request`), a string prompt without a tokenizer, images the build
+        cannot take (:func:`~pipeline.cpu_runtime.multimodal.encode_request`), or an adapter that cannot be served."""
         p = sampling_params or SamplingParams()
-        if isinstance(inputs, str):
-            if self.tokenizer is None:
-                raise ValueError(f"{self.model_dir}: no tokenizer.json to encode a text prompt")
-            prompt, ids = inputs, self.tokenizer.encode(inputs, add_special_tokens=p.add_special_tokens)
-        else:
-            prompt, ids = None, [int(t) for t in inputs]
+        prompt, ids, mm, image_tokens = encode_request(inputs, self.tokenizer, self._images, add_special_tokens=p.add_special_tokens,
+                                                       max_images=self.max_images, model_dir=self.model_dir)
         end_id = p.end_id if p.end_id is not None else (self.tokenizer.eos_token_id if self.tokenizer else None)
         matcher = request_matcher(self.guides, p.guided_decoding)
         out = RequestOutput(self, next(self._ids), prompt, ids, p, streaming)
+        out.image_tokens = image_tokens
         words = [w for w in self.stop_word_ids(p) if w] + [[t] for t in (p.stop_token_ids or [])]
         out._engine_id = self._engine.add_request(
             ids, max_new_tokens=int(p.max_tokens), min_tokens=max(0, int(p.min_tokens or 0)),
-            end_id=None if p.ignore_eos or end_id is None else int(end_id), stop_words=words,
+            end_id=None if p.ignore_eos or end_id is None else int(end_id), stop_words=words, multimodal=mm,
             on_tokens=out._on_tokens, on_error=out._on_error, matcher=matcher,
             lora_task_id=request_task_id(self._engine, lora_request, self._lora_on))
         return out

@@ -6,7 +6,9 @@ Output (``<build>/engine/``, written atomically)::
                          error of the exported format; see pipeline/cpu_runtime/dequant.py); for mllama the
                          language model only, renamed (pipeline/cpu_runtime/cross_attention.py: the vision
                          tower and projector stay out, they run in the vision encoder's ONNX model), and
-                         engine_config.json gains encoder_len_per_image / max_encoder_input_len
+                         engine_config.json gains encoder_len_per_image / max_encoder_input_len; for the
+                         Qwen2-VL family the decoder only, plus vision/ (the tower the LLM facade runs;
+                         pipeline/engine/cpu_vision.py) and engine_config.json's ``vision``
     config.json          plain transformers config (no quantization_config)
     tokenizer files      copied from <build>/quantize/hf_ckpt/ (tokenizer.json, chat template, …)
     engine_config.json   what pipeline.cpu_runtime.CpuEngine needs: runtime, limits, KV-cache rule, precision, and
@@ -64,11 +66,14 @@ from pipeline.core.disk import cpu_engine_bytes
 from pipeline.core.errors import StageError, UserError
 from pipeline.core.geometry import geometry_from_dict
 from pipeline.core.layout import BuildLayout
+from pipeline.cpu_runtime.multimodal import decoder_config, is_image_token_model
+from pipeline.engine.cpu_vision import vision_section, write_image_model
 from pipeline.engine.result import EngineResult
 from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.consumers import consumed
 from pipeline.recipe.serving_path import serving_path
+from pipeline.recipe.vision import cross_attention
 
 STAGE = EngineResult.STAGE
 ENGINE_CONFIG = "engine_config.json"
@@ -96,6 +101,8 @@ def _model_config(hf_ckpt: Path, recipe: Recipe, dry_run: bool) -> dict[str, Any
     if not path.is_file():
         raise StageError(f"{path} is missing: the quantize stage output is incomplete; rebuild it with --force")
     cfg = json.loads(path.read_text())
+    if is_image_token_model(cfg):  # Qwen2-VL family: the decoder as a Qwen2ForCausalLM (pipeline/engine/cpu_vision.py)
+        return decoder_config(cfg)
     return cfg if (cfg.get("architectures") or [""])[0] == "MllamaForConditionalGeneration" else cfg.get("text_config", cfg)
 
 
@@ -202,6 +209,8 @@ def write_weights(hf_ckpt: Path, out_dir: Path, dtype: str) -> None:
     )
 
     cfg = plain_config(hf_ckpt, dtype)
+    if is_image_token_model(cfg):  # decoder + vision/ (the facade runs the tower: pipeline/engine/cpu_vision.py)
+        return write_image_model(hf_ckpt, out_dir, dtype, cfg)
     try:
         state = {new: t for name, t in iter_dequantized(hf_ckpt, getattr(torch, dtype))
                  if (new := engine_tensor_name(name, cfg)) is not None}
@@ -223,6 +232,7 @@ def _cache_key(recipe: Recipe, quantized: QuantizeResult, dry_run: bool) -> str:
             "versions": versions,
             "dry_run": dry_run,
             **({"lora_files": _lora_hashes(recipe)} if recipe.build.lora else {}),  # the adapters' bytes, not only paths
+            **({"vision": recipe.vision.model_dump()} if recipe.vision is not None else {}),  # engine_config's vision
         }
     )
 
@@ -352,6 +362,8 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
     lora = lora_section(recipe)
     if lora:
         ecfg["lora"] = lora
+    if recipe.vision is not None and not cross_attention(recipe.vision):  # image tokens: the facade's image limits
+        ecfg["vision"] = vision_section(recipe.vision, ecfg["dtype"])
     timings: dict[str, float] = {}
     need = None if dry_run else cpu_engine_bytes(hf_ckpt / "config.json", ecfg["dtype"])
     with atomic_dir(out_dir, need_bytes=need) as tmp:

@@ -70,7 +70,7 @@ def cache_key(recipe: Recipe, *, source_hash: str | None, dataset_hash: str | No
     return artifacts.stable_hash({
         "stage_version": STAGE_VERSION, "recipe": recipe_hash(recipe), "source": source_hash,
         "dataset": dataset_hash, "versions": artifacts.library_versions(*VERSIONED), "dry_run": dry_run,
-        **({"vision": recipe.vision.family} if cross_attention(recipe.vision) else {}),  # images in calibration (pipeline/quantize/vlm.py)
+        **({"vision": recipe.vision.family} if recipe.vision is not None else {}),  # images in calibration (vlm.py, vlm_qwen.py)
     })
 
 
@@ -121,6 +121,10 @@ def run(recipe: Recipe, layout: BuildLayout, *, recipe_dir: Path, force: bool = 
                 from pipeline.quantize import vlm
 
                 manifest = vlm.quantize_mllama(recipe, tmp, key, source, Path(recipe_dir))
+            elif recipe.vision is not None:  # Qwen2-VL family: the decoder only, images in calibration (vlm_qwen.py)
+                from pipeline.quantize import vlm_qwen
+
+                manifest = vlm_qwen.quantize_qwen2_vl(recipe, tmp, key, source, Path(recipe_dir))
             else:
                 manifest = _quantize(recipe, tmp, key, source, Path(recipe_dir))
         manifest["library_log"] = library_log

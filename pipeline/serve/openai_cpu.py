@@ -41,6 +41,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
+from pipeline.serve.openai_images import chat_images
+
 log = logging.getLogger("trtpipe.openai_cpu")
 #: seconds between two client-disconnect checks of a request in flight (OS:205-213 polls every 1 s)
 DISCONNECT_POLL_S = 0.5
@@ -247,8 +249,10 @@ def create_app(llm: Any, model_name: str, tokenizer_dir: str) -> FastAPI:
             return _error("logprobs is not supported by trtpipe's CPU stand-in")
         try:
             prompt = await asyncio.to_thread(template.render, req.messages, req.add_generation_prompt)
+            images = await asyncio.to_thread(chat_images, req.messages)  # image_url parts (openai_images.py)
             params = _sampling(req, req.max_completion_tokens, add_special_tokens=req.add_special_tokens)
-            res = llm.generate_async(prompt, params, streaming=bool(req.stream), lora_request=_lora(req))  # OS:541-549
+            inputs = {"prompt": prompt, "multi_modal_data": {"image": images}} if images else prompt
+            res = llm.generate_async(inputs, params, streaming=bool(req.stream), lora_request=_lora(req))  # OS:541-549
         except Exception as e:  # OS:566-568: any failure of the request is a 400 naming it
             return _error(str(e))
         return await _respond(raw, res, req, chat=True)

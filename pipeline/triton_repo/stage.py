@@ -183,7 +183,8 @@ def model_configs(recipe: Recipe, engine_dir: Path, *, paged_context_fmha: bool 
     )
     if path.llm_api:
         runtime = lay["llmapi"]["llm_runtime"][path.target]
-        ctx = dict(common, max_batch_size=lay["llmapi"]["triton_max_batch_size"], llm_runtime=runtime)
+        ctx = dict(common, max_batch_size=lay["llmapi"]["triton_max_batch_size"], llm_runtime=runtime,
+                   multimodal=recipe.vision is not None, max_num_images=str(getattr(recipe.vision, "max_images_per_request", 1)))
         return {"tensorrt_llm": render_model_config("llmapi_tensorrt_llm", **ctx)}
     tok = lay["tokenizer"]["param_value"]
     post_count = lay["streaming_postprocessing_instance_count"] if s.decoupled_mode else s.postprocessing_instance_count
@@ -320,6 +321,7 @@ def _write_llmapi_files(recipe: Recipe, model_dir: Path, quantized: QuantizeResu
         "max_batch_size": lay["triton_max_batch_size"],
         "decoupled": recipe.serving.decoupled_mode,
         "cancellation_check_period_ms": recipe.serving.cancellation_check_period_ms,
+        **({"multimodal": True} if recipe.vision is not None else {}),  # upstream's switch for image_url (PR #18381)
     }
     (version / "model.yaml").write_text(yaml.safe_dump(kwargs, sort_keys=False))
 

@@ -130,9 +130,20 @@ def llmapi_lora_inputs() -> dict[str, tuple[str, list[int]]]:
     return {x["name"]: (x["data_type"], x["dims"]) for x in newer if x["name"].startswith("lora_")}
 
 
+def llmapi_image_inputs() -> dict[str, tuple[str, list[int]]]:
+    """The image input of upstream's newer llmapi ``config.pbtxt`` (``image_url`` STRING [-1], optional, read only with
+    ``triton_config.multimodal``: @0a71057313ec:54-67, NVIDIA/TensorRT-LLM PR #18381, after 1.2.1), which trtpipe's
+    llmapi model declares for a build with a vision section."""
+    newer = contract()["templates"]["llmapi_tensorrt_llm"]["config_pbtxt_newer_copy"]["inputs"]
+    return {x["name"]: (x["data_type"], x["dims"]) for x in newer if x["name"] == "image_url"}
+
+
 #: The output trtpipe's ``llmapi`` model adds: the tokens each response adds (the C++ backend's ``num_output_tokens``,
 #: same name, type and dims: ``templates.tensorrt_llm`` of pipeline/data/triton_backend_contract.yaml).
-LLMAPI_EXTRA_OUTPUTS: dict[str, dict[str, tuple[str, list[int]]]] = {"tensorrt_llm": {"num_output_tokens": ("TYPE_INT32", [1])}}
+#: A multimodal build adds ``num_image_tokens`` (INT32 [1]: the image tokens of a request's prompt; upstream has no such
+#: output, config.pbtxt@0a71057313ec's outputs are text, reasons, logprob, KV and timing stats).
+LLMAPI_EXTRA_OUTPUTS: dict[str, dict[str, tuple[str, list[int]]]] = {
+    "tensorrt_llm": {"num_output_tokens": ("TYPE_INT32", [1]), "num_image_tokens": ("TYPE_INT32", [1])}}
 
 
 def tensor_problems(model: str, template: str, cfg: Any, extra_outputs: dict[str, tuple[str, list[int]]] | None = None,
@@ -213,7 +224,7 @@ def repository_problems(configs: dict[str, Any], implementation: str) -> list[st
             out.append(f"{model}: not a model of the upstream {implementation} repository")
             continue
         extra = {"cpu": CPU_EXTRA_OUTPUTS, "llmapi": LLMAPI_EXTRA_OUTPUTS}.get(implementation, {}).get(model)
-        extra_in = {**LLMAPI_EXTRA_INPUTS[model], **llmapi_lora_inputs()} if implementation == "llmapi" and model in LLMAPI_EXTRA_INPUTS else None
+        extra_in = {**LLMAPI_EXTRA_INPUTS[model], **llmapi_lora_inputs(), **llmapi_image_inputs()} if implementation == "llmapi" and model in LLMAPI_EXTRA_INPUTS else None
         out += tensor_problems(model, template, cfg, extra, extra_in)
         if implementation == "cpp" and model == "tensorrt_llm":
             if cfg.backend != "tensorrtllm":

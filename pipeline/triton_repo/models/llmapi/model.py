@@ -31,6 +31,13 @@ undated copy with the same request and response code; line numbers below are ``@
   aborts it with a CANCELLED error (``cancellation_loop``); a request whose final response is out is never asked
   again (asking then crashed Triton 2.51: see models/tensorrt_llm_cpu/model.py ``Job.final_lock``).
 
+* Images (issue #47 item 4; ``_llmapi_images``): with ``triton_config.multimodal: true`` in model.yaml (a build with a
+  ``vision:`` section; the switch of upstream's PR #18381) the optional ``image_url`` input (STRING [-1], one URL per
+  image: config.pbtxt@0a71057313ec:54-67) is read, its images decoded and passed as upstream's LLM API takes them,
+  ``generate_async({"prompt": text, "multi_modal_data": {"image": [PIL.Image, …]}}, …)``; a refused image is an
+  INVALID_ARGUMENT error of one line. The final response then carries trtpipe's ``num_image_tokens`` (INT32 [1]: the
+  image tokens in the request's ``prompt_token_ids``; upstream's outputs @0a71057313ec have no such count).
+
 Which ``LLM`` runs is the config.pbtxt parameter ``llm_runtime``: ``tensorrt_llm`` (absent = this; MPI ranks > 0 of a
 tp/pp > 1 launch serve as workers, as upstream does) or ``trtpipe_cpu``
 (:class:`pipeline.cpu_runtime.llm.LLM`, whose names and semantics follow the LLM API). No import is tried and
@@ -134,6 +141,7 @@ class Request:
     result: Any = None
     done: bool = False
     tokens_sent: int = 0  # output tokens counted in responses so far (``num_output_tokens``)
+    images: int = 0  # images the request carried (``num_image_tokens`` goes with its final response)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -158,6 +166,13 @@ class TritonPythonModel:
         if runtime not in RUNTIMES:
             raise pb_utils.TritonModelException(f"parameter llm_runtime={runtime!r}: expected one of {', '.join(RUNTIMES)}")
         self.follower = False
+        self.images = None
+        if tc.get("multimodal"):  # upstream reads image_url only then (config.pbtxt@0a71057313ec:54-55)
+            import _llmapi_images
+
+            self.images = _llmapi_images
+            self.placeholders = _llmapi_images.Placeholders([d for d in (data.get("tokenizer"), data.get("model")) if d])
+            self.max_num_images = int(params["max_num_images"]) if params.get("max_num_images") else None
         llm_cls, self.SamplingParams, llm_args = self._runtime(runtime, data)
         if self.follower:
             return
@@ -229,8 +244,9 @@ class TritonPythonModel:
         for request in requests:
             asyncio.run_coroutine_threadsafe(self._serve(request), self.loop)
 
-    def _convert(self, request) -> tuple[str, Any, bool, dict[str, bool]]:
-        """``(prompt, SamplingParams, streaming, {string-output switch: on})`` of a request."""
+    def _convert(self, request) -> tuple[Any, Any, bool, dict[str, bool]]:
+        """``(prompt, SamplingParams, streaming, {string-output switch: on})`` of a request; the prompt is a string, or
+        ``{"prompt", "multi_modal_data"}`` for a request with images (:meth:`_with_images`)."""
         text = pb_utils.get_input_tensor_by_name(request, "text_input")
         if text is None:
             raise pb_utils.TritonModelException("text_input is missing from the request")
@@ -246,7 +262,19 @@ class TritonPythonModel:
         if stop is not None:
             kwargs["stop"] = [_text(s) for s in stop.as_numpy().reshape(-1)]
         wanted = {k: bool(_scalar(request, k) or False) for k in (*STRING_OUTPUTS, COUNT_SWITCH)}
-        return _text(arr.reshape(-1)[0]), self.SamplingParams(**kwargs), bool(_scalar(request, "streaming") or False), wanted
+        prompt = self._with_images(request, _text(arr.reshape(-1)[0]))
+        return prompt, self.SamplingParams(**kwargs), bool(_scalar(request, "streaming") or False), wanted
+
+    def _with_images(self, request, text: str) -> Any:
+        """``text``, or with ``image_url`` images on a multimodal model ``{"prompt": text with one placeholder per image,
+        "multi_modal_data": {"image": [PIL.Image, …]}}``. Raises ``ImageInputError`` (_llmapi_images) for a refused image."""
+        if self.images is None:
+            return text
+        t = pb_utils.get_input_tensor_by_name(request, self.images.INPUT)
+        images = self.images.load_images(None if t is None else t.as_numpy(), self.max_num_images)
+        if not images:
+            return text
+        return {"prompt": self.placeholders.prompt(text, len(images)), "multi_modal_data": {"image": images}}
 
     def _lora(self, request) -> Any:
         """The request's ``LoRARequest`` from ``lora_id`` / ``lora_name`` / ``lora_path`` (all three or none;
@@ -280,6 +308,7 @@ class TritonPythonModel:
             if streaming and not self.decoupled:
                 raise pb_utils.TritonModelException("Streaming is only supported in decoupled mode.")
             req = Request(request, sender, request.request_id() or "", streaming, wanted)
+            req.images = len(prompt["multi_modal_data"]["image"]) if isinstance(prompt, dict) else 0
             with self.lock:
                 self.requests[key] = req
                 if req.user_id:
@@ -293,7 +322,10 @@ class TritonPythonModel:
                 self._queue(req, self._response(output, req), True)
         except Exception as e:
             pb_utils.Logger.log_error(f"llmapi: error generating request: {e}")
-            response = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"Error generating request: {e}"))
+            bad_image = self.images is not None and isinstance(e, self.images.ImageInputError)  # the client's: HTTP 400
+            error = pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG) if bad_image else pb_utils.TritonError(
+                f"Error generating request: {e}")
+            response = pb_utils.InferenceResponse(output_tensors=[], error=error)
             if req is None:
                 sender.send(response, flags=FINAL)
             else:
@@ -324,12 +356,15 @@ class TritonPythonModel:
             "Request cancelled by client", pb_utils.TritonError.CANCELLED)), flags=FINAL)
 
     # ------------------------------------------------------------------ responses
-    @staticmethod
-    def _response(output, req: Request) -> Any:
+    def _response(self, output, req: Request) -> Any:
         """The response for the current state of a ``RequestOutput`` (cumulative text) to ``req`` (its output switches;
-        ``num_output_tokens`` = the tokens this response adds, ``req.tokens_sent`` moves on)."""
+        ``num_output_tokens`` = the tokens this response adds, ``req.tokens_sent`` moves on; ``num_image_tokens`` with
+        the final response of a request with images)."""
         seq = output.outputs[0]
         tensors = [pb_utils.Tensor("text_output", np.array([seq.text.encode("utf-8")], dtype=np.object_))]
+        count = self.placeholders.count(getattr(output, "prompt_token_ids", None)) if req.images and output.finished else None
+        if count is not None:
+            tensors.append(pb_utils.Tensor(self.images.COUNT_OUTPUT, np.array([count], dtype=np.int32)))
         if req.wanted.get(COUNT_SWITCH):
             tensors.append(pb_utils.Tensor("num_output_tokens", np.array([len(seq.token_ids) - req.tokens_sent], dtype=np.int32)))
             req.tokens_sent = len(seq.token_ids)
