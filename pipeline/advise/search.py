@@ -123,7 +123,7 @@ def path_last_release(c: sp.Candidate) -> str | None:
     (``engine_paths`` of pipeline/data/release_matrix.yaml, :mod:`pipeline.core.engine_paths`): the TensorRT-engine
     path (``build.engine: tensorrt``, served by the C++ ``tensorrtllm`` backend) ends with ``tensorrt_engine_last``;
     None for a path with no recorded end (the PyTorch LLM-API path, the CPU engine)."""
-    return engine_paths.tensorrt_engine_last() if c.engine == "tensorrt" else None
+    return engine_paths.last_release(c.engine)
 
 
 def _within_tie(o: Outcome) -> tuple:

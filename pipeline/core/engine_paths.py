@@ -51,9 +51,16 @@ def has_tensorrt_engine_path(tensorrt_llm: str) -> bool:
     return version_key(tensorrt_llm) <= version_key(tensorrt_engine_last())
 
 
+def last_release(engine: str) -> str | None:
+    """The last TensorRT-LLM release that still has ``build.engine`` ``engine``'s path, as the release matrix records
+    it: :func:`tensorrt_engine_last` for the TensorRT-engine path (``tensorrt``, served by the C++ ``tensorrtllm``
+    backend); None for a path with no recorded end (``pytorch``, the LLM API; ``cpu``, trtpipe's own engine)."""
+    return tensorrt_engine_last() if engine == "tensorrt" else None
+
+
 def engine_path_problem(engine: str, tensorrt_llm: str) -> str | None:
     """One line when ``build.engine`` ``engine`` cannot run on TensorRT-LLM ``tensorrt_llm`` (``None``: it can)."""
-    if engine == "tensorrt" and not has_tensorrt_engine_path(tensorrt_llm):
+    if last_release(engine) is not None and not has_tensorrt_engine_path(tensorrt_llm):
         return (f"TensorRT-LLM {tensorrt_llm} has no TensorRT-engine path nor C++ Triton backend (removed after "
                 f"{tensorrt_engine_last()}): use build.engine: pytorch")
     return None
