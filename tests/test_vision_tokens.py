@@ -104,7 +104,9 @@ def test_triton_llmapi_frontend_is_refused_on_1_2_1_naming_the_release():
 
 
 def test_release_data_qwen_images_on_the_pytorch_backend_only():
-    assert image_engines("qwen2_5_vl", "1.2.1") == {"pytorch": False} == image_engines("qwen2_vl", "1.1.0")
+    assert image_engines("qwen2_5_vl", "1.2.1") == {"pytorch": False}
+    # Qwen2-VL also on the CPU engine (its LLM facade + trtllm-serve stand-in, issue #47 item 5)
+    assert image_engines("qwen2_vl", "1.1.0") == {"pytorch": False, "cpu": False}
     assert "build.engine" in _error("build.engine=tensorrt")
 
 
