@@ -49,7 +49,7 @@ def test_the_command_keeps_every_flag_of_the_hand_written_one():
     assert {flag: shown.get(flag) for flag in OLD_FLAGS} == OLD_FLAGS
     params = {p.opts[0]: p for p in _bench_command().params}
     assert params["--scenario"].multiple and params["--goodput"].multiple and params["--allow-short"].is_flag
-    assert params["--api"].default == "grpc" and params["--openai-endpoint"].default == "completions"
+    assert params["--api"].default == "grpc" and params["--openai-endpoint"].default is None
     assert (params["--num-requests"].min, params["--duration"].min, params["--warmup"].min) == (1, 0.1, 0)
 
 
@@ -112,3 +112,15 @@ def test_the_target_takes_the_builds_tokenizer_unless_given(tmp_path):
     assert BenchTarget().tokenizer_dir() is None
     with pytest.raises(UserError, match="--tokenizer .*: no such directory"):
         BenchTarget(tokenizer=tmp_path / "nope").tokenizer_dir()
+
+
+def test_openai_endpoint_defaults_to_chat_only_when_images_are_asked(tmp_path, monkeypatch):
+    """/v1/completions takes no images (pipeline.bench.images): without ``--openai-endpoint`` an image workload goes to
+    chat/completions, a text one to completions (exact-ISL prompt text); an explicit choice is kept."""
+    monkeypatch.chdir(tmp_path)  # no last build here
+    base = {p.name: p.default for p in _bench_command().params}
+    base.update(api="openai", url="http://127.0.0.1:9/v1", isl=100, osl=64)
+    img = {"image_width_mean": 448.0, "image_height_mean": 448.0}
+    assert options.resolve(base)[1].openai_endpoint == "completions"
+    assert options.resolve({**base, **img})[1].openai_endpoint == "chat"
+    assert options.resolve({**base, **img, "openai_endpoint": "completions"})[1].openai_endpoint == "completions"

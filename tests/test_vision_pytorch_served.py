@@ -68,7 +68,7 @@ def test_openai_client_chat_with_an_image_returns_text(served):
 def test_the_done_when_bench_over_the_openai_chat_route(served, tmp_path):
     work, http = served
     out = tmp_path / "bench"
-    run = trtpipe("bench", "--api", "openai", "--openai-endpoint", "chat", "--url", f"http://127.0.0.1:{http}",
+    run = trtpipe("bench", "--api", "openai", "--url", f"http://127.0.0.1:{http}",
                   "--isl", "100", "--osl", "64", "--image-width-mean", "448", "--image-height-mean", "448",
                   "--concurrency", "1,4", "--out", str(out), cwd=work)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

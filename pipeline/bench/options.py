@@ -120,7 +120,7 @@ def resolve(options: dict[str, Any]) -> tuple[BenchSpec, BenchTarget]:
     api = o["api"]
     if api not in API_NAMES:
         raise UserError(f"--api {api!r}: use one of {', '.join(API_NAMES)}")
-    if o["openai_endpoint"] not in OPENAI_ENDPOINTS:
+    if o["openai_endpoint"] is not None and o["openai_endpoint"] not in OPENAI_ENDPOINTS:
         raise UserError(f"--openai-endpoint {o['openai_endpoint']!r}: use {' or '.join(OPENAI_ENDPOINTS)}")
     served_model = o.pop("model") if api == "openai" else None  # the served model, not a Triton model of the recipe
     build = artifacts.last_build()
@@ -142,6 +142,9 @@ def resolve(options: dict[str, Any]) -> tuple[BenchSpec, BenchTarget]:
         values["scenarios"] = values.get("scenarios", []) + [{"isl": o["isl"], "osl": o["osl"]}]
     spec = stage.with_overrides(stage.spec_for(o["recipe"], layout), values, flags=flag_names(BenchSpec))
     target_values = {k: o[k] for k in flag_names(BenchTarget)}
+    if target_values["openai_endpoint"] is None:  # images go as chat content parts; text as exact-ISL completions
+        with_images = spec.image_width_mean > 0 and spec.image_height_mean > 0
+        target_values["openai_endpoint"] = "chat" if with_images else "completions"
     if served is not None and layout is not None and layout.root == served.root:
         target_values["tokenizer"] = target_values["tokenizer"] or build_tokenizer(layout)
     elif api == "openai" and layout is not None:  # not our deployment: keep only the last build's tokenizer

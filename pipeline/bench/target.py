@@ -37,9 +37,10 @@ class BenchTarget:
     api: str = dataclasses.field(default="grpc", metadata=_flag("--api", (
         "grpc (Triton ModelStreamInfer) | triton-http (Triton generate_stream, SSE) | openai (any OpenAI-compatible "
         "server: vLLM, TGI, trtllm-serve, Triton's OpenAI frontend)."), shows_default=True))
-    openai_endpoint: str = dataclasses.field(default="completions", metadata=_flag("--openai-endpoint", (
-        "With --api openai: completions (exact-ISL prompt text, default) | chat (chat/completions; the chat template "
-        "adds tokens, ISL = the server's prompt_tokens)."), shows_default=True))
+    openai_endpoint: str | None = dataclasses.field(default=None, metadata=_flag("--openai-endpoint", (
+        "With --api openai: completions (exact-ISL prompt text; the default for text) | chat (chat/completions; the "
+        "chat template adds tokens, ISL = the server's prompt_tokens; the default with --image-*, as /v1/completions "
+        "takes no images).")))
     served_model: str | None = None
     server_pid: int | None = None  # the server's pid for process telemetry (tune knows it; else found by URL)
     layout: BuildLayout | None = None
@@ -50,6 +51,10 @@ class BenchTarget:
     metrics_url: str | None = dataclasses.field(default=None, metadata=_flag("--metrics-url", (
         "Triton's Prometheus endpoint (default http://<--url host>:8002/metrics when it answers); queue/compute deltas "
         "per load point.")))
+
+    def __post_init__(self) -> None:
+        if self.openai_endpoint is None:  # a target built without the CLI (tune): text prompts
+            object.__setattr__(self, "openai_endpoint", "completions")
 
     def tokenizer_dir(self) -> Path | None:
         """``tokenizer``, else the build's (:func:`build_tokenizer`), else ``None``.
