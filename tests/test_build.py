@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build.stage import run as run_build
+from pipeline.assemble.stage import run as run_build
 from pipeline.recipe import load_recipe
 from pipeline.triton.model_config import load_model_config
 

@@ -178,7 +178,7 @@ def test_cpu_engine_settings_do_not_rebuild_a_tensorrt_engine(tmp_path, counted)
 
 
 def test_build_says_which_fields_changed(tmp_path):
-    from pipeline.build.stage import run
+    from pipeline.assemble.stage import run
 
     r = load_recipe(RECIPE)
     run(r, tmp_path / "b", recipe_dir=RECIPE.parent, dry_run=True, warn=lambda m: None)

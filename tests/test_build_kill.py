@@ -3,7 +3,7 @@ next build completes, reusing the stages that finished. Real CPU build of the sh
 the stage's temp directory exists (``.<stage>.tmp-<pid>-*``, renamed into place only when the stage is complete:
 pipeline.core.artifacts.atomic_dir). After the kill during quantize, the quantize stage the session's build of the
 same recipe finished (``cpu_build``: the same content key) is hard-linked in rather than calibrated again, as
-``trtpipe build`` seeds a stage from another build (pipeline/build/seed.py)."""
+``trtpipe build`` seeds a stage from another build (pipeline/assemble/seed.py)."""
 
 from __future__ import annotations
 

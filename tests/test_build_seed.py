@@ -1,5 +1,5 @@
 """``trtpipe build --out NEW`` of a variant reuses another build's quantize stage through hard links
-(pipeline/build/seed.py), on the real CPU default built once per session (``cpu_build``)."""
+(pipeline/assemble/seed.py), on the real CPU default built once per session (``cpu_build``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build.seed import local_builds, seed_build
+from pipeline.assemble.seed import local_builds, seed_build
 from pipeline.core import artifacts
 from pipeline.recipe import load_recipe
 
@@ -59,7 +59,7 @@ def test_a_recipe_whose_quantize_inputs_differ_seeds_nothing(cpu_build: Path, tm
 
 
 def test_a_failed_first_build_removes_what_it_linked_in(cpu_build: Path, tmp_path: Path, monkeypatch):
-    from pipeline.build import stage as build
+    from pipeline.assemble import stage as build
     from pipeline.engine import stage as engine
 
     def engine_fails(*args, **kwargs):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from structure import report
 
-from pipeline.build import stage as build_stage
+from pipeline.assemble import stage as build_stage
 from pipeline.calibrate import host as host_mod
 from pipeline.core import artifacts, hardware
 
@@ -23,7 +23,7 @@ def test_plan_imports_nothing_that_builds_serves_or_benches():
     arrows = report([ROOT / "pipeline"])["folder_arrows"]
     assert set(arrows.get("pipeline.plan", [])) <= PLAN_MAY_IMPORT, arrows.get("pipeline.plan")
     # the room sits above: it reaches the build stage, the server and the bench, and the planner it measures
-    assert {"pipeline.build", "pipeline.serve", "pipeline.bench", "pipeline.plan"} <= set(arrows["pipeline.calibrate"])
+    assert {"pipeline.assemble", "pipeline.serve", "pipeline.bench", "pipeline.plan"} <= set(arrows["pipeline.calibrate"])
 
 
 class _Stop(Exception):
@@ -31,7 +31,7 @@ class _Stop(Exception):
 
 
 def test_the_served_probe_is_built_by_the_build_stage(tmp_path, monkeypatch):
-    """serving_cpu_per_token hands its probe recipe to pipeline.build.stage.run (here a stand-in that records the call,
+    """serving_cpu_per_token hands its probe recipe to pipeline.assemble.stage.run (here a stand-in that records the call,
     marks itself the last build as the real one does, and stops); the user's last build is left as it was, no
     artifacts/ folder is left in the working directory, and a broken host file does not stop the build's fit check."""
     calls = []

@@ -209,7 +209,7 @@ def test_a_damaged_build_fails_the_kld_gate(fp8_kld, cpu_build: Path, tmp_path: 
 def test_int4_awq_is_further_from_the_baseline_than_fp8(fp8_kld, cpu_build: Path, int4_awq, tmp_path: Path):
     """INT4 AWQ (block 64, as tunes/smollm2_cpu.yaml): the session's INT4 quantize stage (tests/conftest.py) built on
     into a CPU engine and a repository, gated against the FP8 build's baseline: a larger mean KLD than FP8's."""
-    from pipeline.build import stage as build
+    from pipeline.assemble import stage as build
     from pipeline.core import artifacts
 
     with artifacts.last_build_kept():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.build import stage as build_stage
+from pipeline.assemble import stage as build_stage
 from pipeline.core.errors import RecipeError
 from pipeline.plan import planner
 from pipeline.recipe import load_recipe

@@ -143,7 +143,7 @@ def test_cli_plan_json_counts_the_encoder_and_splits_the_kv_pool(path):
 
 def test_a_vision_recipe_dry_run_writes_the_multimodal_repository(tmp_path):
     """issue #46 Done-when (GPU recipes): `build --dry-run` holds the multimodal repository, passing the contract."""
-    from pipeline.build.stage import run as run_build
+    from pipeline.assemble.stage import run as run_build
     from pipeline.core.layout import BuildLayout
     from pipeline.trtllm import triton_contract
 

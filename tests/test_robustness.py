@@ -208,7 +208,7 @@ def test_two_builds_of_one_recipe_at_once(cpu_build: Path, tmp_path: Path):
     """Two `trtpipe build`s of the default recipe into artifacts/<name> at once (the second started while the first
     holds the lock): both exit 0, one waited and then reused every stage; one valid build, no temp directory, the
     last-build marker names it. The session build's finished quantize stage (same recipe: same content key) is
-    hard-linked in first, as `trtpipe build` seeds one (pipeline/build/seed.py): the first build holds the lock while
+    hard-linked in first, as `trtpipe build` seeds one (pipeline/assemble/seed.py): the first build holds the lock while
     it builds the engine and the repository."""
     def build() -> subprocess.Popen:
         argv = [TRTPIPE, "build", str(RECIPE)]

@@ -125,7 +125,7 @@ def test_the_repository_holds_the_rows_models(key, tmp_path):
 @pytest.fixture(scope="module")
 def dry_builds(tmp_path_factory) -> dict[str, Path]:
     """``trtpipe build RECIPE --dry-run --stage engine`` of each row (commands and configs, no weights)."""
-    from pipeline.build.stage import run
+    from pipeline.assemble.stage import run
 
     base = tmp_path_factory.mktemp("paths")
     out = {}

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_MODULE_LINES = 450
 MAX_COMMAND_LINES = 150
 #: the pipeline's stages in order, each a folder with its run() in stage.py
-STAGES = ("quantize", "engine", "triton_repo", "build", "serve", "bench", "eval", "tune", "deploy")
+STAGES = ("quantize", "engine", "triton_repo", "assemble", "serve", "bench", "eval", "tune", "deploy")
 
 
 @pytest.fixture(scope="module")

@@ -97,7 +97,7 @@ def test_quantize_refuses_a_real_mllama_run_for_the_tensorrt_engine(tmp_path):
 
 @pytest.mark.parametrize("path", GPU_VISION, ids=[p.stem for p in GPU_VISION])
 def test_dry_run_of_the_gpu_vision_recipes_lists_export_tensorrt_build_and_encoder_len(path, tmp_path):
-    from pipeline.build import stage as build_stage
+    from pipeline.assemble import stage as build_stage
 
     recipe = load_recipe(path)
     res = build_stage.run(recipe, tmp_path / "b", recipe_dir=path.parent, dry_run=True, until="engine", warn=lambda _m: None)
@@ -134,7 +134,7 @@ def test_cpu_mllama_recipe_quantizes_with_images_and_exports_its_encoder(tmp_pat
     """The shipped CPU VLM recipe up to the vision stage (~1 min on 2 cores): the decoder calibrated with images — both
     cross-attention layers saw image features — the vision tower and projector unquantized in the whole-model
     checkpoint, and the encoder's parity in its manifest."""
-    from pipeline.build import stage as build_stage
+    from pipeline.assemble import stage as build_stage
 
     res = build_stage.run(load_recipe(CPU), tmp_path / "b", recipe_dir=CPU.parent, until="vision", warn=lambda _m: None)
     q = res.quantize.manifest

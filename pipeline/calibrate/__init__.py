@@ -5,7 +5,7 @@ It sits above the stages — it runs a whole build, serve and bench and reads be
 
 - :mod:`pipeline.calibrate.host`: ``trtpipe plan measure-host`` — this host's rates for the cpu target's
   predictions (:func:`~pipeline.calibrate.host.measure` → :class:`~pipeline.core.hardware.HostSpec`); its served
-  probe is built by the build stage (:func:`pipeline.build.stage.run`), served by :mod:`pipeline.serve` and benched
+  probe is built by the build stage (:func:`pipeline.assemble.stage.run`), served by :mod:`pipeline.serve` and benched
   by :mod:`pipeline.bench`.
 - :mod:`pipeline.calibrate.measured`: ``trtpipe plan [RECIPE] --against RUN_DIR`` — predicted
   (:func:`pipeline.plan.predict`) vs measured (a ``trtpipe bench`` run's ``bench.json``) per load point

@@ -238,7 +238,7 @@ def serving_cpu_per_token(engine_cpu_per_token_s: float, log: Callable[[str], No
     """CPU time (s) a served CPU deployment spends per streamed token outside the engine's own work, and how it was
     measured (one line, with the figures).
 
-    The probe model (:func:`_probe_source`) is built by the build stage (:func:`pipeline.build.stage.run`, what
+    The probe model (:func:`_probe_source`) is built by the build stage (:func:`pipeline.assemble.stage.run`, what
     ``trtpipe build`` runs; :data:`PROBE_RECIPE`: the shipped CPU recipes' engine and serving limits, full
     precision; the user's last build stays the one recorded, :func:`pipeline.core.artifacts.last_build_kept`), served by
     the real Triton on free ports, and benched in this process by ``trtpipe bench``'s load generator:
@@ -298,13 +298,13 @@ def serving_cpu_per_token(engine_cpu_per_token_s: float, log: Callable[[str], No
 
 
 def _build_probe(recipe: Any, work: Path, log: Callable[[str], None]) -> Any:
-    """Build the probe ``recipe`` into ``work/build`` with the build stage (:func:`pipeline.build.stage.run`: the
+    """Build the probe ``recipe`` into ``work/build`` with the build stage (:func:`pipeline.assemble.stage.run`: the
     planner's fit check, then quantize → engine → triton_repo, as ``trtpipe build``) and return its
     :class:`~pipeline.core.layout.BuildLayout`; the user's last-build marker (``artifacts/.last_build``) is kept as it
     was, and an ``artifacts/`` folder the marker's bookkeeping created in the working directory is removed. The
     build's fit check plans the probe on the shipped reference host, not on the host file being measured again (a
     broken one would otherwise stop the measurement that replaces it)."""
-    from pipeline.build import stage as build_stage
+    from pipeline.assemble import stage as build_stage
     from pipeline.core import artifacts, hardware
 
     root_existed = artifacts.DEFAULT_ARTIFACTS_ROOT.exists()

@@ -21,8 +21,8 @@ def build(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override KEY=VALUE (dotted key), e.g. build.max_batch_size=64.")] = None,
 ) -> None:
     """Build a deployment from a recipe. Reruns reuse every stage whose inputs did not change."""
-    from pipeline.build import stage as build_stage
-    from pipeline.build.seed import local_builds
+    from pipeline.assemble import stage as build_stage
+    from pipeline.assemble.seed import local_builds
     from pipeline.core import artifacts
     from pipeline.core.results import StageResult
     from pipeline.recipe import load_recipe

@@ -215,7 +215,7 @@ def write_atomic(path: Path, data: str | bytes, *, fsync: bool = False) -> Path:
 
 def remove_stale_tmp(final: Path) -> list[Path]:
     """Remove the ``.<name>.tmp-<pid>-*`` / ``.<name>.old-<pid>-*`` dirs (and ``.<name>.seed-<pid>``, a seeding's
-    links: :mod:`pipeline.build.seed`) next to ``final`` whose process is gone.
+    links: :mod:`pipeline.assemble.seed`) next to ``final`` whose process is gone.
 
     :func:`atomic_dir` removes its temp dir on any exception, but SIGKILL (or a power cut) skips that;
     the next writer of the same directory calls this first. Directories of live processes are kept

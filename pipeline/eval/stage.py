@@ -9,7 +9,7 @@
 A target is a build (served here with :func:`pipeline.serve.stage.run` on free ports, one at a time,
 stopped after its outputs are generated) or the gRPC URL of a running deployment. With no baseline,
 the baseline is the same recipe at full precision (``quantization.qformat: full_prec``,
-``kv_cache_dtype: none``) built by :func:`pipeline.build.stage.run` into ``<build>-baseline`` (stages
+``kv_cache_dtype: none``) built by :func:`pipeline.assemble.stage.run` into ``<build>-baseline`` (stages
 are cached by content keys: a rerun is free).
 
 Generation uses the bench's Triton gRPC client (:mod:`pipeline.bench.client`) on the text interface:
@@ -167,7 +167,7 @@ def baseline_recipe(recipe: Any) -> Any:
 def build_baseline(recipe: Any, candidate: BuildLayout, *, recipe_dir: Path,
                    on_status: Callable[[str], None] = lambda s: None) -> BuildLayout:
     """Build (or reuse) the full-precision baseline of ``recipe`` into ``<candidate>-baseline``."""
-    from pipeline.build import stage as build
+    from pipeline.assemble import stage as build
 
     out = candidate.root.parent / f"{candidate.root.name}{BASELINE_SUFFIX}"
     on_status(f"baseline: {out} (full_prec, kv none; reused when unchanged)")
@@ -178,7 +178,7 @@ def build_baseline(recipe: Any, candidate: BuildLayout, *, recipe_dir: Path,
 def build_recipe_baseline(recipe_file: Path, on_status: Callable[[str], None] = lambda s: None) -> BuildLayout:
     """``--baseline-recipe``: build (or reuse) ``recipe_file`` into its ``artifacts/<name>``. The recorded last
     build, when there is one, stays the user's (``trtpipe serve`` / ``bench`` default to it)."""
-    from pipeline.build import stage as build
+    from pipeline.assemble import stage as build
     from pipeline.recipe import load_recipe
 
     recipe = load_recipe(recipe_file)

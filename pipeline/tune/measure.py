@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.build.seed import seed_build
+from pipeline.assemble.seed import seed_build
 from pipeline.core import artifacts
 from pipeline.core.errors import TrtpipeError
 from pipeline.core.layout import BuildLayout
@@ -56,9 +56,9 @@ def read_point(out: Path, point_id: str) -> dict[str, Any] | None:
 
 def donors(out: Path) -> list[Path]:
     """Build directories a point may be seeded from: the tune's that finished (the baseline included), then the
-    user's builds under ``artifacts/`` (:func:`pipeline.build.seed.local_builds`: the last build first), so the base
+    user's builds under ``artifacts/`` (:func:`pipeline.assemble.seed.local_builds`: the last build first), so the base
     point reuses the quantize stage of the recipe the user already built instead of calibrating again."""
-    from pipeline.build.seed import local_builds
+    from pipeline.assemble.seed import local_builds
 
     own = [p for p in [*sorted((Path(out) / "points").glob("*/build")), Path(out) / "baseline"] if (p / "recipe.yaml").is_file()]
     seen = {p.resolve() for p in own}
@@ -66,9 +66,9 @@ def donors(out: Path) -> list[Path]:
 
 
 def build_point(recipe: Any, build_dir: Path, recipe_dir: Path, out: Path, status: Callable[[str], None]) -> Any:
-    """Seed then build (``pipeline.build.stage.run``); the user's last build stays recorded as it was. ``status``
+    """Seed then build (``pipeline.assemble.stage.run``); the user's last build stays recorded as it was. ``status``
     gets a line per seeded stage and per finished stage (built or reused)."""
-    from pipeline.build import stage as build
+    from pipeline.assemble import stage as build
 
     seeded = seed_build(build_dir, recipe, donors(out))
     for stage, donor in seeded.items():

@@ -13,7 +13,7 @@ import dataclasses
 import itertools
 from typing import Any
 
-from pipeline.build.seed import STAGE_CONSUMERS, stage_inputs
+from pipeline.assemble.seed import STAGE_CONSUMERS, stage_inputs
 from pipeline.core.artifacts import stable_hash
 from pipeline.recipe.consumers import consumed
 from pipeline.tune.spec import KnobValue, Tune, apply_changes

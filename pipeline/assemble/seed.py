@@ -3,7 +3,7 @@
 ``trtpipe build RECIPE --out NEW`` (a variant of a recipe already built, e.g. ``--set build.cpu.dtype=bfloat16``)
 and every point of ``trtpipe tune`` start from an empty build directory, so their quantize stage (ModelOpt
 calibration: the longest stage on CPU) would rerun although another build holds a result of the same inputs.
-:func:`seed_build` hard-links such a donor's finished stage directories in first; :func:`pipeline.build.stage.run`
+:func:`seed_build` hard-links such a donor's finished stage directories in first; :func:`pipeline.assemble.stage.run`
 then reuses them only when their content keys match (library versions and upstream keys included), so a wrong
 guess costs a rebuild, never a stale stage. Stage directories are only ever replaced whole (``atomic_dir``: a
 new directory renamed into place), never edited in place, so a hard-linked stage cannot change under its donor.

@@ -39,7 +39,7 @@ class BuildResult:
     #: (``["build.max_batch_size 2048 → 512"]``; empty when only an upstream stage or a library changed)
     changes: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     #: stages hard-linked in from another build before the run ({stage: that build directory},
-    #: :func:`pipeline.build.seed.seed_build`); a seeded stage whose content key matched shows ``cached``
+    #: :func:`pipeline.assemble.seed.seed_build`); a seeded stage whose content key matched shows ``cached``
     seeded: dict[str, Path] = dataclasses.field(default_factory=dict)
 
     @property
@@ -90,7 +90,7 @@ def run(
             each).
         donors: other build directories whose finished quantize/engine stages may be hard-linked in when this
             build lacks them and their recipes feed those stages the same inputs
-            (:func:`pipeline.build.seed.seed_build`; not with ``force`` or ``dry_run``); reused only when
+            (:func:`pipeline.assemble.seed.seed_build`; not with ``force`` or ``dry_run``); reused only when
             their content keys match, else rebuilt.
 
     Raises:
@@ -138,7 +138,7 @@ def run(
             if created is not None:
                 linked = _files(created)  # the lock file
             if donors and not (force or dry_run):
-                from pipeline.build.seed import seed_build
+                from pipeline.assemble.seed import seed_build
 
                 seeded = seed_build(layout.root, recipe, list(donors), until=last)
                 linked = _files(created) if created is not None else set()
