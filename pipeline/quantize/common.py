@@ -113,3 +113,34 @@ def export_errors(what: str) -> Iterator[None]:
     except Exception as e:
         first = (str(e).strip().splitlines() or ["(no message)"])[0]
         raise StageError(f"ModelOpt export of the {what} failed: {type(e).__name__}: {first}") from e
+
+
+def language_model_only(model: Any, where: str) -> tuple[Any, list[str]]:
+    """Disable ModelOpt's quantizers on every module of VLM ``model`` outside its language model, as hf_ptq.py does
+    (TensorRT-Model-Optimizer examples/llm_ptq/hf_ptq.py@5a4242fa:348-368: ``get_language_model_from_vl`` finds the
+    language model; each sibling on the way to it gets a config with every quantizer off).
+
+    Returns:
+        ``(language_model, excluded)``: the module to calibrate, and the names of the children that were switched off.
+
+    Raises:
+        StageError: ModelOpt finds no language model in ``model`` (``where`` names the checkpoint).
+    """
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export.model_utils import get_language_model_from_vl
+
+    lineage = get_language_model_from_vl(model)
+    if lineage is None:
+        raise StageError(f"{where}: ModelOpt finds no language model in {type(model).__name__}")
+    lm, ancestors = lineage[-1], lineage[:-1]
+    off: dict[str, Any] = {"quant_cfg": {"default": {"enable": False}}, "algorithm": "max"}
+    if isinstance(mtq.FP8_DEFAULT_CFG["quant_cfg"], list):  # 0.47's list form of the same config
+        off = {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
+    memo, excluded = set(ancestors) | {lm}, []
+    for anc in ancestors:
+        for name, mod in anc.named_children():
+            if mod not in memo:
+                mtq.quantize(mod, off, forward_loop=None)
+                memo.add(mod)
+                excluded.append(name)
+    return lm, excluded

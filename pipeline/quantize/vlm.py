@@ -181,7 +181,6 @@ def quantize_mllama(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_dir
     import modelopt.torch.quantization as mtq
     import torch
     from modelopt.torch.export import export_hf_checkpoint
-    from modelopt.torch.export.model_utils import get_language_model_from_vl
     from transformers import AutoConfig, MllamaForConditionalGeneration
 
     from pipeline.quantize import calib, common
@@ -198,20 +197,7 @@ def quantize_mllama(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_dir
     model = MllamaForConditionalGeneration.from_pretrained(source.hf_dir, dtype=calib_dtype, local_files_only=True).eval()
     model.to(device)
     timings["load"] = time.perf_counter() - t0
-    lineage = get_language_model_from_vl(model)
-    if lineage is None:
-        raise StageError(f"{source.hf_dir}: ModelOpt finds no language model in {type(model).__name__}")
-    lm, ancestors = lineage[-1], lineage[:-1]
-    off = {"quant_cfg": {"default": {"enable": False}}, "algorithm": "max"}
-    if isinstance(mtq.FP8_DEFAULT_CFG["quant_cfg"], list):  # 0.47's list form of the same config
-        off = {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
-    memo, excluded = set(ancestors) | {lm}, []
-    for anc in ancestors:  # hf_ptq.py:348-368: every module outside the language model gets disabled quantizers
-        for name, mod in anc.named_children():
-            if mod not in memo:
-                mtq.quantize(mod, off, forward_loop=None)
-                memo.add(mod)
-                excluded.append(name)
+    lm, excluded = common.language_model_only(model, str(source.hf_dir))
     cfg = ptq.quant_config(q)
     t = time.perf_counter()
     batches = image_batches(proc, [s.text for s in data.calib], data.max_seq_length)

@@ -88,7 +88,6 @@ def quantize_qwen2_vl(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_d
     import modelopt.torch.quantization as mtq
     import torch
     from modelopt.torch.export import export_hf_checkpoint
-    from modelopt.torch.export.model_utils import get_language_model_from_vl
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     from pipeline.quantize import calib, common
@@ -106,20 +105,7 @@ def quantize_qwen2_vl(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_d
     ptq.phase(f"load {recipe.model.source} ({recipe.vision.family}, {str(calib_dtype).removeprefix('torch.')}, {device})")
     model = AutoModelForImageTextToText.from_pretrained(src, dtype=calib_dtype, local_files_only=True).eval().to(device)
     timings["load"] = time.perf_counter() - t0
-    lineage = get_language_model_from_vl(model)
-    if lineage is None:
-        raise StageError(f"{src}: ModelOpt finds no language model in {type(model).__name__}")
-    lm, ancestors = lineage[-1], lineage[:-1]
-    off = {"quant_cfg": {"default": {"enable": False}}, "algorithm": "max"}
-    if isinstance(mtq.FP8_DEFAULT_CFG["quant_cfg"], list):  # 0.47's list form of the same config
-        off = {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
-    memo, excluded = set(ancestors) | {lm}, []
-    for anc in ancestors:  # hf_ptq.py:348-368: every module outside the language model gets disabled quantizers
-        for name, mod in anc.named_children():
-            if mod not in memo:
-                mtq.quantize(mod, off, forward_loop=None)
-                memo.add(mod)
-                excluded.append(name)
+    lm, excluded = common.language_model_only(model, str(src))
     cfg, t = ptq.quant_config(q), time.perf_counter()
     batches = image_batches(tok, proc, [s.text for s in data.calib], data.max_seq_length, int(model.config.image_token_id))
     takes_types = "mm_token_type_ids" in inspect.signature(model.forward).parameters  # transformers 5.x; 4.57 has none
