@@ -198,3 +198,16 @@ def cpu_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
                          capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="session")
+def qwen2vl_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """``(work dir, build dir)`` of one ``trtpipe build recipes/tiny_qwen2_vl_cpu_llmapi.yaml`` run in a fresh work dir
+    (slow tier): the trtllm-serve build the served VLM tests start from. A variant built in the same work dir (e.g.
+    ``--set serving.frontend=triton``) reuses its quantize and engine stages (``pipeline.assemble.seed``)."""
+    recipe = REPO / "recipes" / "tiny_qwen2_vl_cpu_llmapi.yaml"
+    work = tmp_path_factory.mktemp("qwen2vl")
+    res = subprocess.run([str(Path(sys.executable).parent / "trtpipe"), "build", str(recipe)], cwd=work,
+                         capture_output=True, text=True, timeout=900, check=False, env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return work, work / "artifacts" / recipe.stem

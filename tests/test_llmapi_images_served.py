@@ -31,14 +31,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.triton,
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(layout, TritonServer) of the tiny Qwen2-VL recipe built with serving.frontend=triton."""
+def served(qwen2vl_build):
+    """(layout, TritonServer) of the tiny Qwen2-VL recipe built with serving.frontend=triton, in the work dir of
+    conftest's trtllm-serve build (its quantize and engine stages are reused: only the repository differs)."""
     from pipeline.triton.server import TritonServer
 
-    out = tmp_path_factory.mktemp("qwen2vl-triton")
+    work, _ = qwen2vl_build
+    out = work / "artifacts" / "qwen2vl-triton"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     subprocess.run([sys.executable, "-m", "pipeline.cli", "build", str(RECIPE), "--out", str(out),
-                    "--set", "serving.frontend=triton"], check=True, env=env, cwd=REPO, timeout=900)
+                    "--set", "serving.frontend=triton"], check=True, env=env, cwd=work, timeout=900)
     layout = BuildLayout(out)
     http, grpc, metrics = free_ports(3)
     with TritonServer(layout.triton_repo, log_file=out / "triton.log", ready_timeout_s=240, http_port=http,
@@ -111,7 +113,8 @@ def test_done_when_bench_through_the_llmapi_triton_model(served, api, tmp_path):
     subprocess.run([sys.executable, "-m", "pipeline.cli", "bench", "--url", url, "--api", api, "--model", "tensorrt_llm",
                     "--tokenizer", str(layout.engine), "--warmup", "1",
                     "--isl", "100", "--osl", "64", "--image-width-mean", "448", "--image-height-mean", "448",
-                    "--concurrency", "1,4", "--out", str(tmp_path / "run")], check=True, env=env, cwd=REPO, timeout=600)
+                    "--concurrency", "1,4", "--out", str(tmp_path / "run")], check=True, env=env,
+                   cwd=layout.root.parents[1], timeout=600)  # the work dir: its last build is this one
     doc = json.loads(next((tmp_path / "run").rglob("bench.json")).read_text())
     reqs = [r for r in doc["requests"] if not r.get("warmup")]
     assert reqs and all(r["output_tokens"] == 64 for r in reqs)

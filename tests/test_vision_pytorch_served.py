@@ -32,13 +32,12 @@ def trtpipe(*args: str, cwd: Path, timeout: float = 900) -> subprocess.Completed
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(work dir, http port) of a detached stand-in serving a fresh build of the recipe; stopped at the end."""
-    work = tmp_path_factory.mktemp("qwen2vl")
-    res = trtpipe("build", str(RECIPE), cwd=work)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+def served(qwen2vl_build):
+    """(work dir, http port) of a detached stand-in serving a fresh build of the recipe (conftest's ``qwen2vl_build``,
+    named explicitly: another test may build a variant in the same work dir); stopped at the end."""
+    work, build = qwen2vl_build
     http, grpc, metrics = free_ports(3)
-    up = trtpipe("serve", "--detach", "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+    up = trtpipe("serve", str(build), "--detach", "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
                  cwd=work, timeout=600)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
