@@ -211,3 +211,16 @@ def qwen2vl_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
                          capture_output=True, text=True, timeout=900, check=False, env={**os.environ, "COLUMNS": "200"})
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return work, work / "artifacts" / recipe.stem
+
+
+@pytest.fixture(scope="session")
+def mllama_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """``(work dir, build dir)`` of one ``trtpipe build recipes/tiny_mllama_cpu.yaml`` run in a fresh work dir (slow
+    tier, ~1.5 min): quantize with images → ONNX vision encoder → CPU engine → multimodal repository. Shared by the
+    vision stage's recipe test (its manifests) and the served VLM tests (``trtpipe serve`` from the work dir)."""
+    recipe = REPO / "recipes" / "tiny_mllama_cpu.yaml"
+    work = tmp_path_factory.mktemp("mllama")
+    res = subprocess.run([str(Path(sys.executable).parent / "trtpipe"), "build", str(recipe)], cwd=work,
+                         capture_output=True, text=True, timeout=1800, check=False, env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return work, work / "artifacts" / recipe.stem

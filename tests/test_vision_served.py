@@ -43,12 +43,10 @@ def trtpipe(*args: str, cwd: Path, timeout: float = 1800) -> subprocess.Complete
 
 
 @pytest.fixture(scope="module")
-def vision_build(tmp_path_factory) -> Path:
-    """``trtpipe build recipes/tiny_mllama_cpu.yaml`` once, from a temp working directory (its ``artifacts/``)."""
-    work = tmp_path_factory.mktemp("vlm")
-    res = trtpipe("build", str(RECIPE), cwd=work)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return work / "artifacts" / "tiny_mllama_cpu"
+def vision_build(mllama_build) -> Path:
+    """``trtpipe build recipes/tiny_mllama_cpu.yaml`` once per session, from a temp working directory (its
+    ``artifacts/``; tests/conftest.py ``mllama_build``, shared with tests/test_vision_stage.py)."""
+    return mllama_build[1]
 
 
 @pytest.fixture(scope="module")

@@ -130,22 +130,20 @@ def test_dry_run_of_the_gpu_vision_recipes_lists_export_tensorrt_build_and_encod
 
 
 @pytest.mark.slow
-def test_cpu_mllama_recipe_quantizes_with_images_and_exports_its_encoder(tmp_path):
-    """The shipped CPU VLM recipe up to the vision stage (~1 min on 2 cores): the decoder calibrated with images — both
-    cross-attention layers saw image features — the vision tower and projector unquantized in the whole-model
-    checkpoint, and the encoder's parity in its manifest."""
-    from pipeline.assemble import stage as build_stage
-
-    res = build_stage.run(load_recipe(CPU), tmp_path / "b", recipe_dir=CPU.parent, until="vision", warn=lambda _m: None)
-    q = res.quantize.manifest
+def test_cpu_mllama_recipe_quantizes_with_images_and_exports_its_encoder(mllama_build):
+    """The shipped CPU VLM recipe built by the CLI (the session's ``mllama_build``, shared with the served tests): the
+    decoder calibrated with images — both cross-attention layers saw image features — the vision tower and projector
+    unquantized in the whole-model checkpoint, and the encoder's parity in its manifest."""
+    layout = BuildLayout(mllama_build[1])
+    q = json.loads((layout.quantize / "manifest.json").read_text())
     cal = q["image_calibration"]
     assert cal["images"] == 32 and cal["cross_attention_layers"] == 2
     assert len(cal["cross_attention_k_proj_calibrated"]) == 2
     assert {"vision_model", "multi_modal_projector"} <= set(cal["excluded_from_quantization"])
-    hfq = json.loads((res.quantize.hf_ckpt / "hf_quant_config.json").read_text())["quantization"]
+    hfq = json.loads((layout.hf_ckpt / "hf_quant_config.json").read_text())["quantization"]
     assert hfq["quant_algo"] == "FP8" and "multi_modal_projector" in hfq["exclude_modules"]
-    cfg = json.loads((res.quantize.hf_ckpt / "config.json").read_text())
+    cfg = json.loads((layout.hf_ckpt / "config.json").read_text())
     assert cfg["model_type"] == "mllama" and cfg["vision_config"]["image_size"] == 56
-    assert (res.quantize.hf_ckpt / "preprocessor_config.json").is_file()
-    v = res.stages["vision"]
-    assert v.parity["max_abs_diff"] <= v.parity["tolerance"] and v.encoder_len_per_image == 68
+    assert (layout.hf_ckpt / "preprocessor_config.json").is_file()
+    v = json.loads((layout.vision / "manifest.json").read_text())
+    assert v["parity"]["max_abs_diff"] <= v["parity"]["tolerance"] and v["encoder_len_per_image"] == 68
