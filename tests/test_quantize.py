@@ -249,6 +249,29 @@ def test_calibration_shows_progress_when_piped(capfd) -> None:
     assert [ln.split()[2] for ln in lines] == [f"{i}/20" for i in range(2, 21, 2)], lines
 
 
+def test_evaluate_without_quantizers_forwards_each_batch_once() -> None:
+    """``full_prec`` has no enabled quantizer, so the "unquantized" and "quantized" models are one model: one forward
+    per evaluation batch (two with quantizers), KL exactly 0, agreement 1, both perplexities equal."""
+    from types import SimpleNamespace
+
+    class Lm(torch.nn.Module):  # a real (tiny, seeded) torch language model: embedding → logits
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb = torch.nn.Embedding(16, 16)
+            self.calls = 0
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, use_cache: bool) -> SimpleNamespace:
+            self.calls += 1
+            return SimpleNamespace(logits=self.emb(input_ids))
+
+    model = Lm()
+    batches = [{"input_ids": torch.tensor([[1, 5, 7, 2]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}] * 3
+    q = ptq.evaluate(model, batches)
+    assert model.calls == 3 and q["tokens"] == 9
+    assert q["kl_mean_nats"] == 0.0 and q["top1_agreement"] == 1.0 and q["ppl_quantized"] == q["ppl_unquantized"] > 1
+
+
 def test_full_prec_still_exports_both_checkpoints(tmp_path: Path, original, quant_one_thread, capfd) -> None:
     recipe = load_recipe(RECIPES / "smollm2_135m_cpu_fp8.yaml", [
         "quantization.qformat=full_prec", "quantization.kv_cache_dtype=none", "quantization.calibration.size=1", "quantization.calibration.batch_size=1",

@@ -107,7 +107,9 @@ def quantize_qwen2_vl(recipe: Recipe, tmp: Path, key: str, source: Any, recipe_d
     timings["load"] = time.perf_counter() - t0
     lm, excluded = common.language_model_only(model, str(src))
     cfg, t = ptq.quant_config(q), time.perf_counter()
-    batches = image_batches(tok, proc, [s.text for s in data.calib], data.max_seq_length, int(model.config.image_token_id))
+    texts = [s.text for s in data.calib]  # full_prec calibrates nothing: 4 samples for the manifest's image facts
+    batches = image_batches(tok, proc, texts if cfg is not None else texts[:4], data.max_seq_length,
+                            int(model.config.image_token_id))
     takes_types = "mm_token_type_ids" in inspect.signature(model.forward).parameters  # transformers 5.x; 4.57 has none
 
     def loop(_m: Any) -> None:
