@@ -130,8 +130,10 @@ def test_stalled_streams_end_and_a_dead_stub_is_named(tmp_path):
 def test_engine_killed_mid_bench_recovers(tmp_path, cpu_build):
     http, grpc_port, metrics = free_ports(3)
     ports = ["--http-port", str(http), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics)]
-    r = _cli("serve", str(cpu_build), "--detach", "--timeout", "240", "--log-file", str(tmp_path / "serve.log"), *ports,
-             cwd=tmp_path, timeout=300)
+    # --exit-timeout 1: the restart and --stop wait 1 s, not 5 s, for the old server's never-ending streams before
+    # SIGKILL of its process group (the same path, shorter)
+    r = _cli("serve", str(cpu_build), "--detach", "--timeout", "240", "--exit-timeout", "1",
+             "--log-file", str(tmp_path / "serve.log"), *ports, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     state_file = tmp_path / "artifacts" / "serve.json"
     state = json.loads(state_file.read_text())
