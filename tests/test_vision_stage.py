@@ -129,6 +129,17 @@ def test_dry_run_of_the_gpu_vision_recipes_lists_export_tensorrt_build_and_encod
     assert res.stages["vision"].status == "dry_run"
 
 
+def test_a_build_until_the_vision_stage_stops_after_it(tmp_path):
+    """``--stage vision`` (``until="vision"``) runs quantize and vision and nothing after them (a dry run of the CPU VLM
+    recipe: the stop does not depend on what the stages do; the real stages are read from conftest's build below)."""
+    from pipeline.assemble import stage as build_stage
+
+    res = build_stage.run(load_recipe(CPU), tmp_path / "b", recipe_dir=CPU.parent, dry_run=True, until="vision",
+                          warn=lambda _m: None)
+    assert list(res.stages) == ["quantize", "vision"] and res.engine is None and res.repo is None
+    assert not res.layout.engine.exists() and not res.layout.triton_repo.exists()
+
+
 @pytest.mark.slow
 def test_cpu_mllama_recipe_quantizes_with_images_and_exports_its_encoder(mllama_build):
     """The shipped CPU VLM recipe built by the CLI (the session's ``mllama_build``, shared with the served tests): the
