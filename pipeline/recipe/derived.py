@@ -137,11 +137,12 @@ def cuda_graph_problems(build: BuildSpec) -> list[tuple[str, str]]:
     above that ceiling becomes the ceiling). trtpipe refuses instead: a recipe is the record of what runs, so an
     explicit ``build.pytorch.cuda_graph_config.batch_sizes`` entry or non-zero ``max_batch_size`` above the ceiling is
     an error naming both numbers; the upstream defaults (no sizes, ``max_batch_size`` 0 → 128) are not the recipe's
-    statement and are left to upstream's rule. Draft tokens per step: ``max_draft_len`` (Eagle, DraftTarget, NGram)
+    statement and are left to upstream's rule. For a serving path configured by ``LLM()`` arguments on a GPU (the
+    caller decides: the serving-path row's ``llm_api``). Draft tokens per step: ``max_draft_len`` (Eagle, DraftTarget, NGram)
     or ``num_nextn_predict_layers`` (MTP).
     """
     cg = build.pytorch.cuda_graph_config
-    if build.engine != "pytorch" or cg is None:
+    if cg is None:
         return []
     spec = build.pytorch.speculative_config
     draft = int(getattr(spec, "max_draft_len", None) or getattr(spec, "num_nextn_predict_layers", None) or 0)

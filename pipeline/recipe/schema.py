@@ -16,7 +16,13 @@ from pipeline.recipe.model import ModelSpec, TargetSpec
 from pipeline.recipe.moe import moe_problems
 from pipeline.recipe.quant import BLOCK_QFORMATS, QuantSpec
 from pipeline.recipe.serve import ServingSpec
-from pipeline.recipe.serving_path import PATHS, TRITON, path_problem
+from pipeline.recipe.serving_path import (
+    PATHS,
+    TRITON,
+    ServingPath,
+    engine_row,
+    path_problem,
+)
 from pipeline.recipe.speculative import draft_source, speculative_problems
 from pipeline.recipe.vision import AnyVision, vision_problems
 
@@ -64,6 +70,14 @@ class Recipe(StrictModel):
         """``serving.triton_max_batch_size`` or, when unset, ``build.max_batch_size``."""
         return self.serving.triton_max_batch_size or self.build.max_batch_size
 
+    @property
+    def _engine_row(self) -> ServingPath:
+        """The serving-path row of ``build.engine`` × ``target.gpu`` (served by Triton): what the engine decides
+        before the frontend is checked (``_check_target`` has refused an engine that does not run on the target)."""
+        row = engine_row(self.build.engine, self.target.gpu)
+        assert row is not None
+        return row
+
     # ------------------------------------------------------------------ defaults that follow the engine path
     @model_validator(mode="before")
     @classmethod
@@ -101,12 +115,12 @@ class Recipe(StrictModel):
     def _check_features(self) -> None:
         """Speculative decoding and MoE/EP knobs (rules in pipeline/recipe/speculative.py and moe.py)."""
         p, t, src = self.build.pytorch, self.target, self.model.source
-        gpu = t.gpu != hardware.CPU_TARGET
+        gpu = not self._engine_row.on_cpu
         geo = geometry_for_source(src)
         draft = draft_source(p.speculative_config)
         problems = speculative_problems(p.speculative_config, geo, geometry_for_source(draft) if draft else None,
                                         gpu_target=gpu, source=src)
-        problems += moe_problems(ep_size=t.ep_size, tp_size=t.tp_size, engine=self.build.engine, gpu_target=gpu,
+        problems += moe_problems(ep_size=t.ep_size, tp_size=t.tp_size, llm_api=self._engine_row.llm_api, gpu_target=gpu,
                                  moe_config=p.moe_config, attention_dp=p.enable_attention_dp, geo=geo, source=src)
         if problems:
             raise RecipeCheckError(*problems[0])
@@ -124,7 +138,7 @@ class Recipe(StrictModel):
                 "quantization.calibration.max_seq_length",
                 f"{c.max_seq_length} exceeds the model's max_position_embeddings {geo.max_position_embeddings}: lower it",
             )
-        if self.target.gpu != hardware.CPU_TARGET:  # CUDA-graph sizes above the largest decode batch (derived.py)
+        if self._engine_row.llm_api and not self._engine_row.on_cpu:  # CUDA-graph sizes above the largest decode batch
             problems = derived.cuda_graph_problems(b)
             if problems:
                 raise RecipeCheckError(*problems[0])
@@ -197,7 +211,7 @@ class Recipe(StrictModel):
                 "build.kv_cache_type",
                 f"'{b.kv_cache_type}' does not support in-flight batching (batching_strategy inflight_fused_batching needs paged)",
             )
-        if self.build.engine == "pytorch" and self.bench.model != "tensorrt_llm":
+        if not self._engine_row.ensemble and self.bench.model != "tensorrt_llm":
             raise RecipeCheckError(
                 "bench.model",
                 f"'{self.bench.model}' does not exist in the LLM-API (pytorch) model repository: its only model is "
