@@ -202,3 +202,25 @@ def test_gpu_recipe_still_prints_the_real_trtllm_serve_line(tmp_path):
     assert line.endswith(f"--extra_llm_api_options {options}") and "openai_cpu" not in line
     res = trtpipe("serve", str(out), "--detach", cwd=tmp_path)  # detaching is supported; the binary is not here
     assert res.returncode == 3 and "trtllm-serve is not installed here" in res.stderr
+
+
+def test_health_is_the_facades_public_call_and_goes_503_after_shutdown(engine_dir):
+    """``LLM.health()`` on a real CPU engine: ok with no reason while it serves, then not ok with a one-line reason
+    once shut down; the stand-in's ``/health`` answers from it (200, then 503 with upstream's message)."""
+    from fastapi.testclient import TestClient
+
+    from pipeline.cpu_runtime.llm import LLM
+    from pipeline.serve.openai_cpu import create_app
+
+    llm = LLM(str(engine_dir))
+    try:
+        with TestClient(create_app(llm, "m", str(engine_dir))) as client:
+            assert tuple(llm.health()) == (True, "")
+            assert client.get("/health").status_code == 200
+            llm.shutdown()
+            ok, reason = llm.health()
+            assert not ok and "shut down" in reason and "\n" not in reason
+            r = client.get("/health")
+            assert r.status_code == 503 and "LLM is unavailable" in r.text
+    finally:
+        llm.shutdown()

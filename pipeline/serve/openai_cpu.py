@@ -196,14 +196,6 @@ def _lora(req: _Common) -> Any:
         raise ValueError(f"lora_request: {e}") from None
 
 
-def _healthy(llm: Any) -> bool:
-    """Whether the model answers: the CPU engine's scheduler thread runs and has not failed (OS2:333-339 asks the
-    LLM's ``_check_health`` the same question)."""
-    engine = llm.engine
-    thread = getattr(engine, "_thread", None)
-    return thread is not None and thread.is_alive() and getattr(engine, "_fatal", None) is None and not getattr(engine, "_closed", False)
-
-
 # ---------------------------------------------------------------------------------------------- the app
 def create_app(llm: Any, model_name: str, tokenizer_dir: str) -> FastAPI:
     """The FastAPI app serving ``llm`` (a :class:`pipeline.cpu_runtime.llm.LLM`) as ``model_name``."""
@@ -214,10 +206,12 @@ def create_app(llm: Any, model_name: str, tokenizer_dir: str) -> FastAPI:
     async def _invalid(_: Request, exc: RequestValidationError) -> Any:  # OS:192-194: a malformed request is a 400
         return _error("; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'body'}: {e['msg']}" for e in exc.errors()))
 
-    @app.get("/health")  # OS:245 route; OS2:484-492: 200 while the model answers, else 503
+    @app.get("/health")  # OS:245 route; OS2:484-492: 200 while the model answers (OS2:333-339), else 503
     async def health() -> Any:
-        if _healthy(llm):
+        state = llm.health()
+        if state.ok:
             return Response(status_code=200)
+        log.warning("/health: %s", state.reason)
         return Response(status_code=503, content="LLM is unavailable. Please check the server logs for more details.")
 
     @app.get("/v1/models")  # OS:248 route, OS:342-344 get_model; ModelList/ModelCard PROTO:82-91
