@@ -158,7 +158,7 @@ def test_stand_in_image_url_parts_and_each_bad_input_is_one_line_400(tiny, llm):
     from fastapi.testclient import TestClient
 
     from pipeline.cpu_runtime.llm import LLM
-    from pipeline.serve.openai_cpu import create_app
+    from pipeline.cpu_runtime.openai.routes import create_app
 
     client = TestClient(create_app(llm, "m", str(tiny[1])))
     ok = _chat(client, [_data_url(_image(448, 448))], max_tokens=3)

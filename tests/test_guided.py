@@ -206,13 +206,13 @@ def _error_request(error) -> str:
 
 def test_trtllm_serve_stand_in_guides_by_response_format(cpu_build):
     """trtllm-serve's way: ``response_format`` on /v1/completions and /v1/chat/completions becomes the request's guide
-    (openai_protocol ``_response_format_to_guided_decoding_params``, cited in pipeline/serve/openai_cpu.py): a json
+    (openai_protocol ``_response_format_to_guided_decoding_params``, cited in pipeline/cpu_runtime/openai/): a json
     schema → schema-valid JSON, a regex → a full match, ``json`` without ``schema`` → 400 with upstream's message,
     ``text`` → unguided (the same tokens as no response_format at all)."""
     from fastapi.testclient import TestClient
 
     from pipeline.cpu_runtime.llm import LLM
-    from pipeline.serve.openai_cpu import create_app
+    from pipeline.cpu_runtime.openai.routes import create_app
 
     engine = str(BuildLayout(cpu_build).engine)
     with LLM(engine, guided_decoding_backend="xgrammar") as llm, TestClient(create_app(llm, "m", engine)) as client:

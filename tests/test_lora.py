@@ -159,7 +159,7 @@ def test_llm_api_facade_takes_a_lora_request(lora_build, refs, adapters):
         # trtllm-serve's way (its CPU stand-in): the request body's lora_request object
         from fastapi.testclient import TestClient
 
-        from pipeline.serve.openai_cpu import create_app
+        from pipeline.cpu_runtime.openai.routes import create_app
 
         body = {"model": "m", "prompt": PROMPTS[0], "max_tokens": N_TOKENS, "ignore_eos": True,
                 "lora_request": {"lora_name": "all", "lora_int_id": 2, "lora_path": str(adapters["all"])}}

@@ -1,5 +1,5 @@
 """``serving.frontend: trtllm-serve`` on the cpu target: trtpipe's CPU stand-in for trtllm-serve
-(pipeline/serve/openai_cpu.py, an OpenAI-compatible server over the CPU engine's LLM facade) run for real by
+(pipeline/cpu_runtime/openai/, an OpenAI-compatible server over the CPU engine's LLM facade) run for real by
 ``trtpipe serve`` with Triton's lifecycle: ``--print-command`` shows the line that runs, ``--detach`` waits for
 ``/health``, ``trtpipe bench --api openai`` finds the served build and gets exact OSL, a client that goes away frees
 its engine slot, ``--status`` / ``--stop``. On a GPU target the real ``trtllm-serve`` line is unchanged.
@@ -86,7 +86,7 @@ def test_print_command_is_the_cpu_stand_in_with_trtllm_serves_flags(build, tmp_p
     res = trtpipe("serve", str(build), "--print-command", "--http-port", "9123", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     argv = shlex.split(res.stdout.strip())
-    assert argv[:3] == [sys.executable, "-m", "pipeline.serve.openai_cpu"]
+    assert argv[:3] == [sys.executable, "-m", "pipeline.cpu_runtime.openai"]
     engine = (build / "engine").resolve()
     assert argv[3] == str(engine) and argv[argv.index("--port") + 1] == "9123"
     assert argv[argv.index("--extra_llm_api_options") + 1] == str(engine / "llm_api_config.yaml")
@@ -165,7 +165,7 @@ def test_readiness_timeout_is_one_line_and_stops_the_server(build, tmp_path):
     assert f"http://127.0.0.1:{port}/health" in err[0] and f"trtllm_serve-{port}.log" in err[0]
     assert not (tmp_path / "artifacts" / "serve.json").exists()
     time.sleep(0.5)
-    left = [p for p in psutil.process_iter(["cmdline"]) if "pipeline.serve.openai_cpu" in (p.info["cmdline"] or [])
+    left = [p for p in psutil.process_iter(["cmdline"]) if "pipeline.cpu_runtime.openai" in (p.info["cmdline"] or [])
             and str(port) in (p.info["cmdline"] or [])]
     for p in left:  # a server the command failed to stop: stopped here, and the test fails
         p.kill()
@@ -199,6 +199,28 @@ def test_gpu_recipe_still_prints_the_real_trtllm_serve_line(tmp_path):
     line = trtpipe("serve", str(out), "--print-command", cwd=tmp_path).stdout.strip()
     options = (out / "engine" / "trtllm_serve_options.yaml").resolve()
     assert line.startswith(f"trtllm-serve {(out / 'quantize' / 'hf_ckpt').resolve()} ") and "--backend pytorch" in line
-    assert line.endswith(f"--extra_llm_api_options {options}") and "openai_cpu" not in line
+    assert line.endswith(f"--extra_llm_api_options {options}") and "cpu_runtime.openai" not in line
     res = trtpipe("serve", str(out), "--detach", cwd=tmp_path)  # detaching is supported; the binary is not here
     assert res.returncode == 3 and "trtllm-serve is not installed here" in res.stderr
+
+
+def test_health_is_the_facades_public_call_and_goes_503_after_shutdown(engine_dir):
+    """``LLM.health()`` on a real CPU engine: ok with no reason while it serves, then not ok with a one-line reason
+    once shut down; the stand-in's ``/health`` answers from it (200, then 503 with upstream's message)."""
+    from fastapi.testclient import TestClient
+
+    from pipeline.cpu_runtime.llm import LLM
+    from pipeline.cpu_runtime.openai.routes import create_app
+
+    llm = LLM(str(engine_dir))
+    try:
+        with TestClient(create_app(llm, "m", str(engine_dir))) as client:
+            assert tuple(llm.health()) == (True, "")
+            assert client.get("/health").status_code == 200
+            llm.shutdown()
+            ok, reason = llm.health()
+            assert not ok and "shut down" in reason and "\n" not in reason
+            r = client.get("/health")
+            assert r.status_code == 503 and "LLM is unavailable" in r.text
+    finally:
+        llm.shutdown()

@@ -28,6 +28,7 @@ see :class:`~pipeline.cpu_runtime.model.Decoder`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import json
 import logging
@@ -53,6 +54,7 @@ from pipeline.cpu_runtime.prefix import prefix_cache
 from pipeline.cpu_runtime.requests import (
     ContextLogitsCallback,
     ErrorCallback,
+    Health,
     QueueFullError,
     SequenceState,
     TokensCallback,
@@ -86,8 +88,8 @@ class CpuEngine:
 
     Raises ``FileNotFoundError`` when ``engine_config.json`` is missing, ``ValueError`` when its
     ``kind`` is not ``cpu``, the runtime is another one, its ``compute_dtype`` is unknown, or the KV
-    cache cannot hold one sequence,
-    and :class:`~pipeline.cpu_runtime.model.UnsupportedModelError` for an unsupported model.
+    cache cannot hold one sequence, and :class:`~pipeline.cpu_runtime.model.UnsupportedModelError` for an
+    unsupported model.
     """
 
     #: trtpipe's Prometheus gauges of ``iteration_stats()["stepStats"]`` (timeline.py), for the served CPU model
@@ -234,10 +236,8 @@ class CpuEngine:
         cross = request_cross(self.model.cross, self._cfg, len(ids), encoder_input_features, cross_attention_mask,
                               skip_cross_attn_blocks)
         with self._cv:
-            if self._closed:
-                raise RuntimeError("the CPU engine is shut down")
-            if self._fatal is not None:
-                raise RuntimeError(f"the CPU engine's scheduler stopped: {self._fatal}")
+            if not (state := self.health()).ok:
+                raise RuntimeError(state.reason)
             queued = len(self._requests) - self.model.cache.slots  # beyond the slots, whether admitted yet or not
             if self.max_queue_size and queued >= self.max_queue_size:
                 raise QueueFullError(
@@ -253,6 +253,13 @@ class CpuEngine:
             self._inbox.append(seq)
             self._cv.notify()
         return rid
+
+    def health(self) -> Health:
+        """``Health(True, "")`` while the engine takes requests, else why not: shut down, or the scheduler failed (its
+        error; the scheduler thread ends only then or on shutdown)."""
+        with self._cv:
+            why = "the CPU engine is shut down" if self._closed else self._fatal and f"the CPU engine's scheduler stopped: {self._fatal}"
+        return Health(not why, why or "")
 
     def cancel(self, request_id: str) -> None:
         """Stop a request: its slot frees at the next step; no callback runs for it after this
@@ -302,8 +309,7 @@ class CpuEngine:
             "stepStats": self.timeline.stats(),  # trtpipe's: cumulative step timeline (timeline.py)
             "numActiveRequests": used, "numQueuedRequests": max(accepted - used, 0), "maxNumActiveRequests": slots,
             "kvCacheStats": {"maxNumBlocks": slots, "freeNumBlocks": slots - used, "usedNumBlocks": used,
-                             "tokensPerBlock": self.model.cache.slot_len, **self.prefix.kv_cache_stats()},
-        }
+                             "tokensPerBlock": self.model.cache.slot_len, **self.prefix.kv_cache_stats()}}
 
     def __enter__(self) -> "CpuEngine":
         return self
@@ -369,10 +375,8 @@ class CpuEngine:
     def _release(self, seq: SequenceState) -> None:
         """Free ``seq``'s slot (moving the last slot's sequence into it) or drop it from the queue."""
         if seq.slot is None:
-            try:
+            with contextlib.suppress(ValueError):
                 self._waiting.remove(seq)
-            except ValueError:
-                pass
             return
         self.prefix.release(seq)  # its prompt's blocks kept for reuse (when on)
         hole, last = seq.slot, len(self._active) - 1
@@ -423,8 +427,7 @@ class CpuEngine:
             logits[list(r), list(e)] = float("-inf")
         mask(logits, [s.matcher for s in seqs])
         next_ids = logits.argmax(-1).tolist() if seqs else []
-        out = []
-        finished = []
+        out, finished = [], []
         for seq, tok in zip(seqs, next_ids):
             seq.generated.append(tok)
             if tok == seq.end_id or advance(seq.matcher, tok):

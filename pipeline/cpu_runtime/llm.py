@@ -51,6 +51,7 @@ from typing import Any, Self
 from pipeline.cpu_runtime.guided import GuidedDecodingParams, request_matcher
 from pipeline.cpu_runtime.lora import LoRARequest, llm_lora, request_task_id
 from pipeline.cpu_runtime.multimodal import encode_request, image_inputs
+from pipeline.cpu_runtime.requests import Health
 
 #: ``LLM()`` limits that must equal the CPU engine's engine_config.json (fixed when the engine directory was built)
 _LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
@@ -409,6 +410,12 @@ class LLM:
             on_tokens=out._on_tokens, on_error=out._on_error, matcher=matcher,
             lora_task_id=request_task_id(self._engine, lora_request, self._lora_on))
         return out
+
+    def health(self) -> Health:
+        """Whether the model answers: ``Health(True, "")``, or ``Health(False, reason)`` once the engine is shut down or
+        its scheduler failed (trtllm-serve's ``/health`` asks upstream's LLM ``_check_health`` the same question:
+        tensorrt_llm/serve/openai_server.py@00057725d9a6:333-339)."""
+        return self._engine.health()
 
     def shutdown(self) -> None:
         """Stop the engine (requests in flight end with an error)."""

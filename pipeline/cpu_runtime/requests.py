@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 TokensCallback = Callable[[list[int], bool], None]
 ErrorCallback = Callable[[str], None]
@@ -15,6 +15,13 @@ ContextLogitsCallback = Callable[[Any], None]
 class QueueFullError(RuntimeError):
     """A request refused because ``max_queue_size`` requests already wait for a KV slot (TensorRT-LLM's executor
     throws the same on its own queue limit); the message, meant for the client, starts as upstream's does."""
+
+
+class Health(NamedTuple):
+    """Whether an engine takes requests: ``ok``, and ``reason`` (``""`` when ok, else why not, one line)."""
+
+    ok: bool
+    reason: str
 
 
 class SequenceState:

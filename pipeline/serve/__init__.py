@@ -6,6 +6,7 @@
   (:func:`check_runtime`).
 * :mod:`pipeline.serve.frontend`: the build's frontend and its command line; a trtllm-serve build served with
   Triton's lifecycle (:func:`~pipeline.serve.frontend.serve_trtllm`, process in :mod:`pipeline.serve.trtllm_process`).
-* :mod:`pipeline.serve.openai_cpu`: trtpipe's CPU stand-in for trtllm-serve (not TensorRT-LLM), the cpu target's.
+* trtpipe's CPU stand-in for trtllm-serve (not TensorRT-LLM), the cpu target's, lives beside the runtime it wraps:
+  :mod:`pipeline.cpu_runtime.openai` (started as ``<python> -m pipeline.cpu_runtime.openai``).
 * :mod:`pipeline.serve.registry`: the detached server (either frontend) recorded in ``artifacts/serve.json``.
 """

@@ -3,7 +3,7 @@ a ``build.engine: pytorch`` build).
 
 :func:`trtllm_serve_spec` finds a build's trtllm-serve command: on GPU targets the engine stage's
 ``trtllm_serve.json`` (the real ``trtllm-serve``); on the cpu target the same flags for trtpipe's CPU stand-in
-(:mod:`pipeline.serve.openai_cpu`, run as ``<python> -m pipeline.serve.openai_cpu``), made from the CPU engine's
+(:mod:`pipeline.cpu_runtime.openai`, run as ``<python> -m pipeline.cpu_runtime.openai``), made from the CPU engine's
 ``llm_api_config.yaml``, which is also its ``--extra_llm_api_options``. :func:`command` is the exact command line
 ``trtpipe serve`` starts, for ``--print-command``. :func:`serve_trtllm` runs a trtllm-serve build like a Triton one:
 a readiness wait on ``/health``, then the foreground until Ctrl-C, or ``--detach`` with a record in
@@ -73,7 +73,7 @@ def trtllm_serve_argv(spec: dict[str, Any], host: str, port: int) -> list[str]:
 
 def command(target: ServeTarget, options: Any) -> list[str]:
     """The argv ``trtpipe serve`` runs for ``target`` with ``options`` (a :class:`~pipeline.serve.stage.ServeOptions`):
-    ``trtllm-serve …`` / ``<python> -m pipeline.serve.openai_cpu …`` (HTTP port = ``options.http_port``) or
+    ``trtllm-serve …`` / ``<python> -m pipeline.cpu_runtime.openai …`` (HTTP port = ``options.http_port``) or
     ``tritonserver …`` (``mpirun`` for TP×PP > 1). Nothing is started.
 
     A GPU build's Triton command is the one that runs in the image, wherever trtpipe runs: the container's
@@ -209,7 +209,7 @@ def prune_logs(root: Path, keep: int = 8) -> list[Path]:
     held: set[Path] = set()
     for proc in psutil.process_iter(["cmdline"]) if old else ():
         cmd = " ".join(proc.info["cmdline"] or [])
-        if TRTLLM_SERVE in cmd or "pipeline.serve.openai_cpu" in cmd:
+        if TRTLLM_SERVE in cmd or "pipeline.cpu_runtime.openai" in cmd:
             try:
                 held.update(Path(f.path) for f in proc.open_files())
             except psutil.Error:

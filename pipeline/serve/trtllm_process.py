@@ -2,7 +2,7 @@
 stopped with its whole process group.
 
 The same lifecycle serves the real ``trtllm-serve`` (GPU targets) and trtpipe's CPU stand-in
-(:mod:`pipeline.serve.openai_cpu`, cpu target): both bind ``--host``/``--port`` and answer ``/health`` with 200 only
+(:mod:`pipeline.cpu_runtime.openai`, cpu target): both bind ``--host``/``--port`` and answer ``/health`` with 200 only
 once the model is loaded. Upstream binds its socket, then builds the ``LLM`` and only then serves
 (tensorrt_llm/commands/serve.py@00209af149e7:189-230), and its ``/health`` answers 200 while the LLM is healthy,
 503 otherwise (tensorrt_llm/serve/openai_server.py@00057725d9a6:484-492); so ``/health`` is the readiness signal.

@@ -9,7 +9,7 @@ applies over the flags (``update_llm_args_with_extra_dict``). Tensor/pipeline pa
 ``--pp_size``: on one node ``trtllm-serve`` starts its own rank workers (no ``mpirun`` around it).
 
 On the cpu target the same flags go to trtpipe's CPU stand-in for trtllm-serve (:func:`cpu_argv`: ``<python> -m
-pipeline.serve.openai_cpu``, an OpenAI-compatible server over the CPU engine's LLM facade; it is not TensorRT-LLM).
+pipeline.cpu_runtime.openai``, an OpenAI-compatible server over the CPU engine's LLM facade; it is not TensorRT-LLM).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 from pipeline.trtllm.llmapi import llmapi_contract
 
 BINARY = "trtllm-serve"
-#: the module of trtpipe's CPU stand-in for trtllm-serve (pipeline/serve/openai_cpu.py), run with ``python -m``
-CPU_MODULE = "pipeline.serve.openai_cpu"
+#: the module of trtpipe's CPU stand-in for trtllm-serve (pipeline/cpu_runtime/openai/), run with ``python -m``
+CPU_MODULE = "pipeline.cpu_runtime.openai"
 #: LLM() arguments passed as flags (the rest go into the extra-options YAML)
 _FLAG_ARGS = {"model": None, "tokenizer": "--tokenizer", "backend": "--backend", "tensor_parallel_size": "--tp_size",
               "pipeline_parallel_size": "--pp_size"}

@@ -1,5 +1,5 @@
 """``image_url`` content parts of the trtllm-serve CPU stand-in's chat route (issue #47 item 3): what upstream's
-trtllm-serve does with them, restated for the stand-in (:mod:`pipeline.serve.openai_cpu`).
+trtllm-serve does with them, restated for the stand-in (:mod:`pipeline.cpu_runtime.openai`).
 
 Upstream read: ``UTILS`` = tensorrt_llm/inputs/utils.py@00a8667c4547, ``MIO`` = tensorrt_llm/inputs/media_io.py
 @0142b193cc02 (undated copies of the index; no 1.2.1-tagged copy is readable).
