@@ -37,7 +37,7 @@ def knob_problems(recipe: Any) -> list[tuple[str, str]]:
     Rules: TRT-only knobs (:data:`TRT_ONLY_KNOBS`) differing from their defaults on ``build.engine: pytorch``;
     ``build.pytorch`` differing from its defaults on ``tensorrt``/``cpu``; ``serving.frontend: trtllm-serve`` on
     anything but ``pytorch`` (on the cpu target trtpipe serves it with its CPU stand-in for trtllm-serve,
-    pipeline/serve/openai_cpu.py); ``build.engine: tensorrt`` for a ``target.tensorrt_llm`` release
+    pipeline/cpu_runtime/openai/); ``build.engine: tensorrt`` for a ``target.tensorrt_llm`` release
     without the TensorRT-engine path (:func:`pipeline.core.engine_paths.engine_path_problem`).
     """
     b, engine = recipe.build, recipe.build.engine

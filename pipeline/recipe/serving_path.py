@@ -18,7 +18,7 @@ key                            builder     serves with
 ``pytorch/gpu/trtllm-serve``   pytorch     TensorRT-LLM's ``trtllm-serve`` (the engine stage's argv)
 ``cpu/cpu/triton``             cpu         Triton, trtpipe's CPU ``tensorrt_llm`` python model
 ``pytorch/cpu/triton``         cpu         Triton, the ``llmapi`` model over the CPU engine's LLM facade
-``pytorch/cpu/trtllm-serve``   cpu         trtpipe's CPU stand-in for trtllm-serve (pipeline.serve.openai_cpu)
+``pytorch/cpu/trtllm-serve``   cpu         trtpipe's CPU stand-in for trtllm-serve (pipeline.cpu_runtime.openai)
 ``tensorrt/gpu/triton/vision`` tensorrt    Triton, the C++ backend + ``multimodal_encoders`` (TensorRT vision engine)
 ``cpu/cpu/triton/vision``      cpu         Triton, the CPU ``tensorrt_llm`` model + ``multimodal_encoders`` (onnxruntime)
 =============================  ==========  ==============================================================
