@@ -21,6 +21,7 @@ from pipeline.core.results import StageResult
 from pipeline.engine.result import EngineResult
 from pipeline.quantize.result import QuantizeResult
 from pipeline.recipe import Recipe, dump_recipe
+from pipeline.recipe.serving_path import serving_path
 from pipeline.recipe.vision import cross_attention
 from pipeline.triton_repo.result import RepoResult
 
@@ -123,7 +124,7 @@ def run(
         )
     for w in verdict.warnings:
         warn(f"plan: {w}")
-    if recipe.build.engine == "cpu" and not dry_run:
+    if serving_path(recipe).native_cpu_kernels and not dry_run:
         from pipeline.cpu_runtime import native
 
         native.checked_choice()  # a bad $TRTPIPE_CPU_KERNELS fails here, not after quantize

@@ -64,7 +64,7 @@ def _describe(err: dict[str, Any]) -> str:
         expected = str(ctx.get("expected", "")).replace("'", "").replace(" or ", ", ")
         return f"{inp!r} is not one of {expected}"
     if kind == "extra_forbidden":
-        return "unknown key (not in the recipe schema; see `trtpipe recipe schema`)"
+        return _foreign_knob(err) or "unknown key (not in the recipe schema; see `trtpipe recipe schema`)"
     if kind == "missing":
         return "required field is missing"
     if kind == "union_tag_invalid":  # a discriminated section's tag (vision.family, speculative_config.decoding_type)
@@ -75,6 +75,20 @@ def _describe(err: dict[str, Any]) -> str:
     if inp is not None and not isinstance(inp, (dict, list)):
         return f"{inp!r}: {msg[0].lower() + msg[1:]}" if msg else repr(inp)
     return msg
+
+
+def _foreign_knob(err: dict[str, Any]) -> str | None:
+    """The sentence for a ``build`` knob of another engine's type (``None``: not one): the engine that reads it."""
+    from pipeline.recipe.build import engines_reading
+
+    loc = [str(p) for p in err["loc"]]
+    if len(loc) != 3 or loc[0] != "build":  # build.<engine tag>.<key>
+        return None
+    engine, readers = loc[1], engines_reading(loc[2])
+    if not readers:
+        return None
+    return (f"a build.engine {' / '.join(readers)} knob, but build.engine is '{engine}': remove it (or use "
+            f"build.engine: {readers[0]})")
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, raw_value: str) -> None:

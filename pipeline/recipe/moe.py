@@ -37,7 +37,7 @@ class MoeSpec(StrictModel):
     )
 
 
-def moe_problems(*, ep_size: int, tp_size: int, engine: str, gpu_target: bool, moe_config: MoeSpec | None,
+def moe_problems(*, ep_size: int, tp_size: int, expert_parallel: bool, gpu_target: bool, moe_config: MoeSpec | None,
                  attention_dp: bool, geo: ModelGeometry | None, source: str) -> list[tuple[str, str]]:
     """``[(field, message)]`` for MoE/EP knobs that cannot apply (empty = fine).
 
@@ -50,7 +50,7 @@ def moe_problems(*, ep_size: int, tp_size: int, engine: str, gpu_target: bool, m
     out: list[tuple[str, str]] = []
     dense = geo is not None and not geo.is_moe
     if ep_size > 1:
-        if engine != "pytorch" or not gpu_target:
+        if not expert_parallel:
             out.append(("target.ep_size", f"{ep_size}: expert parallelism is the LLM-API argument moe_expert_parallel_size; "
                                           "use build.engine: pytorch on a GPU target (or ep_size 1)"))
         elif dense:

@@ -122,7 +122,8 @@ def steps(tune: Tune) -> list[Change]:
 def numerics_changed(recipe: Any, base: Any) -> bool:
     """True when a field the quantize stage consumes differs from the base (qformat, KV dtype, calibration…), or,
     on the CPU engine, its compute dtype (``build.cpu.dtype``)."""
-    cpu_dtype = recipe.build.engine == "cpu" and recipe.build.cpu.dtype != base.build.cpu.dtype
+    own = recipe.build.engine_compute_dtype  # None: the engine's numerics do not follow a build knob
+    cpu_dtype = own is not None and own != base.build.cpu.dtype
     return cpu_dtype or consumed(recipe, "quantize") != consumed(base, "quantize")
 
 
