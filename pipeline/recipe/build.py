@@ -10,7 +10,7 @@ use_paged_context_fmha False → True). The Triton parameter names
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -160,6 +160,16 @@ class PytorchSpec(StrictModel):
         return self
 
 
+#: ``build.engine``'s description (each type narrows the field to its own value)
+ENGINE_DOC = (
+            "`tensorrt`: trtllm-build engine + C++ tensorrtllm Triton backend (TensorRT-LLM ≤1.2); `pytorch`: LLM-API "
+            "backend, no engine (the future); `cpu`: trtpipe's CPU engine on the same Triton interface. It chooses "
+            "the section's type: `plugins`, `kv_cache_type`, `workers` and `opt_num_tokens` are tensorrt/cpu knobs, "
+            "`pytorch` a pytorch one, `cpu` a cpu/pytorch one (the pytorch engine on the cpu target runs on the CPU "
+            "engine)."
+        )
+
+
 class _BuildBase(StrictModel):
     """Engine build: the knobs every engine reads. Defaults are TensorRT-LLM 1.2.1 BuildConfig defaults unless stated.
 
@@ -170,16 +180,7 @@ class _BuildBase(StrictModel):
     recipe on its twin path, e.g. a GPU recipe on the host, with them).
     """
 
-    engine: str = Field(
-        default="tensorrt",
-        description=(
-            "`tensorrt`: trtllm-build engine + C++ tensorrtllm Triton backend (TensorRT-LLM ≤1.2); `pytorch`: LLM-API "
-            "backend, no engine (the future); `cpu`: trtpipe's CPU engine on the same Triton interface. It chooses "
-            "the section's type: `plugins`, `kv_cache_type`, `workers` and `opt_num_tokens` are tensorrt/cpu knobs, "
-            "`pytorch` a pytorch one, `cpu` a cpu/pytorch one (the pytorch engine on the cpu target runs on the CPU "
-            "engine)."
-        ),
-    )
+    engine: str = Field(default="tensorrt", description=ENGINE_DOC)
 
     max_batch_size: int = Field(default=2048, ge=1, le=INT32_MAX, description="--max_batch_size: most requests scheduled at once (default 2048; int32).")
     max_input_len: int = Field(default=1024, ge=1, le=INT32_MAX, description="--max_input_len: longest prompt in tokens (default 1024; int32).")
@@ -249,7 +250,7 @@ class TensorrtBuild(_EngineBuildKnobs):
     """``build.engine: tensorrt``: a ``trtllm-build`` engine served by the C++ ``tensorrtllm`` backend
     (upstream ``TrtLlmArgs``)."""
 
-    engine: Literal["tensorrt"] = "tensorrt"
+    engine: Literal["tensorrt"] = Field(default="tensorrt", description=ENGINE_DOC)
 
     @property
     def cpu(self) -> CpuEngineSpec:
@@ -265,7 +266,7 @@ class TensorrtBuild(_EngineBuildKnobs):
 class CpuBuild(_EngineBuildKnobs):
     """``build.engine: cpu``: trtpipe's CPU engine behind the same Triton interface."""
 
-    engine: Literal["cpu"] = "cpu"
+    engine: Literal["cpu"] = Field(default="cpu", description=ENGINE_DOC)
 
     @property
     def engine_compute_dtype(self) -> str | None:
@@ -284,7 +285,7 @@ class PytorchBuild(_BuildBase):
     """``build.engine: pytorch``: the LLM-API PyTorch backend, no engine (upstream ``TorchLlmArgs``); on the cpu
     target trtpipe's CPU engine runs it behind the LLM facade (``cpu`` settings)."""
 
-    engine: Literal["pytorch"] = "pytorch"
+    engine: Literal["pytorch"] = Field(default="pytorch", description=ENGINE_DOC)
     cpu: CpuEngineSpec = Field(default_factory=CpuEngineSpec, description="CPU-engine settings (the cpu target only).")
     pytorch: PytorchSpec = Field(default_factory=PytorchSpec, description="PyTorch LLM-API backend knobs (engine: pytorch only).")
 
@@ -347,6 +348,17 @@ class PytorchBuild(_BuildBase):
 BuildSpec = Annotated[TensorrtBuild | PytorchBuild | CpuBuild, Field(discriminator="engine")]
 #: the types by ``build.engine``
 BUILD_TYPES: dict[str, type[_BuildBase]] = {"tensorrt": TensorrtBuild, "pytorch": PytorchBuild, "cpu": CpuBuild}
+
+
+def for_engine(build: dict[str, Any], engine: str) -> dict[str, Any]:
+    """A raw ``build`` mapping switched to ``build.engine`` ``engine``: the knob sections the new engine's type does not
+    declare are left out (what a tune's ``build.engine`` knob compares is the paths, each with its own knobs).
+
+    Raises:
+        KeyError: ``engine`` is not a ``build.engine`` value.
+    """
+    fields = BUILD_TYPES[engine].model_fields
+    return {k: v for k, v in build.items() if k in fields}
 
 
 def engines_reading(knob: str) -> list[str]:

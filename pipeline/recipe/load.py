@@ -227,8 +227,10 @@ def _user_loc(loc: tuple[Any, ...], data: Any) -> tuple[str, ...]:
     path after the field; a step that is not a key of the mapping the user wrote there is that tag, and is dropped."""
     out: list[str] = []
     for i, part in enumerate(loc):
-        if isinstance(data, dict) and isinstance(part, str) and part not in data and out and i < len(loc) - 1:
-            continue  # a union tag (a missing field is the last step): the user wrote the section's fields there
+        if isinstance(data, dict) and isinstance(part, str) and out and i < len(loc) - 1 and (
+                part not in data or part in data.values() and str(loc[i + 1]) in data):
+            continue  # a union tag (a missing field is the last step; a tag that is also a key, build's ``cpu``, is
+            # the value of its discriminator with the next step a key beside it): the user wrote the fields there
         out.append(str(part))
         if isinstance(data, dict):
             data = data.get(part)
