@@ -87,8 +87,11 @@ def _foreign_knob(err: dict[str, Any]) -> str | None:
     engine, readers = loc[1], engines_reading(loc[2])
     if not readers:
         return None
-    return (f"a build.engine {' / '.join(readers)} knob, but build.engine is '{engine}': remove it (or use "
-            f"build.engine: {readers[0]})")
+    known = {("tensorrt", "cpu"): ("a TensorRT engine-build knob: the PyTorch LLM-API backend has no such setting; "
+                                   "remove it (or use build.engine: tensorrt)"),
+             ("pytorch",): f"PyTorch LLM-API backend knobs, but build.engine is '{engine}': remove them (or use build.engine: pytorch)"}
+    return known.get(tuple(readers)) or (f"a build.engine {' / '.join(readers)} knob, but build.engine is '{engine}': "
+                                         f"remove it (or use build.engine: {readers[0]})")
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, raw_value: str) -> None:
