@@ -124,7 +124,7 @@ def run(
         )
     for w in verdict.warnings:
         warn(f"plan: {w}")
-    if serving_path(recipe).on_cpu and not dry_run:  # the CPU engine (its native kernels) runs every cpu-target row
+    if serving_path(recipe).native_cpu_kernels and not dry_run:
         from pipeline.cpu_runtime import native
 
         native.checked_choice()  # a bad $TRTPIPE_CPU_KERNELS fails here, not after quantize

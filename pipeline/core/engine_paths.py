@@ -51,11 +51,16 @@ def has_tensorrt_engine_path(tensorrt_llm: str) -> bool:
     return version_key(tensorrt_llm) <= version_key(tensorrt_engine_last())
 
 
+#: ``build.engine`` → the ``engine_paths`` key of the last release with its path; an engine absent has no recorded end
+_LAST_RELEASE_KEY = {"tensorrt": "tensorrt_engine_last"}
+
+
 def last_release(engine: str) -> str | None:
     """The last TensorRT-LLM release that still has ``build.engine`` ``engine``'s path, as the release matrix records
     it: :func:`tensorrt_engine_last` for the TensorRT-engine path (``tensorrt``, served by the C++ ``tensorrtllm``
     backend); None for a path with no recorded end (``pytorch``, the LLM API; ``cpu``, trtpipe's own engine)."""
-    return tensorrt_engine_last() if engine == "tensorrt" else None
+    key = _LAST_RELEASE_KEY.get(engine)
+    return str(_table()[key]) if key else None
 
 
 def engine_path_problem(engine: str, tensorrt_llm: str) -> str | None:

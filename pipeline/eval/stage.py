@@ -159,7 +159,8 @@ def baseline_recipe(recipe: Any) -> Any:
 
     data = recipe.model_dump()
     data["quantization"].update(qformat="full_prec", kv_cache_dtype="none")
-    data["build"]["cpu"]["dtype"] = "float32"
+    if "cpu" in data["build"]:  # the engines whose build type has CPU-engine settings (build.engine cpu, pytorch)
+        data["build"]["cpu"]["dtype"] = "float32"
     data["name"] = f"{recipe.name}{BASELINE_SUFFIX}" if recipe.name else None
     return Recipe.model_validate(data)
 

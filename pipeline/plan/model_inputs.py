@@ -234,15 +234,14 @@ def error_terms(recipe: Recipe, spec: hardware.GpuSpec | None) -> dict[str, floa
     if spec is None:
         return {}
     t, q, b = recipe.target, recipe.quantization, recipe.build
-    own, gpu = serving_path(recipe), serving_path(recipe, target="gpu")  # the recipe's row and its row on a GPU
-    pytorch_fitted = gpu.efficiency == "pytorch" and resources.files("pipeline").joinpath(PYTORCH_EFFICIENCY_FILE).is_file()
+    fit = serving_path(recipe).gpu_fit(resources.files("pipeline").joinpath(PYTORCH_EFFICIENCY_FILE).is_file())
+    pytorch_fitted = fit == "pytorch"
     on = {
         # the PyTorch fit covers tp 1/2/8 on one H100 NVLink node (its held-out error is its rel_error) and the comm
         # term is measured for the GPUs and tp degrees of allreduce_measured.yaml; pp is covered by neither
         "parallelism": t.pp_size > 1 or (t.tp_size > 1 and not (pytorch_fitted and measured_allreduce(spec.key, t.tp_size))),
         "qformat": q.qformat not in CALIBRATED_QFORMATS,
-        # the engine is uncalibrated when planned as another engine's GPU row (cpu as tensorrt) or the fit is missing
-        "engine": gpu.engine != own.engine or (gpu.efficiency == "pytorch" and not pytorch_fitted),
+        "engine": fit is None,  # no fitted GPU efficiency model covers the recipe's own engine (the serving-path row)
         "architecture": spec.arch not in CALIBRATED_ARCHS,
         "beam": b.max_beam_width > 1,
     }

@@ -8,10 +8,13 @@ Sections (one module each): ``model``/``target`` (:mod:`.model`), ``quantization
 from pipeline.recipe.bench import BenchSpec, ScenarioSpec
 from pipeline.recipe.build import (
     BuildSpec,
+    CpuBuild,
     CpuEngineSpec,
     KvCacheSpec,
     PluginSpec,
+    PytorchBuild,
     SchedulerSpec,
+    TensorrtBuild,
 )
 from pipeline.recipe.load import (
     dump_recipe,
@@ -31,7 +34,7 @@ from pipeline.recipe.serve import ServingSpec
 
 __all__ = [
     "EMBEDDED_SMOLLM2", "KV_CACHE_QUANT_ALGO", "QUANT_ALGO", "BenchSpec", "BuildSpec", "CalibrationSpec",
-    "CpuEngineSpec", "KvCacheSpec", "ModelSpec", "PluginSpec", "QuantSpec", "Recipe", "ScenarioSpec",
-    "SchedulerSpec", "ServingSpec", "TargetSpec", "dump_recipe", "load_recipe", "parse_overrides",
+    "CpuBuild", "CpuEngineSpec", "KvCacheSpec", "ModelSpec", "PluginSpec", "PytorchBuild", "QuantSpec", "Recipe", "ScenarioSpec",
+    "SchedulerSpec", "ServingSpec", "TargetSpec", "TensorrtBuild", "dump_recipe", "load_recipe", "parse_overrides",
     "recipe_json_schema",
 ]

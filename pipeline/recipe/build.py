@@ -10,7 +10,7 @@ use_paged_context_fmha False → True). The Triton parameter names
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -124,7 +124,7 @@ class CudaGraphSpec(StrictModel):
         return v
 
     @model_validator(mode="after")
-    def _max_matches(self) -> "CudaGraphSpec":
+    def _max_matches(self) -> CudaGraphSpec:
         if self.batch_sizes and self.max_batch_size and self.max_batch_size != max(self.batch_sizes):
             raise ValueError(f"max_batch_size {self.max_batch_size} must equal max(batch_sizes) {max(self.batch_sizes)} (or be 0)")
         return self
@@ -154,22 +154,34 @@ class PytorchSpec(StrictModel):
     enable_attention_dp: bool = Field(default=False, description="Attention data parallelism over the tensor-parallel ranks (LLM-API enable_attention_dp; default false).")
 
     @model_validator(mode="after")
-    def _req_stats_need_perf_stats(self) -> "PytorchSpec":
+    def _req_stats_need_perf_stats(self) -> PytorchSpec:
         if self.enable_iter_req_stats and not self.enable_iter_perf_stats:
             raise ValueError("enable_iter_req_stats needs enable_iter_perf_stats: true")
         return self
 
 
-class BuildSpec(StrictModel):
-    """Engine build. Defaults are TensorRT-LLM 1.2.1 BuildConfig defaults unless stated."""
-
-    engine: Literal["tensorrt", "pytorch", "cpu"] = Field(
-        default="tensorrt",
-        description=(
+#: ``build.engine``'s description (each type narrows the field to its own value)
+ENGINE_DOC = (
             "`tensorrt`: trtllm-build engine + C++ tensorrtllm Triton backend (TensorRT-LLM ≤1.2); `pytorch`: LLM-API "
-            "backend, no engine (the future); `cpu`: trtpipe's CPU engine on the same Triton interface."
-        ),
-    )
+            "backend, no engine (the future); `cpu`: trtpipe's CPU engine on the same Triton interface. It chooses "
+            "the section's type: `plugins`, `kv_cache_type`, `workers` and `opt_num_tokens` are tensorrt/cpu knobs, "
+            "`pytorch` a pytorch one, `cpu` a cpu/pytorch one (the pytorch engine on the cpu target runs on the CPU "
+            "engine)."
+        )
+
+
+class _BuildBase(StrictModel):
+    """Engine build: the knobs every engine reads. Defaults are TensorRT-LLM 1.2.1 BuildConfig defaults unless stated.
+
+    ``build`` is one of three types chosen by ``build.engine`` (:data:`BuildSpec`), as upstream splits its LLM-API
+    arguments into ``TrtLlmArgs`` and ``TorchLlmArgs`` over a shared ``BaseLlmArgs``
+    (tensorrt_llm/llmapi/llm_args.py@c292b9f9, ``class TorchLlmArgs(BaseLlmArgs)``): a knob section of another engine is an unknown key of the type,
+    refused by validation. A section an engine never reads answers its defaults when read (the planner plans a
+    recipe on its twin path, e.g. a GPU recipe on the host, with them).
+    """
+
+    engine: str = Field(default="tensorrt", description=ENGINE_DOC)
+
     max_batch_size: int = Field(default=2048, ge=1, le=INT32_MAX, description="--max_batch_size: most requests scheduled at once (default 2048; int32).")
     max_input_len: int = Field(default=1024, ge=1, le=INT32_MAX, description="--max_input_len: longest prompt in tokens (default 1024; int32).")
     max_seq_len: int | None = Field(
@@ -178,14 +190,8 @@ class BuildSpec(StrictModel):
     max_num_tokens: int = Field(
         default=8192, ge=1, le=INT32_MAX, description="--max_num_tokens: most tokens in one batch after padding removal (default 8192)."
     )
-    opt_num_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX, description="--opt_num_tokens (default None = max_batch_size × max_beam_width).")
     max_beam_width: int = Field(default=1, ge=1, le=1024, description="--max_beam_width (default 1; trtpipe refuses more than 1024 beams: no upstream limit was read for 1.2.1).")
-    kv_cache_type: Literal["paged", "continuous", "disabled"] = Field(
-        default="paged", description="--kv_cache_type (default paged; in-flight batching needs paged)."
-    )
     tokens_per_block: int = Field(default=32, ge=1, le=1024, description="--tokens_per_block: tokens per paged-KV block, a power of two (1.2.1 default 32; older 64).")
-    workers: int = Field(default=1, ge=1, le=MAX_INSTANCES, description="--workers: parallel build processes (default 1; at most tp × pp: one per rank, docs/reference/trtllm-1.2.1-contract.md §2).")
-    plugins: PluginSpec = Field(default_factory=PluginSpec, description="Plugin/feature flags.")
     kv_cache_config: KvCacheSpec = Field(default_factory=KvCacheSpec, description="Runtime KV cache.")
     scheduler_config: SchedulerSpec = Field(default_factory=SchedulerSpec, description="Runtime scheduler.")
     enable_chunked_prefill: bool = Field(
@@ -208,8 +214,6 @@ class BuildSpec(StrictModel):
             "that kv_cache_config.max_tokens exceeds what fits (turns those refusals into warnings)."
         ),
     )
-    cpu: CpuEngineSpec = Field(default_factory=CpuEngineSpec, description="CPU-engine settings (engine: cpu only).")
-    pytorch: PytorchSpec = Field(default_factory=PytorchSpec, description="PyTorch LLM-API backend knobs (engine: pytorch only).")
     lora: LoraSpec | None = Field(default=None, description="LoRA adapters served per request (docs/lora.md; default none).")
 
     @field_validator("tokens_per_block")
@@ -218,3 +222,145 @@ class BuildSpec(StrictModel):
         if not is_power_of_two(v):
             raise ValueError(f"{v} is not a power of two (the paged KV cache takes 8, 16, 32, 64, 128, …)")
         return v
+
+    @property
+    def engine_compute_dtype(self) -> str | None:
+        """The compute dtype a build knob sets for this engine's numerics (``build.cpu.dtype`` on the CPU engine);
+        ``None``: no build knob changes them (the quantize stage's checkpoint does)."""
+        return None
+
+    def cuda_graph_problems(self) -> list[tuple[str, str]]:
+        """CUDA-graph batch sizes TensorRT-LLM would never capture (``[(field, message)]``); empty: this engine
+        captures none (only the PyTorch backend does, :meth:`PytorchBuild.cuda_graph_problems`)."""
+        return []
+
+
+class _EngineBuildKnobs(_BuildBase):
+    """The ``trtllm-build`` knobs (tensorrt; the CPU engine reads kv_cache_type and plans its GPU twin with them)."""
+
+    opt_num_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX, description="--opt_num_tokens (default None = max_batch_size × max_beam_width).")
+    kv_cache_type: Literal["paged", "continuous", "disabled"] = Field(
+        default="paged", description="--kv_cache_type (default paged; in-flight batching needs paged)."
+    )
+    workers: int = Field(default=1, ge=1, le=MAX_INSTANCES, description="--workers: parallel build processes (default 1; at most tp × pp: one per rank, docs/reference/trtllm-1.2.1-contract.md §2).")
+    plugins: PluginSpec = Field(default_factory=PluginSpec, description="Plugin/feature flags.")
+
+
+class TensorrtBuild(_EngineBuildKnobs):
+    """``build.engine: tensorrt``: a ``trtllm-build`` engine served by the C++ ``tensorrtllm`` backend
+    (upstream ``TrtLlmArgs``)."""
+
+    engine: Literal["tensorrt"] = Field(default="tensorrt", description=ENGINE_DOC)
+
+    @property
+    def cpu(self) -> CpuEngineSpec:
+        """The CPU-engine settings this engine never reads: their defaults (its twin on the host plans with them)."""
+        return CpuEngineSpec()
+
+    @property
+    def pytorch(self) -> PytorchSpec:
+        """The PyTorch-backend knobs this engine never reads: their defaults."""
+        return PytorchSpec()
+
+
+class CpuBuild(_EngineBuildKnobs):
+    """``build.engine: cpu``: trtpipe's CPU engine behind the same Triton interface."""
+
+    engine: Literal["cpu"] = Field(default="cpu", description=ENGINE_DOC)
+
+    @property
+    def engine_compute_dtype(self) -> str | None:
+        """``build.cpu.dtype``: the CPU engine's weights, GEMMs and KV cache."""
+        return self.cpu.dtype
+
+    cpu: CpuEngineSpec = Field(default_factory=CpuEngineSpec, description="CPU-engine settings (engine: cpu only).")
+
+    @property
+    def pytorch(self) -> PytorchSpec:
+        """The PyTorch-backend knobs this engine never reads: their defaults."""
+        return PytorchSpec()
+
+
+class PytorchBuild(_BuildBase):
+    """``build.engine: pytorch``: the LLM-API PyTorch backend, no engine (upstream ``TorchLlmArgs``); on the cpu
+    target trtpipe's CPU engine runs it behind the LLM facade (``cpu`` settings)."""
+
+    engine: Literal["pytorch"] = Field(default="pytorch", description=ENGINE_DOC)
+    cpu: CpuEngineSpec = Field(default_factory=CpuEngineSpec, description="CPU-engine settings (the cpu target only).")
+    pytorch: PytorchSpec = Field(default_factory=PytorchSpec, description="PyTorch LLM-API backend knobs (engine: pytorch only).")
+
+    @property
+    def opt_num_tokens(self) -> None:
+        """``trtllm-build`` only: the LLM API has no such argument (pipeline/data/trtllm_1.2.1_llmapi_contract.yaml)."""
+        return None
+
+    @property
+    def kv_cache_type(self) -> str:
+        """``trtllm-build`` only: the PyTorch backend's KV cache is paged."""
+        return "paged"
+
+    @property
+    def workers(self) -> int:
+        """``trtllm-build`` only: no engine is built, so one process."""
+        return 1
+
+    @property
+    def plugins(self) -> PluginSpec:
+        """``trtllm-build`` only: the defaults (the LLM API has no plugin config)."""
+        return PluginSpec()
+
+    def cuda_graph_problems(self) -> list[tuple[str, str]]:
+        """CUDA-graph batch sizes the recipe asks for that TensorRT-LLM would never capture (``[(field, message)]``).
+
+        The PyTorch backend keeps only the sizes ≤ ``min(max_batch_size, max_num_tokens / (1 + draft tokens per
+        step))``, the largest pure-decode batch, and drops the rest without an error (``_filter_cuda_graph_batch_sizes``,
+        tensorrt_llm/_torch/pyexecutor/model_engine.py@1a0dc5f70054:95-125; with ``enable_padding`` the first size
+        above that ceiling becomes the ceiling). trtpipe refuses instead: a recipe is the record of what runs, so an
+        explicit ``build.pytorch.cuda_graph_config.batch_sizes`` entry or non-zero ``max_batch_size`` above the
+        ceiling is an error naming both numbers; the upstream defaults (no sizes, ``max_batch_size`` 0 → 128) are not
+        the recipe's statement and are left to upstream's rule. Draft tokens per step: ``max_draft_len`` (Eagle,
+        DraftTarget, NGram) or ``num_nextn_predict_layers`` (MTP).
+        """
+        cg = self.pytorch.cuda_graph_config
+        if cg is None:
+            return []
+        spec = self.pytorch.speculative_config
+        draft = int(getattr(spec, "max_draft_len", None) or getattr(spec, "num_nextn_predict_layers", None) or 0)
+        by_tokens = int(self.max_num_tokens / (1 + draft))
+        ceiling = min(self.max_batch_size, by_tokens)
+        why = (f"build.max_batch_size {self.max_batch_size}" if ceiling == self.max_batch_size else
+               f"build.max_num_tokens {self.max_num_tokens} / (1 + {draft} draft tokens) = {by_tokens}")
+        field = "build.pytorch.cuda_graph_config"
+        over = sorted({b for b in cg.batch_sizes or () if b > ceiling})
+        if over:
+            sizes = ", ".join(map(str, over))
+            verb = "exceeds" if len(over) == 1 else "exceed"
+            return [(f"{field}.batch_sizes", (f"{sizes} {verb} the largest decode batch, {why}: TensorRT-LLM never "
+                                              f"captures a CUDA graph above {ceiling}; end the list at {ceiling}"))]
+        if cg.max_batch_size > ceiling:
+            return [(f"{field}.max_batch_size", (f"{cg.max_batch_size} exceeds the largest decode batch, {why}: "
+                                                 f"TensorRT-LLM never captures a CUDA graph above {ceiling}; set it to "
+                                                 f"{ceiling} or less"))]
+        return []
+
+
+#: the ``build`` section: one type per ``build.engine`` (a knob section of another engine is refused by type)
+BuildSpec = Annotated[TensorrtBuild | PytorchBuild | CpuBuild, Field(discriminator="engine")]
+#: the types by ``build.engine``
+BUILD_TYPES: dict[str, type[_BuildBase]] = {"tensorrt": TensorrtBuild, "pytorch": PytorchBuild, "cpu": CpuBuild}
+
+
+def for_engine(build: dict[str, Any], engine: str) -> dict[str, Any]:
+    """A raw ``build`` mapping switched to ``build.engine`` ``engine``: the knob sections the new engine's type does not
+    declare are left out (what a tune's ``build.engine`` knob compares is the paths, each with its own knobs).
+
+    Raises:
+        KeyError: ``engine`` is not a ``build.engine`` value.
+    """
+    fields = BUILD_TYPES[engine].model_fields
+    return {k: v for k, v in build.items() if k in fields}
+
+
+def engines_reading(knob: str) -> list[str]:
+    """The ``build.engine`` values whose type has the field ``knob`` (a name under ``build``), in table order."""
+    return [e for e, t in BUILD_TYPES.items() if knob in t.model_fields]

@@ -7,7 +7,6 @@ Validation, the planner and every engine builder call these instead of re-derivi
   ``max_position_embeddings``;
 * :func:`format_problems` — whether a qformat / KV-cache dtype runs on a GPU architecture;
 * :func:`cpu_engine_problems` — build knobs the CPU engine cannot honour;
-* :func:`cuda_graph_problems` — CUDA-graph batch sizes above the largest decode batch (never captured upstream).
 
 Each function takes the recipe sections it reads (:class:`ModelSpec`, :class:`TargetSpec`, :class:`BuildSpec`,
 :class:`QuantSpec`), never the whole recipe: :mod:`pipeline.recipe.schema` validates the root model with them, so
@@ -126,39 +125,3 @@ def cpu_engine_problems(build: BuildSpec) -> list[tuple[str, str]]:
         out.append(("build.scheduler_config.capacity_scheduler_policy",
                     "the CPU engine reserves each request's KV at admission: use GUARANTEED_NO_EVICT"))
     return out
-
-
-def cuda_graph_problems(build: BuildSpec) -> list[tuple[str, str]]:
-    """CUDA-graph batch sizes the recipe asks for that TensorRT-LLM would never capture (``[(field, message)]``).
-
-    The PyTorch backend keeps only the sizes ≤ ``min(max_batch_size, max_num_tokens / (1 + draft tokens per step))``,
-    the largest pure-decode batch, and drops the rest without an error (``_filter_cuda_graph_batch_sizes``,
-    tensorrt_llm/_torch/pyexecutor/model_engine.py@1a0dc5f70054:95-125; with ``enable_padding`` the first size
-    above that ceiling becomes the ceiling). trtpipe refuses instead: a recipe is the record of what runs, so an
-    explicit ``build.pytorch.cuda_graph_config.batch_sizes`` entry or non-zero ``max_batch_size`` above the ceiling is
-    an error naming both numbers; the upstream defaults (no sizes, ``max_batch_size`` 0 → 128) are not the recipe's
-    statement and are left to upstream's rule. For a serving path configured by ``LLM()`` arguments on a GPU (the
-    caller decides: the serving-path row's ``llm_api``). Draft tokens per step: ``max_draft_len`` (Eagle, DraftTarget, NGram)
-    or ``num_nextn_predict_layers`` (MTP).
-    """
-    cg = build.pytorch.cuda_graph_config
-    if cg is None:
-        return []
-    spec = build.pytorch.speculative_config
-    draft = int(getattr(spec, "max_draft_len", None) or getattr(spec, "num_nextn_predict_layers", None) or 0)
-    by_tokens = int(build.max_num_tokens / (1 + draft))
-    ceiling = min(build.max_batch_size, by_tokens)
-    why = (f"build.max_batch_size {build.max_batch_size}" if ceiling == build.max_batch_size else
-           f"build.max_num_tokens {build.max_num_tokens} / (1 + {draft} draft tokens) = {by_tokens}")
-    field = "build.pytorch.cuda_graph_config"
-    over = sorted({b for b in cg.batch_sizes or () if b > ceiling})
-    if over:
-        sizes = ", ".join(map(str, over))
-        verb = "exceeds" if len(over) == 1 else "exceed"
-        return [(f"{field}.batch_sizes", (f"{sizes} {verb} the largest decode batch, {why}: TensorRT-LLM never "
-                                          f"captures a CUDA graph above {ceiling}; end the list at {ceiling}"))]
-    if cg.max_batch_size > ceiling:
-        return [(f"{field}.max_batch_size", (f"{cg.max_batch_size} exceeds the largest decode batch, {why}: "
-                                             f"TensorRT-LLM never captures a CUDA graph above {ceiling}; set it to "
-                                             f"{ceiling} or less"))]
-    return []

@@ -64,7 +64,7 @@ def _describe(err: dict[str, Any]) -> str:
         expected = str(ctx.get("expected", "")).replace("'", "").replace(" or ", ", ")
         return f"{inp!r} is not one of {expected}"
     if kind == "extra_forbidden":
-        return "unknown key (not in the recipe schema; see `trtpipe recipe schema`)"
+        return _foreign_knob(err) or "unknown key (not in the recipe schema; see `trtpipe recipe schema`)"
     if kind == "missing":
         return "required field is missing"
     if kind == "union_tag_invalid":  # a discriminated section's tag (vision.family, speculative_config.decoding_type)
@@ -75,6 +75,23 @@ def _describe(err: dict[str, Any]) -> str:
     if inp is not None and not isinstance(inp, (dict, list)):
         return f"{inp!r}: {msg[0].lower() + msg[1:]}" if msg else repr(inp)
     return msg
+
+
+def _foreign_knob(err: dict[str, Any]) -> str | None:
+    """The sentence for a ``build`` knob of another engine's type (``None``: not one): the engine that reads it."""
+    from pipeline.recipe.build import engines_reading
+
+    loc = [str(p) for p in err["loc"]]
+    if len(loc) != 3 or loc[0] != "build":  # build.<engine tag>.<key>
+        return None
+    engine, readers = loc[1], engines_reading(loc[2])
+    if not readers:
+        return None
+    known = {("tensorrt", "cpu"): ("a TensorRT engine-build knob: the PyTorch LLM-API backend has no such setting; "
+                                   "remove it (or use build.engine: tensorrt)"),
+             ("pytorch",): f"PyTorch LLM-API backend knobs, but build.engine is '{engine}': remove them (or use build.engine: pytorch)"}
+    return known.get(tuple(readers)) or (f"a build.engine {' / '.join(readers)} knob, but build.engine is '{engine}': "
+                                         f"remove it (or use build.engine: {readers[0]})")
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, raw_value: str) -> None:
@@ -213,8 +230,10 @@ def _user_loc(loc: tuple[Any, ...], data: Any) -> tuple[str, ...]:
     path after the field; a step that is not a key of the mapping the user wrote there is that tag, and is dropped."""
     out: list[str] = []
     for i, part in enumerate(loc):
-        if isinstance(data, dict) and isinstance(part, str) and part not in data and out and i < len(loc) - 1:
-            continue  # a union tag (a missing field is the last step): the user wrote the section's fields there
+        if isinstance(data, dict) and isinstance(part, str) and out and i < len(loc) - 1 and (
+                part not in data or part in data.values() and str(loc[i + 1]) in data):
+            continue  # a union tag (a missing field is the last step; a tag that is also a key, build's ``cpu``, is
+            # the value of its discriminator with the next step a key beside it): the user wrote the fields there
         out.append(str(part))
         if isinstance(data, dict):
             data = data.get(part)

@@ -37,12 +37,12 @@ class MoeSpec(StrictModel):
     )
 
 
-def moe_problems(*, ep_size: int, tp_size: int, llm_api: bool, gpu_target: bool, moe_config: MoeSpec | None,
+def moe_problems(*, ep_size: int, tp_size: int, expert_parallel: bool, gpu_target: bool, moe_config: MoeSpec | None,
                  attention_dp: bool, geo: ModelGeometry | None, source: str) -> list[tuple[str, str]]:
     """``[(field, message)]`` for MoE/EP knobs that cannot apply (empty = fine).
 
-    Rules: ``ep_size`` > 1 only on a serving path configured by ``LLM()`` arguments (``llm_api``: ``build.engine:
-    pytorch``) on a GPU (trtpipe writes it only as the LLM-API argument), only for a model with experts, dividing ``tp_size`` (expert-parallel ranks split the tensor-parallel
+    Rules: ``ep_size`` > 1 only with ``build.engine: pytorch`` on a GPU (trtpipe writes it only as the LLM-API
+    argument), only for a model with experts, dividing ``tp_size`` (expert-parallel ranks split the tensor-parallel
     group, :data:`MAPPING_SRC`) and the model's expert count; ``moe_config`` only for a model with experts;
     ``enable_attention_dp`` only with ``tp_size`` > 1 (it replicates attention over the tensor-parallel ranks).
     Models of unknown geometry are checked for divisibility by the GPUs only.
@@ -50,7 +50,7 @@ def moe_problems(*, ep_size: int, tp_size: int, llm_api: bool, gpu_target: bool,
     out: list[tuple[str, str]] = []
     dense = geo is not None and not geo.is_moe
     if ep_size > 1:
-        if not llm_api or not gpu_target:
+        if not expert_parallel:
             out.append(("target.ep_size", f"{ep_size}: expert parallelism is the LLM-API argument moe_expert_parallel_size; "
                                           "use build.engine: pytorch on a GPU target (or ep_size 1)"))
         elif dense:

@@ -69,7 +69,7 @@ def _variants(annotation: Any) -> list[tuple[str, type[BaseModel]]]:
             tag = a.__name__
             for name, f in a.model_fields.items():
                 lit = typing.get_args(f.annotation) if typing.get_origin(f.annotation) is typing.Literal else ()
-                if len(lit) == 1 and f.is_required():
+                if len(lit) == 1 and (f.is_required() or f.default == lit[0]):  # build.engine has a default
                     tag = f"{name}: {lit[0]}"
                     break
             out.append((tag, a))
@@ -103,8 +103,12 @@ def recipe_reference_markdown() -> str:
         "",
     ]
     queue: list[tuple[str, type[BaseModel]]] = [("", Recipe)]
+    seen: set[tuple[str, type[BaseModel]]] = set()
     while queue:
         title, model = queue.pop(0)
+        if (title, model) in seen:  # a sub-section every variant shares (build.kv_cache_config): one table
+            continue
+        seen.add((title, model))
         prefix = title.split(" (")[0]
         title = title or "top level"
         doc = (model.__doc__ or "").strip().splitlines()[0] if model.__doc__ else ""

@@ -9,20 +9,14 @@ from pipeline.core.geometry import geometry_for_source
 from pipeline.recipe import derived
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bench import BenchSpec
-from pipeline.recipe.build import BuildSpec
+from pipeline.recipe.build import BuildSpec, TensorrtBuild
 from pipeline.recipe.eval import EvalSpec
 from pipeline.recipe.knobs import knob_problems
 from pipeline.recipe.model import ModelSpec, TargetSpec
 from pipeline.recipe.moe import moe_problems
 from pipeline.recipe.quant import BLOCK_QFORMATS, QuantSpec
 from pipeline.recipe.serve import ServingSpec
-from pipeline.recipe.serving_path import (
-    PATHS,
-    TRITON,
-    ServingPath,
-    engine_row,
-    path_problem,
-)
+from pipeline.recipe.serving_path import PATHS, TRITON, path_problem, serving_path
 from pipeline.recipe.speculative import draft_source, speculative_problems
 from pipeline.recipe.vision import AnyVision, vision_problems
 
@@ -49,7 +43,7 @@ class Recipe(StrictModel):
     model: ModelSpec = Field(description="The source checkpoint.")
     target: TargetSpec = Field(description="The GPU (or cpu) the deployment is for, and its parallelism.")
     quantization: QuantSpec = Field(default_factory=QuantSpec, description="ModelOpt PTQ: qformat, KV-cache dtype, calibration.")
-    build: BuildSpec = Field(default_factory=BuildSpec, description="Engine kind and TensorRT-LLM build/KV/scheduler knobs.")
+    build: BuildSpec = Field(default_factory=TensorrtBuild, description="Engine kind and TensorRT-LLM build/KV/scheduler knobs.")
     serving: ServingSpec = Field(default_factory=ServingSpec, description="Triton model-repository parameters.")
     bench: BenchSpec = Field(default_factory=BenchSpec, description="Default ISL/OSL scenarios and load points of `trtpipe bench`.")
     eval: EvalSpec = Field(default_factory=EvalSpec, description="Accuracy gate of `trtpipe eval`: task, sample size, rule.")
@@ -70,26 +64,28 @@ class Recipe(StrictModel):
         """``serving.triton_max_batch_size`` or, when unset, ``build.max_batch_size``."""
         return self.serving.triton_max_batch_size or self.build.max_batch_size
 
-    @property
-    def _engine_row(self) -> ServingPath:
-        """The serving-path row of ``build.engine`` × ``target.gpu`` (served by Triton): what the engine decides
-        before the frontend is checked (``_check_target`` has refused an engine that does not run on the target)."""
-        row = engine_row(self.build.engine, self.target.gpu)
-        assert row is not None
-        return row
-
     # ------------------------------------------------------------------ defaults that follow the engine path
     @model_validator(mode="before")
     @classmethod
     def _path_defaults(cls, data: object) -> object:
-        """``bench.model`` left unset follows ``build.engine``: ``tensorrt_llm`` for pytorch (the LLM-API
-        repository's only model), else BenchSpec's ``ensemble``. An explicit value is kept and checked below."""
+        """``build.engine`` left unset is ``tensorrt`` (it chooses the section's type); ``bench.model`` left unset
+        follows it: ``tensorrt_llm`` for pytorch (the LLM-API repository's only model), else BenchSpec's ``ensemble``;
+        an explicit other model on pytorch is refused here (one line naming ``bench.model``)."""
         if not isinstance(data, dict):
             return data
         build, bench = data.get("build"), data.get("bench")
+        if isinstance(build, dict) and "engine" not in build:  # the section's type follows build.engine (default)
+            data = {**data, "build": {**build, "engine": TensorrtBuild.model_fields["engine"].default}}
         engine = build.get("engine") if isinstance(build, dict) else getattr(build, "engine", None)
         if engine not in _NO_ENSEMBLE:
             return data
+        # checked before the build section's type, so a --set build.engine=pytorch switch of a TensorRT recipe names
+        # its bench.model first, as it did when the knobs of another engine were a defaults comparison
+        model = bench.get("model") if isinstance(bench, dict) else (
+            bench.model if isinstance(bench, BenchSpec) and "model" in bench.model_fields_set else None)
+        if model is not None and model != "tensorrt_llm":
+            raise RecipeCheckError("bench.model", f"'{model}' does not exist in the LLM-API (pytorch) model repository: "
+                                                  "its only model is tensorrt_llm (text interface)")
         if bench is None or isinstance(bench, dict) and "model" not in bench:
             return {**data, "bench": {**(bench or {}), "model": "tensorrt_llm"}}
         if isinstance(bench, BenchSpec) and "model" not in bench.model_fields_set:
@@ -115,12 +111,12 @@ class Recipe(StrictModel):
     def _check_features(self) -> None:
         """Speculative decoding and MoE/EP knobs (rules in pipeline/recipe/speculative.py and moe.py)."""
         p, t, src = self.build.pytorch, self.target, self.model.source
-        gpu = not self._engine_row.on_cpu
+        gpu = t.gpu != hardware.CPU_TARGET
         geo = geometry_for_source(src)
         draft = draft_source(p.speculative_config)
         problems = speculative_problems(p.speculative_config, geo, geometry_for_source(draft) if draft else None,
                                         gpu_target=gpu, source=src)
-        problems += moe_problems(ep_size=t.ep_size, tp_size=t.tp_size, llm_api=self._engine_row.llm_api, gpu_target=gpu,
+        problems += moe_problems(ep_size=t.ep_size, tp_size=t.tp_size, expert_parallel=serving_path(self).expert_parallel, gpu_target=gpu,
                                  moe_config=p.moe_config, attention_dp=p.enable_attention_dp, geo=geo, source=src)
         if problems:
             raise RecipeCheckError(*problems[0])
@@ -138,8 +134,8 @@ class Recipe(StrictModel):
                 "quantization.calibration.max_seq_length",
                 f"{c.max_seq_length} exceeds the model's max_position_embeddings {geo.max_position_embeddings}: lower it",
             )
-        if self._engine_row.llm_api and not self._engine_row.on_cpu:  # CUDA-graph sizes above the largest decode batch
-            problems = derived.cuda_graph_problems(b)
+        if self.target.gpu != hardware.CPU_TARGET:  # CUDA-graph sizes above the largest decode batch (build.py)
+            problems = b.cuda_graph_problems()
             if problems:
                 raise RecipeCheckError(*problems[0])
         if b.workers > self.target.world_size:
@@ -210,12 +206,6 @@ class Recipe(StrictModel):
             raise RecipeCheckError(
                 "build.kv_cache_type",
                 f"'{b.kv_cache_type}' does not support in-flight batching (batching_strategy inflight_fused_batching needs paged)",
-            )
-        if not self._engine_row.ensemble and self.bench.model != "tensorrt_llm":
-            raise RecipeCheckError(
-                "bench.model",
-                f"'{self.bench.model}' does not exist in the LLM-API (pytorch) model repository: its only model is "
-                "tensorrt_llm (text interface)",
             )
         if self.bench.model != "tensorrt_llm" and not self.serving.decoupled_mode:
             raise RecipeCheckError("serving.decoupled_mode", "false, but the benchmark streams: set it to true")

@@ -138,6 +138,24 @@ class ServingPath:
         """True for the ensemble repository layout (preprocessing → tensorrt_llm → postprocessing, BLS)."""
         return self.tensorrt_llm_model != "llmapi"
 
+    @property
+    def native_cpu_kernels(self) -> bool:
+        """True when the CPU engine's own builder and model serve it (``build.engine: cpu``): ``trtpipe build`` checks
+        the native-kernel choice (``$TRTPIPE_CPU_KERNELS``) before the first stage."""
+        return self.engine == "cpu"
+
+    @property
+    def expert_parallel(self) -> bool:
+        """True when ``target.ep_size`` > 1 can be honoured: the LLM-API argument ``moe_expert_parallel_size`` on a
+        GPU (the PyTorch backend on a GPU target)."""
+        return self.engine == "pytorch" and not self.on_cpu
+
+    def gpu_fit(self, pytorch_fit_shipped: bool) -> str | None:
+        """The fitted GPU efficiency model that covers this path's own engine (``tensorrt`` | ``pytorch``), or
+        ``None``: none does (the CPU engine planned on a GPU; the PyTorch backend when its fit file does not ship)."""
+        fits = {"tensorrt": "tensorrt", "pytorch": "pytorch" if pytorch_fit_shipped else None}
+        return fits.get(self.engine)
+
     def on(self, target: str) -> ServingPath:
         """This path on ``target`` (``gpu`` | ``cpu``): itself, or its :attr:`twin` (a cpu recipe planned on a GPU
         is planned as ``tensorrt``, a GPU one on the host as the CPU engine)."""
@@ -209,6 +227,12 @@ def builder_paths(gpu: str, frontend: str = TRITON) -> list[ServingPath]:
 def on_cpu_target(gpu: str) -> bool:
     """True when ``target.gpu`` names the CPU target (the one spelling test of it outside the rows)."""
     return _target_of(gpu) == hardware.CPU_TARGET
+
+
+def serves_with_triton(frontend: str) -> bool:
+    """True when ``serving.frontend`` (or a server record's ``frontend``) is Triton (the one spelling test of the
+    frontend outside the rows; the other is trtllm-serve)."""
+    return frontend == TRITON
 
 
 def path_problem(engine: str, gpu: str, frontend: str, modality: str = TEXT) -> tuple[str, str] | None:

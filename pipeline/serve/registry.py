@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core import artifacts
-from pipeline.recipe.serving_path import TRITON, TRTLLM_SERVE, serves_model_repository
+from pipeline.recipe.serving_path import TRITON, TRTLLM_SERVE, serves_with_triton
 from pipeline.triton.process import http_ok, shm_regions, terminate_tree
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def state_ready(state: dict[str, Any]) -> bool:
 def not_answering(state: dict[str, Any]) -> list[str]:
     """What does not answer on the recorded server (``[]``: all answers): for Triton every model of its repository
     (model-ready API and a one-token inference, :func:`pipeline.triton.health.probe`), for trtllm-serve ``/health``."""
-    if not serves_model_repository(frontend_of(state)):
+    if not serves_with_triton(frontend_of(state)):
         return [] if state_ready(state) else [f"server ({state.get('health_url')} does not answer 200)"]
     from pipeline.triton.health import probe
 
@@ -159,7 +159,7 @@ def _stop_watcher(state: dict[str, Any]) -> None:
 def describe(state: dict[str, Any]) -> str:
     """The recorded server's endpoints, what it serves, its log and start time: one ``name value`` line each."""
     rows = [("frontend", frontend_of(state)), ("build", state.get("build_dir") or "—")]
-    if serves_model_repository(frontend_of(state)):
+    if serves_with_triton(frontend_of(state)):
         rows += [("gRPC", state.get("grpc_url")), ("HTTP", f"http://{state.get('http_url')}"),
                  ("repo", state.get("model_repository"))]
     else:

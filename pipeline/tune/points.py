@@ -16,7 +16,6 @@ from typing import Any
 from pipeline.assemble.seed import STAGE_CONSUMERS, stage_inputs
 from pipeline.core.artifacts import stable_hash
 from pipeline.recipe.consumers import consumed
-from pipeline.recipe.serving_path import serving_path
 from pipeline.tune.spec import KnobValue, Tune, apply_changes
 
 
@@ -122,9 +121,9 @@ def steps(tune: Tune) -> list[Change]:
 
 def numerics_changed(recipe: Any, base: Any) -> bool:
     """True when a field the quantize stage consumes differs from the base (qformat, KV dtype, calibration…), or,
-    on the CPU engine (every cpu-target serving path: pipeline/engine/cpu.py builds it), its compute dtype
-    (``build.cpu.dtype``)."""
-    cpu_dtype = serving_path(recipe).on_cpu and recipe.build.cpu.dtype != base.build.cpu.dtype
+    on the CPU engine, its compute dtype (``build.cpu.dtype``)."""
+    own = recipe.build.engine_compute_dtype  # None: the engine's numerics do not follow a build knob
+    cpu_dtype = own is not None and own != base.build.cpu.dtype
     return cpu_dtype or consumed(recipe, "quantize") != consumed(base, "quantize")
 
 

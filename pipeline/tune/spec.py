@@ -173,10 +173,14 @@ def apply_changes(base_raw: dict[str, Any], changes: dict[str, Any]) -> Any:
         ValueError: a change goes through a non-section. ``pydantic.ValidationError``: the recipe rejects it.
     """
     from pipeline.recipe import Recipe
+    from pipeline.recipe.build import BUILD_TYPES, for_engine
 
     data = copy.deepcopy(base_raw)
     for k, v in changes.items():
         set_dotted(data, k, v)
+    engine = changes.get("build.engine")
+    if isinstance(engine, str) and engine in BUILD_TYPES:  # the section's type follows the engine knob
+        data["build"] = for_engine(data["build"], engine)
     return Recipe.model_validate(data)
 
 
