@@ -251,19 +251,6 @@ def path_problem(engine: str, gpu: str, frontend: str, modality: str = TEXT) -> 
     return None
 
 
-def engine_row(engine: str, gpu: str) -> ServingPath | None:
-    """The text row of ``build.engine`` = ``engine`` on ``target.gpu`` = ``gpu`` served by Triton: what the engine ×
-    target decides whatever the frontend (builder, repository kind, efficiency model); ``None`` when the engine does
-    not run on that target. For a recipe whose frontend is not yet checked (the recipe's own validators)."""
-    return PATHS.get(f"{engine}/{_target_of(gpu)}/{TRITON}")
-
-
-def serves_model_repository(frontend: str) -> bool:
-    """True when ``frontend`` serves a Triton model repository (per-model readiness, gRPC and HTTP endpoints: the
-    ``tritonserver`` rows), False for trtllm-serve's OpenAI server (one ``/health``) or trtpipe's CPU stand-in."""
-    return any(p.frontend == frontend and p.server == "tritonserver" for p in PATHS.values())
-
-
 def unread_knobs(engine: str, gpu: str) -> tuple[str, ...]:
     """The recipe knobs that ``build.engine`` never reads on ``target.gpu`` (the same for every frontend; empty
     when the engine does not run there)."""
