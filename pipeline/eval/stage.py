@@ -40,6 +40,7 @@ from pipeline.core.errors import StageError, UserError
 from pipeline.core.layout import BuildLayout
 from pipeline.eval import scores as sc
 from pipeline.eval import stats, tasks
+from pipeline.recipe.bench import Flag
 from pipeline.recipe.eval import EvalSpec
 
 #: bump when the generation request or the cached-output format changes (2: outputs cached before 2026-11-27 held
@@ -55,11 +56,12 @@ REQUEST_TIMEOUT_S = 900.0
 class EvalTarget:
     """A deployment to evaluate: a build (served here unless ``url`` is given) and/or a running server.
 
-    ``url`` is Triton's gRPC ``host:port``; ``model`` the text model to call (``ensemble``).
+    ``url`` is Triton's gRPC ``host:port`` (the candidate's ``--url``); ``model`` the text model to call (``ensemble``).
     """
 
     layout: BuildLayout | None = None
-    url: str | None = None
+    url: str | None = dataclasses.field(default=None, metadata={"flag": Flag("--url", (
+        "gRPC host:port of a running deployment of the candidate (not served here)."))})
     model: str = "ensemble"
 
     def __post_init__(self) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from pipeline.recipe.base import StrictModel
+from pipeline.recipe.bench import Flag
 
 #: the gate's rules (see :mod:`pipeline.eval.stats`)
 RULES = ("paired", "mlperf", "mlperf_high", "trtllm", "kld")
@@ -15,9 +16,10 @@ BUILTIN_TASKS = ("embedded", "agreement", "cnn_dailymail")
 
 
 class EvalSpec(StrictModel):
-    """What ``trtpipe eval`` generates and how it decides PASS / FAIL / INCONCLUSIVE."""
+    """What ``trtpipe eval`` generates and how it decides PASS / FAIL / INCONCLUSIVE; a field with a
+    :class:`~pipeline.recipe.bench.Flag` is a ``trtpipe eval`` option (:mod:`pipeline.eval.options`)."""
 
-    task: str = Field(
+    task: Annotated[str, Flag("--task", "embedded | agreement | cnn_dailymail | path/to.jsonl (article, highlights).")] = Field(
         default="embedded", min_length=1, description=(
             "`embedded` (30 article/summary pairs shipped with trtpipe, offline), `agreement` (label-free: held-out "
             "passages of the embedded calibration text, candidate scored against the baseline's outputs), a path to a "
@@ -25,14 +27,15 @@ class EvalSpec(StrictModel):
             "needs network)."
         ),
     )
-    n: int = Field(
+    n: Annotated[int, Flag("--n", "Samples (capped by the task's size).", int)] = Field(
         default=30, ge=1, le=20000, description=(
             "Samples to evaluate (capped by the task's size). Upper bound: MLPerf's llama3.1-8b CNN/DailyMail accuracy "
             "set has 13,368 samples (mlcommons/inference tools/submission/submission_checker/constants.py)."
         ),
     )
-    seed: int = Field(default=0, ge=0, description="Seed of the sample selection and of the bootstrap resampling.")
-    rule: Literal["paired", "mlperf", "mlperf_high", "trtllm", "kld"] = Field(
+    seed: Annotated[int, Flag("--seed", "Sample selection and bootstrap seed.", int)] = Field(default=0, ge=0, description="Seed of the sample selection and of the bootstrap resampling.")
+    rule: Annotated[Literal["paired", "mlperf", "mlperf_high", "trtllm", "kld"], Flag("--rule", (
+        "paired | mlperf | mlperf_high | trtllm | kld (token-level KL divergence on the served context logits)."))] = Field(
         default="paired", description=(
             "`paired`: non-inferiority of the per-sample ROUGE deltas vs the baseline (bootstrap CI); `mlperf` / "
             "`mlperf_high`: each ROUGE >= 99 % / 99.9 % of the reference and generated length within 90-110 % "
@@ -42,13 +45,15 @@ class EvalSpec(StrictModel):
             "served context_logits), non-inferior to `kld_max` and `same_top1_min` (docs/eval.md)."
         ),
     )
-    kld_max: float | None = Field(
+    kld_max: Annotated[float | None, Flag(
+        "--kld-max", "kld rule: largest acceptable mean KLD (nats/token; eval.kld_max).", float)] = Field(
         default=None, gt=0.0, le=10.0, description=(
             "`kld` rule: largest acceptable mean KL divergence (nats per token). Default: per quantization format from "
             "llama.cpp's published LLaMA-3-8B table (pipeline/eval/kld.py THRESHOLDS)."
         ),
     )
-    same_top1_min: float | None = Field(
+    same_top1_min: Annotated[float | None, Flag(
+        "--same-top1-min", "kld rule: smallest acceptable same-top-1 % (eval.same_top1_min).", float)] = Field(
         default=None, gt=0.0, le=100.0, description=(
             "`kld` rule: smallest acceptable share (%) of positions whose top-1 token equals the baseline's. Default: per "
             "quantization format (pipeline/eval/kld.py THRESHOLDS)."
@@ -86,13 +91,13 @@ class EvalSpec(StrictModel):
             "TensorRT-LLM's CnnDailymail uses 924 (accuracy_core.py MAX_INPUT_LEN); the CPU default uses less."
         ),
     )
-    max_output_tokens: int = Field(
+    max_output_tokens: Annotated[int, Flag("--max-output-tokens", "max_tokens per request.", int)] = Field(
         default=64, ge=1, le=32768, description=(
             "max_tokens per request (greedy, stops at the model's EOS). TensorRT-LLM's CnnDailymail uses 100 "
             "(accuracy_core.py MAX_OUTPUT_LEN)."
         ),
     )
-    concurrency: int = Field(
+    concurrency: Annotated[int, Flag("--concurrency", "Requests in flight.", int)] = Field(
         default=16, ge=1, le=1024, description=(
             "Requests in flight at once. Default 16: the CPU engine's in-flight batching peaks near there (README)."
         ),
