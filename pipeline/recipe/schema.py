@@ -77,6 +77,12 @@ class Recipe(StrictModel):
         if isinstance(build, dict) and "engine" not in build:  # the section's type follows build.engine (default)
             data = {**data, "build": {**build, "engine": TensorrtBuild.model_fields["engine"].default}}
         engine = build.get("engine") if isinstance(build, dict) else getattr(build, "engine", None)
+        target = data.get("target")
+        gpu = target.get("gpu") if isinstance(target, dict) else getattr(target, "gpu", None)
+        if isinstance(engine, str) and isinstance(gpu, str):  # before the section's type: the engine × target first
+            problem = path_problem(engine, gpu.strip().lower(), TRITON)
+            if problem is not None and problem[0] == "build.engine":
+                raise RecipeCheckError(*problem)
         if engine not in _NO_ENSEMBLE:
             return data
         # checked before the build section's type, so a --set build.engine=pytorch switch of a TensorRT recipe names
