@@ -51,15 +51,10 @@ RUNTIME_OVERRIDES = {
 }
 #: fields with a single allowed value or changed elsewhere (no other value to try)
 RUNTIME_FIXED = {"serving.batching_strategy", "serving.decoupled_mode",
-                 # a TensorRT recipe must keep these at their defaults (pipeline/recipe/knobs.py refuses others)
-                 "serving.frontend", "build.pytorch.disable_overlap_scheduler", "build.pytorch.attn_backend",
-                 "build.pytorch.sampler_type", "build.pytorch.stream_interval", "build.pytorch.enable_iter_perf_stats",
-                 "build.pytorch.enable_iter_req_stats", "build.pytorch.print_iter_log", "build.pytorch.return_perf_metrics",
-                 "build.pytorch.cuda_graph_config.enable_padding", "build.pytorch.cuda_graph_config.batch_sizes",
-                 "build.pytorch.cuda_graph_config.max_batch_size",
-                 # speculative decoding and MoE knobs: refused on a TensorRT recipe and on a dense model
-                 # (pipeline/recipe/knobs.py, speculative.py, moe.py); the recipes that set them are classified below
-                 "build.pytorch.speculative_config", "build.pytorch.moe_config", "build.pytorch.enable_attention_dp",
+                 # a TensorRT recipe must keep this at its default (the serving-path table refuses trtllm-serve)
+                 "serving.frontend",
+                 # MoE: refused on a TensorRT recipe and on a dense model (pipeline/recipe/moe.py); the PyTorch
+                 # backend's knobs (build.pytorch.*) are not fields of a TensorRT build at all (TensorrtBuild)
                  "target.ep_size",
                  # needs the model's real tokenizer (the xgrammar tokenizer-info file the stage writes), which the
                  # placeholder checkpoint here has not: the CPU default exercises it (tests/test_guided.py)
@@ -168,13 +163,14 @@ def test_build_knobs_rebuild_the_engine(tmp_path, counted, field: str, overrides
     assert not engine.cached and not repo.cached and counted() == 2
 
 
-def test_cpu_engine_settings_do_not_rebuild_a_tensorrt_engine(tmp_path, counted):
-    base = load_recipe(RECIPE)
-    layout = BuildLayout(tmp_path / "b")
-    q = _quantized(layout.root, base)
-    first, _ = _build(base, layout, q)
-    again, _ = _build(load_recipe(RECIPE, ["build.cpu.num_threads=2"]), layout, q)
-    assert again.cached and counted() == 1
+def test_cpu_engine_settings_are_not_fields_of_a_tensorrt_build():
+    """``build.cpu`` belongs to the CPU engine's build type (and PyTorch's on a CPU target): on a TensorRT recipe it is
+    refused by type, one line naming the field, so it can neither rebuild nor silently ride along."""
+    from pipeline.core.errors import RecipeError
+
+    with pytest.raises(RecipeError, match=r"build\.cpu: .*build\.engine is 'tensorrt'") as e:
+        load_recipe(RECIPE, ["build.cpu.num_threads=2"])
+    assert "\n" not in str(e.value)
 
 
 def test_build_says_which_fields_changed(tmp_path):
