@@ -200,17 +200,23 @@ def cpu_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def _cli_build_in_fresh_dir(tmp_path_factory: pytest.TempPathFactory, recipe_name: str) -> tuple[Path, Path]:
+    """``(work dir, build dir)``: ``trtpipe build recipes/<recipe_name>.yaml`` run once in a fresh work dir (its
+    ``artifacts/``, whose ``.last_build`` then points at it)."""
+    recipe = REPO / "recipes" / f"{recipe_name}.yaml"
+    work = tmp_path_factory.mktemp(recipe_name)
+    res = subprocess.run([str(Path(sys.executable).parent / "trtpipe"), "build", str(recipe)], cwd=work,
+                         capture_output=True, text=True, timeout=1800, check=False, env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return work, work / "artifacts" / recipe.stem
+
+
 @pytest.fixture(scope="session")
 def qwen2vl_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """``(work dir, build dir)`` of one ``trtpipe build recipes/tiny_qwen2_vl_cpu_llmapi.yaml`` run in a fresh work dir
     (slow tier): the trtllm-serve build the served VLM tests start from. A variant built in the same work dir (e.g.
     ``--set serving.frontend=triton``) reuses its quantize and engine stages (``pipeline.assemble.seed``)."""
-    recipe = REPO / "recipes" / "tiny_qwen2_vl_cpu_llmapi.yaml"
-    work = tmp_path_factory.mktemp("qwen2vl")
-    res = subprocess.run([str(Path(sys.executable).parent / "trtpipe"), "build", str(recipe)], cwd=work,
-                         capture_output=True, text=True, timeout=900, check=False, env={**os.environ, "COLUMNS": "200"})
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return work, work / "artifacts" / recipe.stem
+    return _cli_build_in_fresh_dir(tmp_path_factory, "tiny_qwen2_vl_cpu_llmapi")
 
 
 @pytest.fixture(scope="session")
@@ -218,9 +224,4 @@ def mllama_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """``(work dir, build dir)`` of one ``trtpipe build recipes/tiny_mllama_cpu.yaml`` run in a fresh work dir (slow
     tier, ~1.5 min): quantize with images → ONNX vision encoder → CPU engine → multimodal repository. Shared by the
     vision stage's recipe test (its manifests) and the served VLM tests (``trtpipe serve`` from the work dir)."""
-    recipe = REPO / "recipes" / "tiny_mllama_cpu.yaml"
-    work = tmp_path_factory.mktemp("mllama")
-    res = subprocess.run([str(Path(sys.executable).parent / "trtpipe"), "build", str(recipe)], cwd=work,
-                         capture_output=True, text=True, timeout=1800, check=False, env={**os.environ, "COLUMNS": "200"})
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return work, work / "artifacts" / recipe.stem
+    return _cli_build_in_fresh_dir(tmp_path_factory, "tiny_mllama_cpu")
