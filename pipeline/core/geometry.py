@@ -223,9 +223,9 @@ def geometry_for_source(source: str, base_dir: Path | None = None) -> ModelGeome
     known = known_geometry(source)
     if known:
         return known
-    path = Path(source).expanduser()
-    if base_dir is not None and not path.is_absolute():
-        path = base_dir / path
+    from pipeline.core.recipe_paths import recipe_path
+
+    path = recipe_path(source, base_dir)
     if path.is_dir() and (path / "config.json").is_file():
         try:
             return geometry_from_config(path / "config.json")

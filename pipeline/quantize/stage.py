@@ -37,6 +37,7 @@ from pipeline.core import artifacts
 from pipeline.core.disk import quantize_bytes
 from pipeline.core.errors import StageError
 from pipeline.core.layout import HF_CKPT, TRTLLM_CKPT, BuildLayout
+from pipeline.core.recipe_paths import recipe_path
 from pipeline.core.scripts import save_tokenizer
 from pipeline.quantize import ptq
 from pipeline.quantize.common import (  # shared with the vision-language path (pipeline/quantize/vlm.py)
@@ -281,7 +282,7 @@ def _threads() -> Iterator[None]:
 def _dry_run(recipe: Recipe, out_dir: Path, key: str, recipe_dir: Path) -> QuantizeResult:
     q, c, t = recipe.quantization, recipe.quantization.calibration, recipe.target
     src = recipe.model.source
-    local = Path(src).expanduser() if Path(src).is_absolute() else Path(recipe_dir) / src
+    local = recipe_path(src, recipe_dir)
     model_dir = str(local.resolve()) if local.exists() else src
     # mllama is calibrated with images: quantize.py's VLM dataset, scienceqa (examples/models/core/multimodal/README.md
     # @89fd9b74 §MLLaMA FP8: --calib_dataset scienceqa; hf_ptq.py@5a4242fa:443-453)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from pipeline.core.recipe_paths import recipe_path
 from pipeline.recipe.model import EMBEDDED_SMOLLM2
 from pipeline.recipe.schema import Recipe
 
@@ -21,8 +22,7 @@ CALIB_SUFFIXES = (".txt", ".jsonl", ".parquet")
 
 
 def _resolved(value: str, recipe_dir: Path) -> Path:
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else Path(recipe_dir) / path
+    return recipe_path(value, recipe_dir)
 
 
 def classify_source(src: str, recipe_dir: Path) -> tuple[str, Path, str | None]:

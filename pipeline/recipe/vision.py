@@ -32,6 +32,7 @@ from pydantic import Field
 
 from pipeline.core.engine_paths import version_key
 from pipeline.core.errors import UserError
+from pipeline.core.recipe_paths import recipe_path
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bounds import INT32_MAX
 from pipeline.recipe.serving_path import (
@@ -197,10 +198,7 @@ def vision_geometry(source: str, base_dir: Path | None = None) -> dict | None:
         vis = entry.get("vision")
         return {"model_type": _ARCH_FAMILY.get(entry.get("architecture", ""), "text") if vis else "text",
                 "vision_config": vis, "cross_attention_layers": list(entry.get("cross_attention_layers") or [])}
-    path = Path(source).expanduser()
-    if base_dir is not None and not path.is_absolute():
-        path = base_dir / path
-    cfg_file = path / "config.json"
+    cfg_file = recipe_path(source, base_dir) / "config.json"
     if not cfg_file.is_file():
         return None
     try:
