@@ -40,6 +40,7 @@ from typing import Any
 from pipeline.core import artifacts
 from pipeline.core.errors import StageError
 from pipeline.core.layout import BuildLayout
+from pipeline.core.recipe_paths import recipe_path
 from pipeline.recipe import Recipe
 from pipeline.recipe.consumers import consumed
 from pipeline.recipe.serving_path import serving_path
@@ -229,7 +230,7 @@ def _dry_run(recipe: Recipe, out_dir: Path, key: str, recipe_dir: Path) -> Visio
 
     assert recipe.vision is not None
     src = recipe.model.source
-    local = Path(src).expanduser() if Path(src).is_absolute() else Path(recipe_dir) / src
+    local = recipe_path(src, recipe_dir)  # the one model.source rule (pipeline/core/recipe_paths.py)
     model_dir = str(local.resolve()) if local.exists() else src
     dtype = encoder_dtype(recipe)
     batch = vgeo.vision_max_batch_size(recipe.build.max_batch_size, recipe.vision.max_images_per_request)
