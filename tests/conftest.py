@@ -5,17 +5,21 @@
 - ``--run-gpu`` runs tests marked ``gpu`` (need a GPU and TensorRT-LLM; never in CI here).
 - ``TRTPIPE_CACHE_DIR`` points at a repo-local ``.trtpipe-cache/`` so the converted SmolLM2
   checkpoint is shared across tests and runs, and no test writes to ``~``.
+- Under pytest-xdist (scripts/test.sh runs ``-n 2 --dist loadgroup``) a module is the unit of work, a session build
+  is made once per run and a ``serial`` test runs alone (tests/parallel.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import parallel
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +33,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-gpu", action="store_true", default=False, help="run tests marked gpu")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks (tests/parallel.py)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     run_slow = config.getoption("--run-slow") or os.environ.get("TRTPIPE_RUN_SLOW") == "1"
     run_gpu = config.getoption("--run-gpu")
@@ -39,6 +44,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_slow)
         if "gpu" in item.keywords and not run_gpu:
             item.add_marker(skip_gpu)
+    parallel.group_slow_modules(items)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: a module (or an ``xdist_group`` of modules) is the unit of work (tests/parallel.py)."""
+    return parallel.ModuleScheduling(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Under xdist each test holds its turn on the host, a ``serial`` one alone (:func:`parallel.host_turn`)."""
+    with parallel.host_turn(item):
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -125,18 +144,23 @@ def int4_awq(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Int
     from pipeline.quantize import stage as quantize
     from pipeline.recipe import load_recipe
 
-    root = tmp_path_factory.mktemp("int4_awq") / "smollm2_135m_cpu_int4_awq"
-    reference = root.parent / "reference.safetensors"
-    export = mte.export_hf_checkpoint
-
-    def export_with_reference(model, *args, **kwargs):
-        save_fakequant_reference(model, reference)
-        return export(model, *args, **kwargs)
-
     recipe = load_recipe(INT4_RECIPE, INT4_SMALL)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(mte, "export_hf_checkpoint", export_with_reference)  # the stage imports it when it exports
-        res = quantize.run(recipe, BuildLayout(root), recipe_dir=INT4_RECIPE.parent)
+    with parallel.built_once(tmp_path_factory, "int4_awq") as (base, first):
+        root = base / "smollm2_135m_cpu_int4_awq"
+        reference = base / "reference.safetensors"
+        if not first:  # another xdist worker made it: the stage finds it by its cache key
+            res = quantize.run(recipe, BuildLayout(root), recipe_dir=INT4_RECIPE.parent)
+            assert res.cached and reference.is_file()
+            return Int4Awq(recipe, root, res, reference)
+        export = mte.export_hf_checkpoint
+
+        def export_with_reference(model, *args, **kwargs):
+            save_fakequant_reference(model, reference)
+            return export(model, *args, **kwargs)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(mte, "export_hf_checkpoint", export_with_reference)  # the stage imports it when it exports
+            res = quantize.run(recipe, BuildLayout(root), recipe_dir=INT4_RECIPE.parent)
     assert not res.cached and reference.is_file(), "the quantize stage no longer exports through export_hf_checkpoint"
     return Int4Awq(recipe, root, res, reference)
 
@@ -191,23 +215,37 @@ CPU_RECIPE = REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"
 def cpu_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shipped CPU default built for real by the CLI, once per session: ``trtpipe build
     recipes/smollm2_135m_cpu_fp8.yaml`` (ModelOpt FP8 → CPU engine → Triton repo), run from a
-    temp working directory whose ``artifacts/.last_build`` then points at it (~1–3 min)."""
+    temp working directory whose ``artifacts/.last_build`` then points at it (~1–3 min).
+
+    Under xdist the first worker builds it once for the run (:func:`parallel.built_once`); each worker's own build
+    then starts from hard links of that build's quantize and engine stages, which ``trtpipe build`` reuses by their
+    cache keys, so a worker's working directory (its ``artifacts/serve.json``, its eval baselines) is its own."""
     work = tmp_path_factory.mktemp("e2e")
-    out = work / "artifacts" / "smollm2_135m_cpu_fp8"
-    res = subprocess.run([TRTPIPE, "build", str(CPU_RECIPE), "--out", str(out)], cwd=work,
-                         capture_output=True, text=True, timeout=1800)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = work / "artifacts" / CPU_RECIPE.stem
+    if parallel.worker() is not None:
+        with parallel.built_once(tmp_path_factory, "cpu_build") as (shared, first):
+            donor = shared / "artifacts" / CPU_RECIPE.stem
+            if first:
+                _cli_build(CPU_RECIPE, shared, donor)
+        for stage in ("quantize", "engine"):
+            shutil.copytree(donor / stage, out / stage, copy_function=os.link)
+    _cli_build(CPU_RECIPE, work, out)
     return out
+
+
+def _cli_build(recipe: Path, work: Path, out: Path | None = None) -> None:
+    """``trtpipe build <recipe> [--out out]`` run in ``work``; fails the test with the output's tail."""
+    res = subprocess.run([TRTPIPE, "build", str(recipe), *(["--out", str(out)] if out else [])], cwd=work,
+                         capture_output=True, text=True, timeout=1800, check=False, env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
 
 def _cli_build_in_fresh_dir(tmp_path_factory: pytest.TempPathFactory, recipe_name: str) -> tuple[Path, Path]:
     """``(work dir, build dir)``: ``trtpipe build recipes/<recipe_name>.yaml`` run once in a fresh work dir (its
-    ``artifacts/``, whose ``.last_build`` then points at it)."""
+    ``artifacts/``, whose ``.last_build`` then points at it). Its users share one ``xdist_group`` (one worker)."""
     recipe = REPO / "recipes" / f"{recipe_name}.yaml"
     work = tmp_path_factory.mktemp(recipe_name)
-    res = subprocess.run([str(Path(sys.executable).parent / "trtpipe"), "build", str(recipe)], cwd=work,
-                         capture_output=True, text=True, timeout=1800, check=False, env={**os.environ, "COLUMNS": "200"})
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    _cli_build(recipe, work)
     return work, work / "artifacts" / recipe.stem
 
 

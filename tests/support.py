@@ -22,6 +22,7 @@ from pipeline.core.artifacts import (
     stable_hash,
     write_manifest,
 )
+from pipeline.core.lock import exclusive
 from pipeline.quantize.result import QuantizeResult
 
 _FIXTURE_VERSION = 2
@@ -105,15 +106,20 @@ def quantized_stage(
     ``qformat`` is a recipe qformat (``full_prec`` included). FP8 calibration on 8 × 128 tokens takes
     ~10–30 s on 2 cores; INT4 AWQ several minutes. Raises ``pydantic.ValidationError`` for an unknown qformat.
     """
-    from pipeline.recipe.quant import QuantSpec
-
     out = Path(cache_root) / f"quantize-{qformat}-kv{kv_cache_dtype}"
     key = stable_hash(
         {"q": qformat, "kv": kv_cache_dtype, "bs": awq_block_size, "n": calib_size, "l": calib_seq_len, "v": _FIXTURE_VERSION}
     )
-    hit = QuantizeResult.load(out, key)
-    if hit:
-        return hit
+    with exclusive(out.parent / f".{out.name}.lock"):  # two xdist workers: one calibrates, the other reads it
+        hit = QuantizeResult.load(out, key)
+        return hit or _quantize_fixture(out, key, qformat, kv_cache_dtype, awq_block_size, calib_size, calib_seq_len)
+
+
+def _quantize_fixture(out: Path, key: str, qformat: str, kv_cache_dtype: str, awq_block_size: int, calib_size: int,
+                      calib_seq_len: int) -> QuantizeResult:
+    """:func:`quantized_stage`'s calibration and export into ``out`` (its lock held)."""
+    from pipeline.recipe.quant import QuantSpec
+
     spec = QuantSpec(qformat=qformat, kv_cache_dtype=kv_cache_dtype, awq_block_size=awq_block_size)
     src = smollm2_hf_dir()
 
@@ -184,4 +190,5 @@ def cpu_fp8_build(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Pat
 
     root = cpu_engine_fixtures()
     q = quantized_stage(root, "fp8", kv_cache_dtype="fp8")
-    return cpu_stage.run(shipped_recipe("smollm2_135m_cpu_fp8", overrides), BuildLayout(root / name), quantized=q).path
+    with exclusive(root / f".{name}.lock"):  # two xdist workers: one builds, the other reuses it by its key
+        return cpu_stage.run(shipped_recipe("smollm2_135m_cpu_fp8", overrides), BuildLayout(root / name), quantized=q).path

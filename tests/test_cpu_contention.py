@@ -11,15 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from support import quantized_stage
 
-from pipeline.core.layout import BuildLayout
 from pipeline.cpu_runtime import engine as engine_mod
 from pipeline.cpu_runtime import host
 from pipeline.cpu_runtime.host import CoreShare, threads_beside
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(os.environ.get("TRTPIPE_CACHE_DIR", REPO / ".trtpipe-cache")) / "cpu-engine-fixtures"
 END_ID = 2
 
 
@@ -128,16 +124,6 @@ def test_core_share_keeps_its_threads_where_proc_stat_cannot_be_read() -> None:
     assert s.threads == 2
 
 
-@pytest.fixture(scope="module")
-def engine_dir() -> Path:
-    from pipeline.engine import cpu as cpu_stage
-    from pipeline.recipe import load_recipe
-
-    q = quantized_stage(FIXTURES, "fp8", kv_cache_dtype="fp8")
-    recipe = load_recipe(REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml", ["build.max_batch_size=8"])
-    return cpu_stage.run(recipe, BuildLayout(FIXTURES / "build-fp8-bs8"), quantized=q).path
-
-
 def _generate(eng, n: int) -> list[int]:
     got, done = [], threading.Event()
 
@@ -151,6 +137,7 @@ def _generate(eng, n: int) -> list[int]:
     return got
 
 
+@pytest.mark.serial  # an engine at its default threads (every core)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: nothing to leave a neighbour")
 def test_engine_gives_a_busy_neighbour_a_core_and_takes_it_back(engine_dir: Path, monkeypatch) -> None:
     """A real engine at its default threads, its CoreShare fed a /proc/stat where a neighbour keeps one core busy,

@@ -24,6 +24,7 @@ from pipeline.recipe import load_recipe
 from pipeline.recipe.eval import EvalSpec, needs_context_logits
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.xdist_group("eval_baseline")  # shares the full-precision baseline build with test_eval
 CPU_RECIPE = REPO / "recipes" / "smollm2_135m_cpu_fp8.yaml"
 
 

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "tiny_qwen2_vl_cpu_llmapi.yaml"
 WAIT_S = 180
 
-pytestmark = [pytest.mark.slow, pytest.mark.triton,
+pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.xdist_group("qwen2vl_build"),  # conftest qwen2vl_build
               pytest.mark.skipif(not RECIPE.is_file(), reason="needs recipes/tiny_qwen2_vl_cpu_llmapi.yaml (issue #47 item 5)")]
 
 

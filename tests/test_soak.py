@@ -19,6 +19,7 @@ TRTPIPE = str(Path(sys.executable).parent / "trtpipe")
 
 @pytest.mark.slow
 @pytest.mark.triton
+@pytest.mark.serial  # RSS growth and latency drift over time: alone on the host
 @pytest.mark.timeout(300)
 def test_short_soak_on_the_timed_model(tmp_path: Path):
     out = tmp_path / "soak"

@@ -19,7 +19,7 @@ from support import free_ports
 
 from pipeline.vision import geometry as vgeo
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("qwen2vl_build")]  # conftest qwen2vl_build
 
 REPO = Path(__file__).resolve().parents[1]
 TRTPIPE = str(Path(sys.executable).parent / "trtpipe")

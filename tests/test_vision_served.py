@@ -29,7 +29,7 @@ from support import free_ports
 from pipeline.core.layout import BuildLayout
 from pipeline.vision import images as vimages
 
-pytestmark = [pytest.mark.slow, pytest.mark.triton]
+pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.xdist_group("mllama_build")]  # conftest mllama_build
 
 REPO = Path(__file__).resolve().parents[1]
 TRTPIPE = str(Path(sys.executable).parent / "trtpipe")

@@ -17,6 +17,7 @@ from pipeline.recipe import load_recipe
 from pipeline.recipe.vision import derived_vision
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.xdist_group("mllama_build")  # shares conftest mllama_build with test_vision_served
 CPU = REPO / "recipes" / "tiny_mllama_cpu.yaml"
 GPU_VISION = [REPO / "recipes" / "llama32_11b_vision_h200_fp8.yaml", REPO / "recipes" / "llama32_90b_vision_h200_tp8_fp8.yaml"]
 #: the tiny model's 256 positions: the CPU recipe's sizes shrunk to fit it
