@@ -59,3 +59,18 @@ def test_usage_errors_use_the_same_error_prefix_as_every_other_error():
         errors = [ln for ln in res.output.splitlines() if "rror" in ln]
         assert len(errors) == 1 and errors[0].startswith("error: "), res.output
         assert "╭" not in res.output and "Error" not in res.output, res.output
+
+
+def test_a_console_made_while_columns_is_set_follows_the_environment_it_prints_in(monkeypatch):
+    """The commands' console is made at import; rich alone fixes the $COLUMNS of that moment as its width (a test
+    worker started with COLUMNS=80 cut every later table at 80 whatever the caller set)."""
+    import io
+
+    from pipeline.core.console import OFF_TTY_WIDTH, make_console
+
+    monkeypatch.setenv("COLUMNS", "80")
+    console = make_console(file=io.StringIO())
+    monkeypatch.delenv("COLUMNS")
+    assert console.width == OFF_TTY_WIDTH
+    monkeypatch.setenv("COLUMNS", "200")
+    assert console.width == 200

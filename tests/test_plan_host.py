@@ -132,6 +132,7 @@ def _probe_cost(geo, bw, flops):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # measures the host (and counts its tritonservers): alone on it
 def test_measure_host_for_real(tmp_path, monkeypatch):
     """The real measurement (about two minutes on 2 cores): every rate positive, the overheads non-negative, the served
     probe (a real build, Triton and bench) costs CPU per token and leaves no server behind."""

@@ -361,7 +361,8 @@ def test_cli_foreground_stops_cleanly_on_signal(tmp_path, sig):
     p = _ports()
     cmd = [TRTPIPE, "serve", str(ECHO_REPO), "--http-port", str(p["http_port"]), "--grpc-port", str(p["grpc_port"]),
            "--metrics-port", str(p["metrics_port"]), "--log-file", str(tmp_path / "serve.log")]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     try:
         lines = []
         for line in proc.stdout:  # type: ignore[union-attr]
@@ -372,7 +373,11 @@ def test_cli_foreground_stops_cleanly_on_signal(tmp_path, sig):
         server = [c for c in psutil.Process(proc.pid).children(recursive=True)]
         assert server, "no tritonserver child"
         proc.send_signal(sig)
-        out = proc.communicate(timeout=30)[0]
+        try:
+            out = proc.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:  # say where it hangs: faulthandler prints every thread on SIGABRT
+            proc.send_signal(signal.SIGABRT)
+            pytest.fail(f"serve did not stop within 30 s of signal {sig}; its threads:\n{proc.communicate(timeout=20)[0]}")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -24,6 +24,15 @@ class WideConsole(Console):
     ``COLUMNS`` per call sees its own setting.
     """
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # rich turns $COLUMNS/$LINES present at construction into a fixed size; here they are read at every print (a
+        # console made at import keeps following the environment it prints in), as rich does when they are unset
+        if kwargs.get("width") is None:
+            self._width = None
+        if kwargs.get("height") is None:
+            self._height = None
+
     @property
     def size(self) -> ConsoleDimensions:
         """(columns, lines): rich's own on a terminal or with ``$COLUMNS``/an explicit width; else OFF_TTY_WIDTH."""
