@@ -99,3 +99,33 @@ def test_the_recipes_rules_check_the_neighbour_not_a_decoy_that_breaks_them(tmp_
     _checkpoint(recipes / "short", _llama(layers=2, hidden=64, max_pos=128))
     res = runner.invoke(app, ["recipe", "validate", str(_recipe(recipes, "short"))])
     assert res.exit_code == 2 and "max_position_embeddings" in res.output and "128" in res.output, res.output
+
+
+def _qwen2_vl(depth: int) -> dict:
+    """A config.json-only Qwen2-VL checkpoint (the tiny one's geometry, pipeline/data/models.yaml
+    ``embedded:tiny-qwen2-vl``) whose vision tower has ``depth`` blocks."""
+    text = {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl", "num_hidden_layers": 30,
+            "hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+            "intermediate_size": 1536, "vocab_size": 49156, "max_position_embeddings": 8192, "torch_dtype": "float32",
+            "rope_theta": 100000.0, "rope_scaling": {"type": "mrope", "mrope_section": [16, 8, 8]}}
+    vision = {"depth": depth, "embed_dim": 32, "hidden_size": 576, "num_heads": 4, "mlp_ratio": 2, "in_channels": 3,
+              "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "hidden_act": "quick_gelu"}
+    return {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl", "text_config": text,
+            "vision_config": vision}
+
+
+def test_the_plans_vision_tower_is_the_recipes_neighbours(tmp_path, monkeypatch):
+    """A Qwen2-VL recipe with a relative model.source planned on a GPU from another directory counts the vision tower
+    of the recipe's neighbour (pipeline/plan/vision_tokens.py), as when the recipe names it by absolute path."""
+    recipes, work = tmp_path / "recipes", tmp_path / "work"
+    real = _checkpoint(recipes / "models" / "vl", _qwen2_vl(depth=2))
+    decoy = _checkpoint(work / "models" / "vl", _qwen2_vl(depth=6))
+    recipe = _recipe(recipes, "models/vl", shipped="tiny_qwen2_vl_cpu_llmapi.yaml")
+    monkeypatch.chdir(work)
+
+    def tower(*extra: str) -> int:
+        return _plan_json(recipe, "--gpu", "h200", *extra)["vision_tokens"]["tower_params"]
+
+    named = tower("--set", f"model.source={real}")
+    assert named != tower("--set", f"model.source={decoy}")  # the two towers differ: the check below can tell them apart
+    assert tower() == named
