@@ -129,3 +129,20 @@ def test_the_plans_vision_tower_is_the_recipes_neighbours(tmp_path, monkeypatch)
     named = tower("--set", f"model.source={real}")
     assert named != tower("--set", f"model.source={decoy}")  # the two towers differ: the check below can tell them apart
     assert tower() == named
+
+
+def test_a_pytorch_dry_build_takes_max_seq_len_from_the_recipes_neighbour(tmp_path, monkeypatch):
+    """``build.max_seq_len`` unset: the LLM-API engine's dry run reads max_position_embeddings from the checkpoint the
+    quantize stage resolved against the recipe's directory (no hf_ckpt yet), not from the working directory's."""
+    recipes, work = tmp_path / "recipes", tmp_path / "work"
+    _checkpoint(recipes / "models" / "tiny", _llama(layers=2, hidden=64, max_pos=8192))
+    _checkpoint(work / "models" / "tiny", _llama(layers=2, hidden=64, max_pos=16384))
+    recipe = _recipe(recipes, "models/tiny", shipped="llama31_8b_h200_fp8_pytorch.yaml")
+    data = yaml.safe_load(recipe.read_text())
+    del data["build"]["max_seq_len"]
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    monkeypatch.chdir(work)
+    res = runner.invoke(app, ["build", str(recipe), "--dry-run", "--out", str(tmp_path / "build")])
+    assert res.exit_code == 0, res.output
+    kwargs = yaml.safe_load((tmp_path / "build" / "engine" / "llm_api_config.yaml").read_text())
+    assert kwargs["max_seq_len"] == 8192

@@ -6,7 +6,8 @@ resolves the same. ``~`` is expanded first; an absolute path stays as given.
 
 - ``model.source``: ``trtpipe recipe validate`` (:func:`pipeline.recipe.paths.classify_source`), the quantize stage
   (:func:`pipeline.quantize.sources.resolve_source`; its ``--dry-run`` command, which records the resolved directory
-  in its manifest for the engine stage's dry-run geometry: ``QuantizeResult.source_dir``), the vision-encoder
+  in its manifest for the engine stage's dry-run geometry and the LLM-API ``max_seq_len``:
+  ``QuantizeResult.source_dir``), the vision-encoder
   stage's dry run, the planner's geometry (:func:`pipeline.core.geometry.geometry_for_source`) and vision geometry
   (:func:`pipeline.recipe.vision.vision_geometry`, resolved once per plan), and the recipe's own cross-field rules
   (``Recipe`` validation, given the recipe's directory as the validation context ``recipe_dir`` by
