@@ -64,6 +64,19 @@ def test_the_table_is_the_six_real_paths_and_two_vision_rows():
         assert PATHS[key.removesuffix("/vision")].repo_models == tuple(m for m in PATHS[key].repo_models if m != "multimodal_encoders")
 
 
+@pytest.mark.parametrize("key", sorted(ROWS))
+def test_a_rows_unread_knobs_are_the_knobs_its_recipe_is_refused(key):
+    """``unread_knobs`` (derived from the build section's types) names exactly what a recipe of that row may not set:
+    each one is refused with a line naming it, and none of them is a field of the row's own build type."""
+    recipe_file, sets = ROWS[key]
+    unread = PATHS[key].unread_knobs
+    assert unread
+    for knob in unread:
+        with pytest.raises(RecipeError, match=knob.replace(".", r"\.")):
+            load_recipe(recipe_file, [*sets, f"{knob}=1"])
+    assert not set(unread) & {f"build.{f}" for f in type(load_recipe(recipe_file, sets).build).model_fields}
+
+
 @pytest.mark.parametrize("key", sorted(VISION_ROWS))
 def test_a_vision_recipe_resolves_to_its_vision_row(key):
     recipe_file, sets = VISION_ROWS[key]

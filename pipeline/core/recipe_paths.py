@@ -1,10 +1,22 @@
-"""The one rule for a local path a recipe names (``model.source``, a calibration file): relative to the recipe file's
-directory, never to the working directory, so a recipe copied elsewhere with its files resolves the same.
+"""The one rule for a local path a recipe names (``model.source``, a calibration file, a LoRA adapter, a draft model):
+relative to the recipe file's directory, never to the working directory, so a recipe copied elsewhere with its files
+resolves the same. ``~`` is expanded first; an absolute path stays as given.
 
-:func:`recipe_path` is what ``trtpipe recipe validate`` (:func:`pipeline.recipe.paths.classify_source`), the quantize
-stage (:func:`pipeline.quantize.sources.resolve_source` and its ``--dry-run`` command), the planner's geometry
-(:func:`pipeline.core.geometry.geometry_for_source`) and the vision geometry
-(:func:`pipeline.recipe.vision.vision_geometry`) resolve ``model.source`` with.
+:func:`recipe_path` is what resolves them:
+
+- ``model.source``: ``trtpipe recipe validate`` (:func:`pipeline.recipe.paths.classify_source`), the quantize stage
+  (:func:`pipeline.quantize.sources.resolve_source`; its ``--dry-run`` command, which records the resolved directory
+  in its manifest for the engine stage's dry-run geometry and the LLM-API ``max_seq_len``:
+  ``QuantizeResult.source_dir``), the vision-encoder
+  stage's dry run, the planner's geometry (:func:`pipeline.core.geometry.geometry_for_source`) and vision geometry
+  (:func:`pipeline.recipe.vision.vision_geometry`, resolved once per plan), and the recipe's own cross-field rules
+  (``Recipe`` validation, given the recipe's directory as the validation context ``recipe_dir`` by
+  :func:`pipeline.recipe.load.load_recipe`);
+- ``quantization.calibration.dataset``: :func:`pipeline.quantize.calib.sources.open_source` and the quantize stage's
+  dataset hash;
+- ``build.lora.adapters[].path``: :func:`pipeline.recipe.lora.resolve_adapters`;
+- ``build.pytorch.speculative_config.speculative_model_dir``: made absolute when the recipe loads
+  (``pipeline/recipe/load.py`` ``_absolute_draft``).
 """
 
 from __future__ import annotations

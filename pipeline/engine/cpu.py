@@ -87,15 +87,14 @@ _SKIP = ("hf_quant_config.json", "config.json", "model.safetensors.index.json")
 RUNTIME = "trtpipe-torch"
 
 
-def _model_config(hf_ckpt: Path, recipe: Recipe, dry_run: bool) -> dict[str, Any]:
+def _model_config(quantized: QuantizeResult, recipe: Recipe, dry_run: bool) -> dict[str, Any]:
     """The checkpoint's config.json (its ``text_config`` for multimodal wrappers but mllama, whose cross-attention
-    layers the CPU engine runs: the whole config). In a dry run
-    without a checkpoint, the known geometry of ``model.source`` stands in (pipeline/data/models.yaml)."""
-    path = hf_ckpt / "config.json"
+    layers the CPU engine runs: the whole config). In a dry run without a checkpoint, the geometry of ``model.source``
+    stands in (pipeline/data/models.yaml, else the local source directory the quantize stage resolved against the
+    recipe's directory: :meth:`QuantizeResult.source_geometry`)."""
+    path = quantized.hf_ckpt / "config.json"
     if not path.is_file() and dry_run:
-        from pipeline.core.geometry import geometry_for_source
-
-        geo = geometry_for_source(recipe.model.source)
+        geo = quantized.source_geometry(recipe.model.source)
         if geo is not None:
             return {**geo.model_dump(), "architectures": [geo.architecture]}
     if not path.is_file():
@@ -357,7 +356,7 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
             return hit
     t0 = time.perf_counter()
     hf_ckpt = quantized.hf_ckpt
-    model_cfg = _model_config(hf_ckpt, recipe, dry_run)
+    model_cfg = _model_config(quantized, recipe, dry_run)
     ecfg = engine_config(recipe, model_cfg)
     lora = lora_section(recipe)
     if lora:

@@ -64,7 +64,8 @@ def run(recipe: Recipe, layout: BuildLayout, *, quantized: QuantizeResult, force
     present = (hf_ckpt / "config.json").is_file()
     if not present and not dry_run:
         raise StageError(f"{hf_ckpt}: no unified HF checkpoint (config.json) from the quantize stage")
-    kwargs = llm_api_kwargs(recipe, hf_ckpt, draft_dir=None if dry_run else _draft_dir(recipe))
+    kwargs = llm_api_kwargs(recipe, hf_ckpt, draft_dir=None if dry_run else _draft_dir(recipe),  # a dry run: the geometry
+                            source_geometry=quantized.source_geometry(recipe.model.source))  # of the resolved source
     problems = check_kwargs(kwargs, "pytorch")
     frontend, path = recipe.serving.frontend, serving_path(recipe)
     serve_cmd = trtllm_serve.argv(kwargs, str((out_dir / SERVE_OPTIONS).resolve())) if path.trtllm_serve else None

@@ -43,7 +43,7 @@ from pipeline.core.artifacts import (
     write_manifest,
 )
 from pipeline.core.errors import MissingToolError, StageError, UserError
-from pipeline.core.geometry import geometry_for_source, geometry_from_config
+from pipeline.core.geometry import geometry_from_config
 from pipeline.core.layout import BuildLayout
 from pipeline.engine.result import EngineResult
 from pipeline.quantize.result import QuantizeResult
@@ -85,7 +85,7 @@ def _checkpoint(recipe: Recipe, quantized: QuantizeResult) -> tuple[Path, dict[s
             raise StageError(f"{ckpt / 'config.json'}: " + "; ".join(problems))
         return ckpt, cfg, False
     hf_cfg = quantized.hf_ckpt / "config.json"
-    geo = geometry_from_config(hf_cfg) if hf_cfg.is_file() else geometry_for_source(recipe.model.source)
+    geo = geometry_from_config(hf_cfg) if hf_cfg.is_file() else quantized.source_geometry(recipe.model.source)
     if geo is None:
         raise UserError(
             f"model.source {recipe.model.source!r}: no TensorRT-LLM checkpoint at {ckpt} and the model geometry is "

@@ -67,8 +67,9 @@ def _memory_plan(b: BuildSpec, *, device: str, total: int, weights: mem.WeightBy
 
 
 def gpu_memory(recipe: Recipe, spec: hardware.GpuSpec, geo: ModelGeometry, max_seq_len: int, dtype_bytes: int,
-               out: Findings) -> MemoryPlan:
-    """Per-GPU memory of ``recipe`` on ``spec`` (bytes; tokens).
+               out: Findings, *, vision_geo: dict | None) -> MemoryPlan:
+    """Per-GPU memory of ``recipe`` on ``spec`` (bytes; tokens); ``vision_geo`` the source's vision geometry
+    (:func:`pipeline.recipe.vision.vision_geometry`, ``None``: a text model or unknown).
 
     weights on the most loaded rank (tp/pp split; a TensorRT engine holds a tied lm_head as its own copy);
     reserve = activation_bytes(max_num_tokens, max_batch_size) + fixed_overhead_bytes (CUDA context…);
@@ -91,9 +92,9 @@ def gpu_memory(recipe: Recipe, spec: hardware.GpuSpec, geo: ModelGeometry, max_s
         act = mem.activation_bytes(geo, max_num_tokens=b.max_num_tokens, max_batch_size=b.max_batch_size,
                                    max_beam_width=b.max_beam_width, act_dtype_bytes=dtype_bytes, tp_size=tp)
     overhead = mem.fixed_overhead_bytes(t.world_size) + (draft.weight_bytes if draft else 0)
-    vis = vision_reserve(recipe, geo)  # vision encoder + multimodal pool on GPU 0; KV split (pipeline/plan/vision.py)
+    vis = vision_reserve(recipe, geo, vision_geo)  # vision encoder + multimodal pool on GPU 0; KV split (pipeline/plan/vision.py)
     overhead += vis[1] if vis else 0
-    tokens = vision_tokens(recipe, geo)  # a token family's vision tower, on every rank (pipeline/plan/vision_tokens.py)
+    tokens = vision_tokens(recipe, geo, vision_geo)  # a token family's vision tower, on every rank (pipeline/plan/vision_tokens.py)
     overhead += tokens.tower_bytes if tokens else 0
     total = spec.memory_bytes
     free = total - weights.per_gpu_bytes - act - overhead

@@ -157,7 +157,8 @@ def _tp_terms(geo: ModelGeometry, spec: hardware.GpuSpec | None, tp: int, pp: in
 
 
 def engine_model(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, kv_token_bytes: int, kv_tokens: int,
-                 *, gemm_peak: float, bf16_peak: float, bandwidth: float, spec: hardware.GpuSpec | None) -> tuple[StepCost, SchedulerLimits]:
+                 *, gemm_peak: float, bf16_peak: float, bandwidth: float, spec: hardware.GpuSpec | None,
+                 vision_geo: dict | None) -> tuple[StepCost, SchedulerLimits]:
     """:class:`StepCost` and :class:`SchedulerLimits` of ``recipe`` on one GPU (``spec``) or on the host (None).
 
     Per GPU (tensor parallel tp, pipeline stages pp; step time = pp × per-stage time):
@@ -166,7 +167,8 @@ def engine_model(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, k
     = all routed experts / (tp·pp), of which a step reads the share its tokens select;
     linear FLOPs/token = 2 × layers × Linear params a token passes through (MoE: its k experts) / (tp·pp); lm_head FLOPs/token = 2 × vocab × hidden / (tp·pp);
     attention coeff = 2 × layers × heads × head_dim / (tp·pp). ``gemm_peak``/``bf16_peak`` FLOP/s,
-    ``bandwidth`` B/s: the GPU's datasheet peaks or the host's measured rates.
+    ``bandwidth`` B/s: the GPU's datasheet peaks or the host's measured rates. ``vision_geo``: the source's vision
+    geometry (:func:`pipeline.recipe.vision.vision_geometry`; ``None``: a text model or unknown).
     """
     t = recipe.target
     tp, pp = (1, 1) if spec is None else (t.tp_size, t.pp_size)
@@ -188,7 +190,7 @@ def engine_model(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, k
         pp_size=pp,
         **_tp_terms(geo, spec, tp, pp, act_bytes),
     )
-    vis = vision_step_terms(recipe, geo, tp_size=tp, kv_bytes=1 if recipe.quantization.kv_cache_dtype in ("fp8", "int8") else act_bytes,
+    vis = vision_step_terms(recipe, geo, vision_geo, tp_size=tp, kv_bytes=1 if recipe.quantization.kv_cache_dtype in ("fp8", "int8") else act_bytes,
                             encoder_peak_flops=bf16_peak) if spec is not None else {}
     if vis:  # vision-language (mllama): encoder + cross-attention terms (pipeline/plan/vision.py)
         cost = cost.model_copy(update={"cross_kv_bytes_per_seq": vis["cross_kv_bytes_per_seq"],
@@ -204,9 +206,11 @@ def engine_model(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, k
 
 
 def model_inputs(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, kv_token_bytes: int, kv_tokens: int,
-                 dtype_bytes: int, spec: hardware.GpuSpec | None) -> tuple[StepCost, SchedulerLimits, Efficiency, str | None]:
+                 dtype_bytes: int, spec: hardware.GpuSpec | None,
+                 *, vision_geo: dict | None) -> tuple[StepCost, SchedulerLimits, Efficiency, str | None]:
     """Everything the model needs for ``recipe`` on ``spec`` (None: the host): step cost, scheduler limits,
-    efficiency, and a note for the plan (the host's measured rates on the cpu target, else None).
+    efficiency, and a note for the plan (the host's measured rates on the cpu target, else None). ``vision_geo``: the
+    source's vision geometry (:func:`engine_model`).
 
     GPU: datasheet bandwidth, the dense peak of the qformat's GEMM dtype (:data:`perf.QFORMAT_COMPUTE`) and
     of BF16, the fitted :func:`gpu_efficiency`. Host: measured bandwidth and GEMM rate in ``build.cpu.dtype``
@@ -217,13 +221,14 @@ def model_inputs(recipe: Recipe, geo: ModelGeometry, weights: mem.WeightBytes, k
         host = hardware.cpu_host()
         rate = host.gemm_flops(dtype_bytes)
         cost, limits = engine_model(recipe, geo, weights, kv_token_bytes, kv_tokens, gemm_peak=rate, bf16_peak=rate,
-                                    bandwidth=host.bandwidth_bytes_per_s, spec=None)
+                                    bandwidth=host.bandwidth_bytes_per_s, spec=None, vision_geo=vision_geo)
         note = (f"cpu throughput predicted from {host.name}'s measured rates ({host.read_bandwidth_gbs:g} GB/s, "
                 f"{rate / 1e9:,.0f} GFLOP/s) and CPU-engine overheads ({host.measured}): {host.origin}")
         return cost, limits.model_copy(update={"chunked_prefill": True}), cpu_efficiency(host), note
     cost, limits = engine_model(recipe, geo, weights, kv_token_bytes, kv_tokens,
                                 gemm_peak=peak_flops(spec, QFORMAT_COMPUTE[recipe.quantization.qformat], dtype_bytes),
-                                bf16_peak=peak_flops(spec, "bf16", dtype_bytes), bandwidth=spec.bandwidth_bytes_per_s, spec=spec)
+                                bf16_peak=peak_flops(spec, "bf16", dtype_bytes), bandwidth=spec.bandwidth_bytes_per_s, spec=spec,
+                                vision_geo=vision_geo)
     fitted = {"tensorrt": gpu_efficiency, "pytorch": pytorch_efficiency}  # the efficiency model of the path on a GPU
     return cost, limits, fitted[serving_path(recipe, target="gpu").efficiency](), None
 

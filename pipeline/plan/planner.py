@@ -34,7 +34,11 @@ from pipeline.plan.speculative import spec_draft, speculative_plan
 from pipeline.plan.vision_tokens import vision_tokens
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.serving_path import serving_path
-from pipeline.recipe.vision import image_tokens_per_request, vision_notes
+from pipeline.recipe.vision import (
+    image_tokens_per_request,
+    vision_geometry,
+    vision_notes,
+)
 
 
 def _geometry(recipe: Recipe, recipe_dir: Path | None = None) -> ModelGeometry:
@@ -138,7 +142,9 @@ def plan_recipe(
     tp, pp = (1, 1) if on_cpu else (t.tp_size, t.pp_size)
     out = cap.Findings()
     out.notes += vision_notes(recipe)  # the engine-path end-of-life (pipeline/recipe/vision.py)
-    vt = None if spec is None else vision_tokens(recipe, geo)
+    # the source's vision geometry, resolved once against the recipe's directory (core/recipe_paths.recipe_path)
+    vgeo = vision_geometry(recipe.model.source, recipe_dir) if recipe.vision is not None else None
+    vt = None if spec is None else vision_tokens(recipe, geo, vgeo)
     if vt is not None:
         tower = (f"vision tower + merger {vt.tower_params / 1e6:,.1f} M parameters = {vt.tower_bytes / 2**30:.2f} GiB in "
                  f"{recipe.vision.encoder_dtype} in every GPU's runtime reserve" if vt.tower_params else
@@ -150,10 +156,11 @@ def plan_recipe(
         m = cap.cpu_memory(recipe, geo, max_seq_len, dtype_b, out)
     else:
         out.errors += [f"{f} {msg}" for f, msg in derived.format_problems(q, spec)]  # matters with --gpu
-        m = cap.gpu_memory(recipe, spec, geo, max_seq_len, dtype_b, out)
+        m = cap.gpu_memory(recipe, spec, geo, max_seq_len, dtype_b, out, vision_geo=vgeo)
     cost = sched = eff = None
     if m.kv_tokens > 0 and (on_cpu or m.free_bytes > 0):
-        cost, sched, eff, note = mi.model_inputs(recipe, geo, m.weights, m.kv_token_bytes, m.kv_tokens, dtype_b, spec)
+        cost, sched, eff, note = mi.model_inputs(recipe, geo, m.weights, m.kv_token_bytes, m.kv_tokens, dtype_b, spec,
+                                                  vision_geo=vgeo)
         out.notes += [note] if note else []
     terms = mi.error_terms(recipe, spec)
     cap.kv_checks(b, m, on_cpu=on_cpu, allow_oversubscription=allow, out=out)

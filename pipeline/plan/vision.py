@@ -42,7 +42,6 @@ from pipeline.recipe.vision import (
     VisionSpec,
     cross_attention,
     derived_vision,
-    vision_geometry,
 )
 
 
@@ -99,14 +98,15 @@ def mllama_vision_gflops_per_image(vis: dict, text_hidden: int) -> float:
     return (flops + 2 * vis["vision_output_dim"] * text_hidden * tokens) / 1e9
 
 
-def vision_reserve(recipe, geo) -> tuple[VisionMemory, int] | None:
+def vision_reserve(recipe, geo, vision_geo: dict | None) -> tuple[VisionMemory, int] | None:
     """``(partial VisionMemory, bytes to add to GPU 0's reserve)`` for a recipe with a ``vision`` section whose
-    vision geometry is known (models.yaml or a local config.json); ``None`` otherwise. The cross-KV figures are
+    vision geometry ``vision_geo`` is known (:func:`pipeline.recipe.vision.vision_geometry` of ``model.source``,
+    resolved once by the planner against the recipe's directory); ``None`` otherwise. The cross-KV figures are
     filled in by :func:`split_kv_pool`."""
     v = recipe.vision
     if not isinstance(v, VisionSpec):  # no section, or a token family (pipeline/plan/vision_tokens.py)
         return None
-    g = vision_geometry(recipe.model.source)
+    g = vision_geo
     if g is None or not g.get("vision_config"):
         return None
     vis = g["vision_config"]
@@ -141,9 +141,10 @@ def split_kv_pool(vm: VisionMemory, *, free: int, fraction: float, kv_token_byte
         "cross_kv_pool_bytes": blocks * block, "image_requests_in_cross_pool": blocks // per_request})
 
 
-def vision_step_terms(recipe, geo, *, tp_size: int, kv_bytes: int, encoder_peak_flops: float) -> dict:
+def vision_step_terms(recipe, geo, vision_geo: dict | None, *, tp_size: int, kv_bytes: int, encoder_peak_flops: float) -> dict:
     """The :class:`~pipeline.plan.step.StepCost` fields a vision recipe adds (empty dict: not a vision recipe or its
-    geometry is unknown), per GPU at tensor parallelism ``tp_size`` with ``kv_bytes`` per K/V element:
+    vision geometry ``vision_geo`` is unknown: :func:`vision_reserve`), per GPU at tensor parallelism ``tp_size`` with
+    ``kv_bytes`` per K/V element:
 
     - ``cross_kv_bytes_per_seq`` = E × C × 2 × max(1, K / tp) × head_dim × kv_bytes (C cross-attention layers, E encoder
       tokens per request = N × tiles × ((tile / patch)² + 1));
@@ -153,7 +154,7 @@ def vision_step_terms(recipe, geo, *, tp_size: int, kv_bytes: int, encoder_peak_
       to the Linear FLOPs per token).
     """
     v = recipe.vision
-    g = vision_geometry(recipe.model.source) if cross_attention(v) else None  # a token family: vision_tokens.py
+    g = vision_geo if cross_attention(v) else None  # a token family: vision_tokens.py
     if g is None or not g.get("vision_config"):
         return {}
     n = v.max_images_per_request

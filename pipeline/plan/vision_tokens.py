@@ -17,7 +17,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from pipeline.core.weights import DTYPE_BYTES
-from pipeline.recipe.vision import QwenVLVision, vision_geometry
+from pipeline.recipe.vision import QwenVLVision
 
 
 class VisionTokens(BaseModel):
@@ -66,15 +66,15 @@ def qwen2_vl_tower_params(vis: dict, text_hidden: int) -> int:
 _TOWER = {"qwen2_5_vl": qwen2_5_vl_tower_params, "qwen2_vl": qwen2_vl_tower_params}
 
 
-def vision_tokens(recipe, geo) -> VisionTokens | None:
+def vision_tokens(recipe, geo, vision_geo: dict | None) -> VisionTokens | None:
     """The :class:`VisionTokens` of a recipe whose vision family splices image tokens (``None``: no vision section or a
-    cross-attention family). The tower is counted when the source's ``vision_config`` is known (models.yaml or a
-    local config.json), else ``tower_params`` is None and ``tower_bytes`` 0."""
+    cross-attention family). The tower is counted when the source's ``vision_config`` is known (``vision_geo``:
+    :func:`pipeline.recipe.vision.vision_geometry` of ``model.source`` — models.yaml or a local config.json, resolved
+    once by the planner against the recipe's directory), else ``tower_params`` is None and ``tower_bytes`` 0."""
     v = recipe.vision
     if not isinstance(v, QwenVLVision):
         return None
-    g = vision_geometry(recipe.model.source)
-    vis = (g or {}).get("vision_config")
+    vis = (vision_geo or {}).get("vision_config")
     params = _TOWER[v.family](vis, geo.hidden_size) if vis else None
     per_image = v.image_tokens()
     return VisionTokens(

@@ -65,12 +65,16 @@ STAGE = QuantizeResult.STAGE
 STAGE_VERSION = 3  # 3: hf_ckpt's tokenizer_config.json names a class the serving image's transformers has
 
 
-def cache_key(recipe: Recipe, *, source_hash: str | None, dataset_hash: str | None, dry_run: bool) -> str:
+def cache_key(recipe: Recipe, *, source_hash: str | None, dataset_hash: str | None, dry_run: bool,
+              source_path: str | None = None) -> str:
     """Hash of everything the output depends on: the model/target/quantization sections, the
-    source and calibration-text hashes, library versions and ``dry_run``."""
+    source and calibration-text hashes, library versions and ``dry_run``; for a dry run, ``source_path`` (the local
+    ``model.source`` resolved against the recipe's directory, which the command names: a recipe copied elsewhere
+    writes a new command)."""
     return artifacts.stable_hash({
         "stage_version": STAGE_VERSION, "recipe": recipe_hash(recipe), "source": source_hash,
         "dataset": dataset_hash, "versions": artifacts.library_versions(*VERSIONED), "dry_run": dry_run,
+        **({"source_path": source_path} if source_path else {}),
         **({"vision": recipe.vision.family} if recipe.vision is not None else {}),  # images in calibration (vlm.py, vlm_qwen.py)
     })
 
@@ -96,7 +100,9 @@ def run(recipe: Recipe, layout: BuildLayout, *, recipe_dir: Path, force: bool = 
     """
     out_dir = layout.quantize
     if dry_run:
-        key = cache_key(recipe, source_hash=None, dataset_hash=None, dry_run=True)
+        local = recipe_path(recipe.model.source, recipe_dir)
+        key = cache_key(recipe, source_hash=None, dataset_hash=None, dry_run=True,
+                        source_path=str(local.resolve()) if local.exists() else None)
         if not force and (hit := QuantizeResult.load(out_dir, key)):
             return hit
         return _dry_run(recipe, out_dir, key, recipe_dir)
@@ -261,8 +267,7 @@ def _dataset_hash(recipe: Recipe, recipe_dir: Path) -> str | None:
         from pipeline.quantize import calib
 
         return calib.open_source(ds, text_field=None, base_dir=recipe_dir, seed=0).content_hash
-    path = Path(ds).expanduser()
-    path = path if path.is_absolute() else Path(recipe_dir) / path
+    path = recipe_path(ds, recipe_dir)
     return artifacts.sha256_file(path) if path.is_file() else None
 
 
@@ -324,7 +329,8 @@ def _dry_run(recipe: Recipe, out_dir: Path, key: str, recipe_dir: Path) -> Quant
         (tmp / "quantize_command.sh").write_text(script)
         (tmp / "quantize_command.sh").chmod(0o755)
         manifest = artifacts.base_manifest(
-            STAGE, key, status="dry_run", recipe_hash=recipe_hash(recipe), consumed=consumed_fields(recipe), source={"spelling": src},
+            STAGE, key, status="dry_run", recipe_hash=recipe_hash(recipe), consumed=consumed_fields(recipe),
+            source={"spelling": src, **({"hf_dir": model_dir} if local.is_dir() else {})},  # QuantizeResult.source_dir
             qformat=q.qformat, kv_cache_dtype=q.kv_cache_dtype, modelopt_config=ptq.QFORMAT_CFG[q.qformat],
             exported={"quant_algo": q.quant_algo, "kv_cache_quant_algo": q.kv_cache_quant_algo},
             command=args, versions=artifacts.library_versions(*VERSIONED), timings_s={"total": 0.0},

@@ -175,7 +175,7 @@ class _BuildBase(StrictModel):
 
     ``build`` is one of three types chosen by ``build.engine`` (:data:`BuildSpec`), as upstream splits its LLM-API
     arguments into ``TrtLlmArgs`` and ``TorchLlmArgs`` over a shared ``BaseLlmArgs``
-    (tensorrt_llm/llmapi/llm_args.py@c292b9f9, ``class TorchLlmArgs(BaseLlmArgs)``): a knob section of another engine is an unknown key of the type,
+    (tensorrt_llm/llmapi/llm_args.py@c292b9f9:2676 ``class TorchLlmArgs(BaseLlmArgs)``, :2258 ``TrtLlmArgs``): a knob section of another engine is an unknown key of the type,
     refused by validation. A section an engine never reads answers its defaults when read (the planner plans a
     recipe on its twin path, e.g. a GPU recipe on the host, with them).
     """

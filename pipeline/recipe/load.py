@@ -19,7 +19,8 @@ import yaml
 from pydantic import ValidationError
 
 from pipeline.core.errors import RecipeError
-from pipeline.recipe.schema import Recipe, RecipeCheckError
+from pipeline.core.recipe_paths import recipe_path
+from pipeline.recipe.schema import RECIPE_DIR, Recipe, RecipeCheckError
 from pipeline.recipe.yaml_bounded import BoundedYAMLError, compose_bounded, load_bounded
 
 S = TypeVar("S", bound="pydantic.BaseModel")
@@ -166,7 +167,7 @@ def _absolute_draft(data: dict[str, Any], recipe_dir: Path) -> None:
         spec = spec.get(key) if isinstance(spec, dict) else None
     draft = spec.get("speculative_model_dir") if isinstance(spec, dict) else None
     if isinstance(draft, str) and draft and not Path(draft).expanduser().is_absolute():
-        local = recipe_dir / Path(draft).expanduser()
+        local = recipe_path(draft, recipe_dir)
         if local.exists():
             spec["speculative_model_dir"] = str(local.resolve())
 
@@ -200,7 +201,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     _absolute_draft(data, path.parent)
     index = _line_index(text)
     try:
-        return Recipe.model_validate(data)
+        return Recipe.model_validate(data, context={RECIPE_DIR: path.parent})  # local paths: core/recipe_paths.py
     except ValidationError as e:
         raise RecipeError("; ".join(_where_what(err, shown, index, pairs, data) for err in e.errors())) from None
 

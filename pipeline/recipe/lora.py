@@ -22,6 +22,7 @@ from pydantic import Field, model_validator
 
 from pipeline.core.errors import UserError
 from pipeline.core.lora import HF_MODULES, AdapterError, read_adapter_config
+from pipeline.core.recipe_paths import recipe_path
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bounds import INT32_MAX, INT64_MAX
 
@@ -100,8 +101,7 @@ def resolve_adapters(recipe, recipe_dir: Path):
     resolved = []
     for i, a in enumerate(spec.adapters):
         where = f"build.lora.adapters.{i}"
-        path = Path(a.path).expanduser()
-        path = (path if path.is_absolute() else Path(recipe_dir) / path).resolve()
+        path = recipe_path(a.path, recipe_dir).resolve()
         try:
             cfg = read_adapter_config(path)
         except AdapterError as e:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pathlib import Path
+
+from pydantic import Field, ValidationInfo, model_validator
 
 from pipeline.core import hardware
-from pipeline.core.geometry import geometry_for_source
+from pipeline.core.geometry import ModelGeometry, geometry_for_source
 from pipeline.recipe import derived
 from pipeline.recipe.base import StrictModel
 from pipeline.recipe.bench import BenchSpec
@@ -19,6 +21,10 @@ from pipeline.recipe.serve import ServingSpec
 from pipeline.recipe.serving_path import PATHS, TRITON, path_problem, serving_path
 from pipeline.recipe.speculative import draft_source, speculative_problems
 from pipeline.recipe.vision import AnyVision, vision_problems
+
+#: the validation-context key naming the recipe file's directory (``Recipe.model_validate(data, context={RECIPE_DIR:
+#: path.parent})``): a local ``model.source`` and draft resolve against it (pipeline/core/recipe_paths.py)
+RECIPE_DIR = "recipe_dir"
 
 
 class RecipeCheckError(ValueError):
@@ -100,13 +106,20 @@ class Recipe(StrictModel):
 
     # ------------------------------------------------------------------ cross-field checks
     @model_validator(mode="after")
-    def _check(self) -> Recipe:
-        problems = vision_problems(self)  # the vision section's rules first (pipeline/recipe/vision.py)
+    def _check(self, info: ValidationInfo) -> Recipe:
+        # a local model.source resolves against the recipe file's directory, which the loader passes as the validation
+        # context ``recipe_dir`` (pipeline/recipe/load.py; without it, the working directory: core/recipe_paths.py)
+        base = (info.context or {}).get(RECIPE_DIR) if info is not None else None
+        problems = vision_problems(self, base)  # the vision section's rules first (pipeline/recipe/vision.py)
         if problems:
             raise RecipeCheckError(*problems[0])
-        for check in (self._check_target, self._check_formats, self._check_lengths, self._check_parallel, self._check_awq,
-                      self._check_counts, self._check_knobs, self._check_features):
-            check()
+        self._check_target()
+        self._check_formats()
+        geo = geometry_for_source(self.model.source, base)  # resolved once for the rules below
+        for check in (self._check_lengths, self._check_parallel, self._check_awq, self._check_counts):
+            check(geo)
+        self._check_knobs()
+        self._check_features(geo, base)
         return self
 
     def _check_knobs(self) -> None:
@@ -114,27 +127,25 @@ class Recipe(StrictModel):
         if problems:
             raise RecipeCheckError(*problems[0])
 
-    def _check_features(self) -> None:
+    def _check_features(self, geo: ModelGeometry | None, base: Path | None) -> None:
         """Speculative decoding and MoE/EP knobs (rules in pipeline/recipe/speculative.py and moe.py)."""
         p, t, src = self.build.pytorch, self.target, self.model.source
         gpu = t.gpu != hardware.CPU_TARGET
-        geo = geometry_for_source(src)
         draft = draft_source(p.speculative_config)
-        problems = speculative_problems(p.speculative_config, geo, geometry_for_source(draft) if draft else None,
+        problems = speculative_problems(p.speculative_config, geo, geometry_for_source(draft, base) if draft else None,
                                         gpu_target=gpu, source=src)
         problems += moe_problems(ep_size=t.ep_size, tp_size=t.tp_size, expert_parallel=serving_path(self).expert_parallel, gpu_target=gpu,
                                  moe_config=p.moe_config, attention_dp=p.enable_attention_dp, geo=geo, source=src)
         if problems:
             raise RecipeCheckError(*problems[0])
 
-    def _check_counts(self) -> None:
+    def _check_counts(self, geo: ModelGeometry | None) -> None:
         """Counts bounded by other fields, the model or this machine (each message names the number to lower)."""
         import os
 
         c, b, s = self.quantization.calibration, self.build, self.serving
         if c.batch_size > c.size:
             raise RecipeCheckError("quantization.calibration.batch_size", f"{c.batch_size} exceeds calibration.size {c.size}: lower it")
-        geo = geometry_for_source(self.model.source)
         if geo is not None and geo.max_position_embeddings and c.max_seq_length > geo.max_position_embeddings:
             raise RecipeCheckError(
                 "quantization.calibration.max_seq_length",
@@ -189,9 +200,8 @@ class Recipe(StrictModel):
         if problems:
             raise RecipeCheckError(*problems[0])
 
-    def _check_lengths(self) -> None:
+    def _check_lengths(self, geo: ModelGeometry | None) -> None:
         b = self.build
-        geo = geometry_for_source(self.model.source)
         max_seq = derived.max_seq_len(b, geo.max_position_embeddings if geo is not None else None)
         if max_seq is not None and b.max_input_len > max_seq:
             raise RecipeCheckError(
@@ -226,7 +236,7 @@ class Recipe(StrictModel):
                     f"isl {sc.isl} + osl {sc.osl} = {sc.isl + sc.osl} exceeds max_seq_len {max_seq}",
                 )
 
-    def _check_parallel(self) -> None:
+    def _check_parallel(self, geo: ModelGeometry | None) -> None:
         t = self.target
         if t.world_size > t.num_gpus:
             raise RecipeCheckError(
@@ -244,7 +254,6 @@ class Recipe(StrictModel):
                 )
         if t.gpu == hardware.CPU_TARGET and t.world_size != 1:
             raise RecipeCheckError("target.tp_size", "the cpu target runs one rank: tp_size and pp_size must be 1")
-        geo = geometry_for_source(self.model.source)
         if geo is not None:
             if geo.num_attention_heads % t.tp_size or geo.num_key_value_heads % t.tp_size and t.tp_size % geo.num_key_value_heads:
                 raise RecipeCheckError(
@@ -255,11 +264,10 @@ class Recipe(StrictModel):
             if geo.num_hidden_layers < t.pp_size:
                 raise RecipeCheckError("target.pp_size", f"{t.pp_size} exceeds the model's {geo.num_hidden_layers} layers")
 
-    def _check_awq(self) -> None:
+    def _check_awq(self, geo: ModelGeometry | None) -> None:
         q = self.quantization
         if q.qformat not in BLOCK_QFORMATS:
             return
-        geo = geometry_for_source(self.model.source)
         if geo is None:
             return
         tp = self.target.tp_size

@@ -26,7 +26,8 @@ key                            builder     serves with
 The repository layouts (which Triton models, which ``tensorrt_llm`` implementation) were ``layouts:`` of
 ``pipeline/triton_repo/layouts.yaml`` (docs/reference/triton-model-repository.md §3); the fixed values of a
 repository (container paths, tokenizer file names) stay there. This module imports nothing of trtpipe but
-:mod:`pipeline.core.hardware`, so every stage may read it.
+:mod:`pipeline.core.hardware` and the build section's types (:data:`pipeline.recipe.build.BUILD_TYPES`, whence each
+row's ``unread_knobs``), so every stage may read it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any, Literal
 
 from pipeline.core import hardware
 from pipeline.core.errors import IncompatibleArtifactError
+from pipeline.recipe.build import BUILD_TYPES
 
 #: the ``serving.frontend`` names: the one spelling of each
 TRITON = "triton"
@@ -55,11 +57,28 @@ ENSEMBLE_MODELS = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing"
 MULTIMODAL_MODELS = (*ENSEMBLE_MODELS, "multimodal_encoders")
 #: the LLM-API layout: one python model configured by 1/model.yaml (§3.7)
 LLMAPI_MODELS = ("tensorrt_llm",)
+
+
+def _build_fields(engine: str) -> list[str]:
+    return list(BUILD_TYPES[engine].model_fields)
+
+
+def _unread(engine: str) -> tuple[str, ...]:
+    """The ``build`` knobs ``build.engine`` = ``engine`` never reads: the fields of the other engines' build types
+    that its own type lacks (refused by type when a recipe sets them: pipeline/recipe/build.py), in declaration
+    order."""
+    own = set(_build_fields(engine))
+    names = dict.fromkeys(f for e in BUILD_TYPES for f in _build_fields(e) if f not in own)
+    return tuple(f"build.{f}" for f in names)
+
+
 #: recipe knobs only ``trtllm-build`` reads (no PyTorch-backend equivalent: the LLM API has no plugins, KV-cache
-#: type, build workers nor opt_num_tokens; pipeline/data/trtllm_1.2.1_llmapi_contract.yaml lists every LLM() argument)
-TRT_ONLY_KNOBS = ("build.plugins", "build.kv_cache_type", "build.workers", "build.opt_num_tokens")
-#: recipe knobs only the PyTorch LLM-API backend reads
-PYTORCH_ONLY_KNOBS = ("build.pytorch",)
+#: type, build workers nor opt_num_tokens; pipeline/data/trtllm_1.2.1_llmapi_contract.yaml lists every LLM() argument):
+#: the TensorRT build type's fields the PyTorch one lacks
+TRT_ONLY_KNOBS = tuple(f"build.{f}" for f in _build_fields("tensorrt") if f not in set(_build_fields("pytorch")))
+#: recipe knobs only the PyTorch LLM-API backend reads: the PyTorch build type's fields no other type has
+PYTORCH_ONLY_KNOBS = tuple(f"build.{f}" for f in _build_fields("pytorch")
+                           if not any(f in BUILD_TYPES[e].model_fields for e in BUILD_TYPES if e != "pytorch"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +106,8 @@ class ServingPath:
             ``hf_ckpt`` (the quantize stage's checkpoint).
         efficiency: the planner's efficiency model on this path's own target: ``tensorrt`` (fitted on NVIDIA's
             TensorRT-LLM numbers), ``pytorch`` (the PyTorch-backend fit), ``cpu`` (the host's measured rates).
-        unread_knobs: recipe knobs this path never reads (refused when they differ from their defaults).
+        unread_knobs: recipe knobs this path's engine never reads: the fields of the other engines' build types that
+            its own lacks (:data:`pipeline.recipe.build.BUILD_TYPES`; a recipe that sets one is refused by type).
         lm_head_copy: the engine holds a tied ``lm_head`` as its own copy (a TensorRT engine; the planner counts it).
         twin: the key of the same engine/frontend on the other target (what ``trtpipe plan --gpu`` plans).
         modality: ``text`` | ``vision`` (the modality column: a vision row's repository adds ``multimodal_encoders``).
@@ -166,29 +186,29 @@ _T, _F = True, False
 #: the table: one row per real path; columns in :data:`_COLUMNS` order (repo_models follows tensorrt_llm_model)
 _COLUMNS = ("engine", "target", "frontend", "builder", "tensorrt_llm_model", "reads_trtllm_checkpoint",
             "loads_checkpoint_at_start", "runtime_in_engine", "lm_head_copy", "deployable", "server", "tokenizer",
-            "efficiency", "unread_knobs", "twin")
+            "efficiency", "twin")
 _ROWS = (
     # engine   target frontend      builder     trtllm    trt_ckpt  at_start  rt_in_eng lm_head deploy server
-    #   tokenizer  efficiency  unread knobs         twin
+    #   tokenizer  efficiency  twin   (unread_knobs: from the engine's build type, _unread)
     ("tensorrt", "gpu", TRITON, "tensorrt", "cpp", _T, _F, _F, _T, _T, "tritonserver",
-     "repo", "tensorrt", PYTORCH_ONLY_KNOBS, "cpu/cpu/triton"),
+     "repo", "tensorrt", "cpu/cpu/triton"),
     ("pytorch", "gpu", TRITON, "pytorch", "llmapi", _F, _T, _T, _F, _T, "tritonserver",
-     "hf_ckpt", "pytorch", TRT_ONLY_KNOBS, "pytorch/cpu/triton"),
+     "hf_ckpt", "pytorch", "pytorch/cpu/triton"),
     ("pytorch", "gpu", TRTLLM_SERVE, "pytorch", "llmapi", _F, _T, _T, _F, _T, "trtllm-serve",
-     "hf_ckpt", "pytorch", TRT_ONLY_KNOBS, "pytorch/cpu/trtllm-serve"),
+     "hf_ckpt", "pytorch", "pytorch/cpu/trtllm-serve"),
     ("cpu", "cpu", TRITON, "cpu", "cpu", _F, _F, _T, _F, _F, "tritonserver",
-     "repo", "cpu", PYTORCH_ONLY_KNOBS, "tensorrt/gpu/triton"),
+     "repo", "cpu", "tensorrt/gpu/triton"),
     ("pytorch", "cpu", TRITON, "cpu", "llmapi", _F, _F, _T, _F, _F, "tritonserver",
-     "hf_ckpt", "cpu", TRT_ONLY_KNOBS, "pytorch/gpu/triton"),
+     "hf_ckpt", "cpu", "pytorch/gpu/triton"),
     ("pytorch", "cpu", TRTLLM_SERVE, "cpu", "llmapi", _F, _F, _T, _F, _F, "trtllm-serve-cpu",
-     "hf_ckpt", "cpu", TRT_ONLY_KNOBS, "pytorch/gpu/trtllm-serve"),
+     "hf_ckpt", "cpu", "pytorch/gpu/trtllm-serve"),
 )
 #: the vision rows (modality :data:`VISION`): the engine path only (pipeline/recipe/vision.py ``image_engines``)
 _VISION_ROWS = (
     ("tensorrt", "gpu", TRITON, "tensorrt", "cpp", _T, _F, _F, _T, _T, "tritonserver",
-     "repo", "tensorrt", PYTORCH_ONLY_KNOBS, "cpu/cpu/triton/vision"),
+     "repo", "tensorrt", "cpu/cpu/triton/vision"),
     ("cpu", "cpu", TRITON, "cpu", "cpu", _F, _F, _T, _F, _F, "tritonserver",
-     "repo", "cpu", PYTORCH_ONLY_KNOBS, "tensorrt/gpu/triton/vision"),
+     "repo", "cpu", "tensorrt/gpu/triton/vision"),
 )
 
 
@@ -196,7 +216,7 @@ def _path(row: tuple[Any, ...], modality: str = TEXT) -> ServingPath:
     cols = dict(zip(_COLUMNS, row, strict=True))
     models = {TEXT: ENSEMBLE_MODELS, VISION: MULTIMODAL_MODELS}[modality]
     return ServingPath(repo_models=LLMAPI_MODELS if cols["tensorrt_llm_model"] == "llmapi" else models,
-                       modality=modality, **cols)
+                       unread_knobs=_unread(cols["engine"]), modality=modality, **cols)
 
 
 #: every real serving path by its :attr:`ServingPath.key`

@@ -18,7 +18,11 @@ import yaml
 
 from pipeline.core import hardware
 from pipeline.core.errors import UserError
-from pipeline.core.geometry import geometry_for_source, geometry_from_config
+from pipeline.core.geometry import (
+    ModelGeometry,
+    geometry_for_source,
+    geometry_from_config,
+)
 from pipeline.recipe import Recipe, derived
 from pipeline.recipe.knobs import TRT_ONLY_KNOBS  # noqa: F401  (re-exported: recipe validation refuses them)
 
@@ -31,21 +35,26 @@ def llmapi_contract() -> dict[str, Any]:
     return yaml.safe_load(resources.files("pipeline").joinpath(CONTRACT_RESOURCE).read_text())
 
 
-def _max_seq_len(recipe: Recipe, hf_ckpt_dir: Path) -> int:
+def _max_seq_len(recipe: Recipe, hf_ckpt_dir: Path, source_geometry: ModelGeometry | None = None) -> int:
     """:func:`pipeline.recipe.derived.require_max_seq_len` with the model's max_position_embeddings
-    (HF config.json, else the known-model table)."""
+    (HF config.json, else ``source_geometry``, else the known-model table or a local ``model.source``)."""
     cfg = Path(hf_ckpt_dir) / "config.json"
-    geo = geometry_from_config(cfg) if cfg.is_file() else geometry_for_source(recipe.model.source)
+    geo = geometry_from_config(cfg) if cfg.is_file() else source_geometry or geometry_for_source(recipe.model.source)
     return derived.require_max_seq_len(recipe.build, geo.max_position_embeddings if geo is not None else None)
 
 
-def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path, *, draft_dir: str | None = None) -> dict[str, Any]:
+def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path, *, draft_dir: str | None = None,
+                   source_geometry: ModelGeometry | None = None) -> dict[str, Any]:
     """The ``tensorrt_llm.LLM(**kwargs)`` arguments for ``recipe`` (TensorRT-LLM 1.2.1 LLM-API names).
 
     Args:
         recipe: the recipe (``build``, ``target``, ``model``, ``quantization.kv_cache_dtype``).
         hf_ckpt_dir: the unified HF checkpoint ModelOpt exported (model weights + tokenizer); used as
             ``model`` and ``tokenizer`` verbatim (make it absolute for a server started elsewhere).
+        draft_dir: the speculative draft model's directory, when the recipe has one.
+        source_geometry: the model's geometry when ``hf_ckpt_dir`` has no config.json yet (a dry run): the engine
+            stage passes the source the quantize stage resolved against the recipe's directory
+            (:meth:`pipeline.quantize.result.QuantizeResult.source_geometry`).
 
     Returns:
         A JSON-able dict: ``model``, ``tokenizer``, ``backend`` ("pytorch"), ``dtype``, ``trust_remote_code``,
@@ -77,7 +86,7 @@ def llm_api_kwargs(recipe: Recipe, hf_ckpt_dir: Path, *, draft_dir: str | None =
         "pipeline_parallel_size": t.pp_size,
         "max_batch_size": b.max_batch_size,
         "max_input_len": b.max_input_len,
-        "max_seq_len": _max_seq_len(recipe, hf_ckpt_dir),
+        "max_seq_len": _max_seq_len(recipe, hf_ckpt_dir, source_geometry),
         "max_beam_width": b.max_beam_width,
         "max_num_tokens": b.max_num_tokens,
         "kv_cache_config": {

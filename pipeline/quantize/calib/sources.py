@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pipeline.core import artifacts
 from pipeline.core.errors import UserError
+from pipeline.core.recipe_paths import recipe_path
 
 EMBEDDED = "embedded"
 #: Shipped text files in calib/data (source and licence in calib/README.md).
@@ -75,9 +76,7 @@ def open_source(dataset: str, *, text_field: str | None, base_dir: Path, seed: i
     """
     if dataset == EMBEDDED:
         return embedded_source()
-    path = Path(dataset).expanduser()
-    if not path.is_absolute():
-        path = Path(base_dir) / path
+    path = recipe_path(dataset, base_dir)  # the one rule for a path a recipe names
     suffix = path.suffix.lower()
     if path.is_dir():  # a dataset saved/cloned locally (as quantize.py --calib_dataset DIR): HF `datasets` reads it
         return _hf(str(path), text_field, seed, known=path.name)
