@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,11 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TRTPIPE_CACHE_DIR", str(REPO / ".trtpipe-cache"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The tests run as at a terminal, where Ctrl-C raises KeyboardInterrupt: a job started in the background (`nohup … &`,
+# some CI runners) inherits SIGINT *ignored*, and so would every server and CLI a test starts, which then never sees
+# the Ctrl-C a test sends it. (Serial runs hid this: an in-process bench's asyncio loop restores the handler on exit.)
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

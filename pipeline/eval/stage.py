@@ -154,17 +154,19 @@ def resolve_candidate(target: Path | None) -> tuple[BuildLayout, Any, Path]:
 
 
 # ---------------------------------------------------------------------- baseline
-def baseline_recipe(recipe: Any) -> Any:
+def baseline_recipe(recipe: Any, recipe_dir: Path | None = None) -> Any:
     """``recipe`` at full precision: ``qformat: full_prec``, ``kv_cache_dtype: none``, ``build.cpu.dtype: float32``
-    (the CPU engine's reference numerics; no effect on GPU engines), name + ``-baseline``."""
+    (the CPU engine's reference numerics; no effect on GPU engines), name + ``-baseline``; its local paths against
+    ``recipe_dir``, the recipe file's directory (:mod:`pipeline.core.recipe_paths`)."""
     from pipeline.recipe import Recipe
+    from pipeline.recipe.schema import RECIPE_DIR
 
     data = recipe.model_dump()
     data["quantization"].update(qformat="full_prec", kv_cache_dtype="none")
     if "cpu" in data["build"]:  # the engines whose build type has CPU-engine settings (build.engine cpu, pytorch)
         data["build"]["cpu"]["dtype"] = "float32"
     data["name"] = f"{recipe.name}{BASELINE_SUFFIX}" if recipe.name else None
-    return Recipe.model_validate(data)
+    return Recipe.model_validate(data, context={RECIPE_DIR: recipe_dir} if recipe_dir is not None else None)
 
 
 def build_baseline(recipe: Any, candidate: BuildLayout, *, recipe_dir: Path,
@@ -175,7 +177,7 @@ def build_baseline(recipe: Any, candidate: BuildLayout, *, recipe_dir: Path,
     out = candidate.root.parent / f"{candidate.root.name}{BASELINE_SUFFIX}"
     on_status(f"baseline: {out} (full_prec, kv none; reused when unchanged)")
     with artifacts.last_build_kept():  # the user's last build stays the one they built, not our baseline
-        return build.run(baseline_recipe(recipe), out, recipe_dir=recipe_dir, warn=on_status).layout
+        return build.run(baseline_recipe(recipe, recipe_dir), out, recipe_dir=recipe_dir, warn=on_status).layout
 
 
 def build_recipe_baseline(recipe_file: Path, on_status: Callable[[str], None] = lambda s: None) -> BuildLayout:

@@ -82,7 +82,7 @@ def baseline_layout(tune: Any, out: Path, status: Callable[[str], None]) -> Buil
     """The gate's full-precision baseline of the base recipe, built (or reused) into ``out/baseline``."""
     from pipeline.eval.stage import baseline_recipe
 
-    return build_point(baseline_recipe(tune.base), Path(out) / "baseline", tune.recipe_dir, out, status).layout
+    return build_point(baseline_recipe(tune.base, tune.recipe_dir), Path(out) / "baseline", tune.recipe_dir, out, status).layout
 
 
 def measure(point: Point, tune: Any, out: Path, *, on_stage: Callable[[str], None] = lambda s: None,

@@ -81,7 +81,7 @@ def make_point(tune: Tune, changes: tuple[Change, ...]) -> Point:
     fields: dict[str, Any] = {}
     for c in changes:
         fields.update(c.fields())
-    return Point(changes, apply_changes(tune.base_raw, fields))
+    return Point(changes, apply_changes(tune.base_raw, fields, tune.recipe_dir))
 
 
 def knob_changes(tune: Tune) -> list[list[Change]]:

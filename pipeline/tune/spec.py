@@ -166,14 +166,16 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     cur[keys[-1]] = copy.deepcopy(value)
 
 
-def apply_changes(base_raw: dict[str, Any], changes: dict[str, Any]) -> Any:
-    """The :class:`Recipe` of ``base_raw`` with ``changes`` (dotted field → value), validated.
+def apply_changes(base_raw: dict[str, Any], changes: dict[str, Any], recipe_dir: Path | None = None) -> Any:
+    """The :class:`Recipe` of ``base_raw`` with ``changes`` (dotted field → value), validated; its local paths
+    (``model.source``) against ``recipe_dir``, the base recipe file's directory (:mod:`pipeline.core.recipe_paths`).
 
     Raises:
         ValueError: a change goes through a non-section. ``pydantic.ValidationError``: the recipe rejects it.
     """
     from pipeline.recipe import Recipe
     from pipeline.recipe.build import BUILD_TYPES, for_engine
+    from pipeline.recipe.schema import RECIPE_DIR
 
     data = copy.deepcopy(base_raw)
     for k, v in changes.items():
@@ -181,7 +183,7 @@ def apply_changes(base_raw: dict[str, Any], changes: dict[str, Any]) -> Any:
     engine = changes.get("build.engine")
     if isinstance(engine, str) and engine in BUILD_TYPES:  # the section's type follows the engine knob
         data["build"] = for_engine(data["build"], engine)
-    return Recipe.model_validate(data)
+    return Recipe.model_validate(data, context={RECIPE_DIR: recipe_dir} if recipe_dir is not None else None)
 
 
 def _recipe_error(e: ValidationError) -> str:
@@ -239,7 +241,7 @@ def load_tune(path: str | Path) -> Tune:
         for j, item in enumerate(knob.items()):
             changes = {knob.field: item.value, **item.also}
             try:
-                apply_changes(base_raw, changes)
+                apply_changes(base_raw, changes, recipe_path.parent)
             except ValueError as e:  # ValidationError is a ValueError
                 what = _recipe_error(e) if isinstance(e, ValidationError) else str(e)
                 raise fail(("knobs", str(i), "values", str(j)), f"{knob.field}={item.value!r}: {what}") from None
