@@ -42,8 +42,8 @@ def worker() -> str | None:
     return os.environ.get("PYTEST_XDIST_WORKER")
 
 
-def _run_dir() -> Path:
-    """A directory private to this test run and shared by its workers (keyed by xdist's per-run id)."""
+def _lock_dir() -> Path:
+    """A directory for this run's lock files (a few empty files), shared by its workers (keyed by xdist's run id)."""
     path = Path(tempfile.gettempdir()) / f"trtpipe-xdist-{os.environ['PYTEST_XDIST_TESTRUNUID']}"
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -66,7 +66,7 @@ def host_turn(item: pytest.Item) -> Iterator[None]:
     if worker() is None:
         yield
         return
-    d = _run_dir()
+    d = _lock_dir()
     serial = item.get_closest_marker(SERIAL) is not None
     with _flock(d / "turnstile.lock", fcntl.LOCK_EX) if serial else contextlib.nullcontext():
         if not serial:  # pass the turnstile: an exclusive waiter holds it, so new shared holders queue behind it
@@ -85,7 +85,8 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[
     if worker() is None:
         yield tmp_path_factory.mktemp(name), True
         return
-    root = _run_dir() / "builds" / name
+    # the run's base temp dir (each worker's is a sub-directory of it): pytest removes it as it removes the workers'
+    root = tmp_path_factory.getbasetemp().parent / "shared-builds" / name
     root.mkdir(parents=True, exist_ok=True)
     done = root.parent / f".{name}.done"
     with _flock(root.parent / f".{name}.lock", fcntl.LOCK_EX):
