@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.core.lock import exclusive
+
 try:
     from xdist.scheduler import LoadGroupScheduling
 except ImportError:  # pytest-xdist is a test extra; without it the suite runs in one process
@@ -51,6 +53,8 @@ def _lock_dir() -> Path:
 
 @contextlib.contextmanager
 def _flock(path: Path, mode: int) -> Iterator[None]:
+    """``fcntl.flock`` of ``path`` in ``mode`` (shared or exclusive) for the block (the project's
+    :func:`pipeline.core.lock.exclusive` has no shared mode)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, mode)
@@ -67,13 +71,14 @@ def host_turn(item: pytest.Item) -> Iterator[None]:
         yield
         return
     d = _lock_dir()
-    serial = item.get_closest_marker(SERIAL) is not None
-    with _flock(d / "turnstile.lock", fcntl.LOCK_EX) if serial else contextlib.nullcontext():
-        if not serial:  # pass the turnstile: an exclusive waiter holds it, so new shared holders queue behind it
-            with _flock(d / "turnstile.lock", fcntl.LOCK_EX):
-                pass
-        with _flock(d / "host.lock", fcntl.LOCK_EX if serial else fcntl.LOCK_SH):
+    if item.get_closest_marker(SERIAL) is not None:  # hold the turnstile while waiting: new shared holders queue
+        with _flock(d / "turnstile.lock", fcntl.LOCK_EX), _flock(d / "host.lock", fcntl.LOCK_EX):
             yield
+        return
+    with _flock(d / "turnstile.lock", fcntl.LOCK_EX):  # only passed through
+        pass
+    with _flock(d / "host.lock", fcntl.LOCK_SH):
+        yield
 
 
 @contextlib.contextmanager
@@ -89,7 +94,7 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[
     root = tmp_path_factory.getbasetemp().parent / "shared-builds" / name
     root.mkdir(parents=True, exist_ok=True)
     done = root.parent / f".{name}.done"
-    with _flock(root.parent / f".{name}.lock", fcntl.LOCK_EX):
+    with exclusive(root.parent / f".{name}.lock"):
         yield root, not done.exists()
         done.touch()
 

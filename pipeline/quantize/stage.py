@@ -105,7 +105,7 @@ def run(recipe: Recipe, layout: BuildLayout, *, recipe_dir: Path, force: bool = 
                         source_path=str(local.resolve()) if local.exists() else None)
         if not force and (hit := QuantizeResult.load(out_dir, key)):
             return hit
-        return _dry_run(recipe, out_dir, key, recipe_dir)
+        return _dry_run(recipe, out_dir, key, local)
     from pipeline.core.quiet import quiet_libraries
     from pipeline.quantize.sources import resolve_source
 
@@ -284,10 +284,11 @@ def _threads() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _dry_run(recipe: Recipe, out_dir: Path, key: str, recipe_dir: Path) -> QuantizeResult:
+def _dry_run(recipe: Recipe, out_dir: Path, key: str, local: Path) -> QuantizeResult:
+    """The quantize command and a dry-run manifest; ``local``: ``model.source`` as a path against the recipe's
+    directory (:func:`pipeline.core.recipe_paths.recipe_path`, resolved once by :func:`run`)."""
     q, c, t = recipe.quantization, recipe.quantization.calibration, recipe.target
     src = recipe.model.source
-    local = recipe_path(src, recipe_dir)
     model_dir = str(local.resolve()) if local.exists() else src
     # mllama is calibrated with images: quantize.py's VLM dataset, scienceqa (examples/models/core/multimodal/README.md
     # @89fd9b74 §MLLaMA FP8: --calib_dataset scienceqa; hf_ptq.py@5a4242fa:443-453)

@@ -74,8 +74,8 @@ def _unread(engine: str) -> tuple[str, ...]:
 
 #: recipe knobs only ``trtllm-build`` reads (no PyTorch-backend equivalent: the LLM API has no plugins, KV-cache
 #: type, build workers nor opt_num_tokens; pipeline/data/trtllm_1.2.1_llmapi_contract.yaml lists every LLM() argument):
-#: the TensorRT build type's fields the PyTorch one lacks
-TRT_ONLY_KNOBS = tuple(f"build.{f}" for f in _build_fields("tensorrt") if f not in set(_build_fields("pytorch")))
+#: the knobs the PyTorch build type lacks (:func:`_unread`)
+TRT_ONLY_KNOBS = _unread("pytorch")
 #: recipe knobs only the PyTorch LLM-API backend reads: the PyTorch build type's fields no other type has
 PYTORCH_ONLY_KNOBS = tuple(f"build.{f}" for f in _build_fields("pytorch")
                            if not any(f in BUILD_TYPES[e].model_fields for e in BUILD_TYPES if e != "pytorch"))
